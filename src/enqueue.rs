@@ -1,0 +1,363 @@
+//! The producer side: write an event in the host's own transaction.
+//!
+//! The event commits or rolls back with the host's business rows, because it
+//! is written on the host's connection inside the host's transaction.
+//! `enqueue` refuses a connection in autocommit mode, where the event would
+//! commit on its own.
+//!
+//! ```
+//! # fn main() -> outboxd::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! use outboxd::{enqueue, Event};
+//! let mut conn = outboxd::connection::open(dir.path().join("app.db"))?;
+//! outboxd::schema::migrate(&mut conn)?;
+//! conn.execute_batch("CREATE TABLE articles (id INTEGER PRIMARY KEY, title TEXT)").unwrap();
+//!
+//! let tx = conn.transaction().unwrap();
+//! tx.execute("INSERT INTO articles (title) VALUES ('Hello')", []).unwrap();
+//! let event = Event::new("article.created.v1", &serde_json::json!({"id": 1}))?
+//!     .idempotency_key("article-1-created");
+//! let first = enqueue(&tx, &event)?;
+//! // The same key again writes nothing and names the first event.
+//! let again = enqueue(&tx, &Event::new("article.created.v1", &1)?.idempotency_key("article-1-created"))?;
+//! assert!(again.is_duplicate());
+//! assert_eq!(again.event_id(), first.event_id());
+//! tx.commit().unwrap();
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Serialize;
+
+use crate::clock::Timestamp;
+use crate::envelope::{EnvelopeError, EventId, EventType};
+use crate::error::{Error, Result};
+
+/// Default bound on a payload's JSON size: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+
+/// An event to enqueue: its type and payload, plus optional routing fields.
+/// Built with [`Event::new`] and the setters, then passed to [`enqueue`].
+#[derive(Debug, Clone)]
+pub struct Event {
+    event_id: EventId,
+    event_type: EventType,
+    payload: String,
+    tenant: Option<String>,
+    idempotency_key: Option<String>,
+    ordering_key: Option<String>,
+    causation_id: Option<String>,
+    correlation_id: Option<String>,
+    occurred_at: Option<Timestamp>,
+    available: Available,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Available {
+    Now,
+    After(Duration),
+    At(Timestamp),
+}
+
+impl Event {
+    /// An event of a validated type with a payload serialized to JSON.
+    pub fn new(event_type: &str, payload: &impl Serialize) -> Result<Event> {
+        let payload = serde_json::to_string(payload).map_err(Error::Payload)?;
+        Event::from_parts(event_type, payload)
+    }
+
+    /// An event whose payload is JSON text already; the text is checked to
+    /// be valid JSON and stored as given.
+    pub fn from_json(event_type: &str, payload_json: impl Into<String>) -> Result<Event> {
+        let payload = payload_json.into();
+        serde_json::from_str::<serde::de::IgnoredAny>(&payload).map_err(|e| {
+            Error::Envelope(EnvelopeError::PayloadJson {
+                reason: e.to_string(),
+            })
+        })?;
+        Event::from_parts(event_type, payload)
+    }
+
+    fn from_parts(event_type: &str, payload: String) -> Result<Event> {
+        Ok(Event {
+            event_id: EventId::new(),
+            event_type: EventType::parse(event_type)?,
+            payload,
+            tenant: None,
+            idempotency_key: None,
+            ordering_key: None,
+            causation_id: None,
+            correlation_id: None,
+            occurred_at: None,
+            available: Available::Now,
+        })
+    }
+
+    /// Uses this id instead of a fresh ULID (to carry an id minted earlier).
+    pub fn event_id(mut self, id: EventId) -> Self {
+        self.event_id = id;
+        self
+    }
+
+    /// The tenant the event belongs to; idempotency keys are unique per tenant.
+    /// Without one the event is in the system scope.
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// A key that makes enqueueing idempotent within the event's scope: a
+    /// second event with the same scope and key is not written.
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Events sharing an ordering key reach each consumer one at a time, in
+    /// commit order.
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
+    /// The id of what caused this event.
+    pub fn causation_id(mut self, id: impl Into<String>) -> Self {
+        self.causation_id = Some(id.into());
+        self
+    }
+
+    /// The id shared by everything one request caused.
+    pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.correlation_id = Some(id.into());
+        self
+    }
+
+    /// When it happened (default: when it is enqueued).
+    pub fn occurred_at(mut self, t: Timestamp) -> Self {
+        self.occurred_at = Some(t);
+        self
+    }
+
+    /// Deliver no sooner than this long after enqueueing.
+    pub fn delay(mut self, d: Duration) -> Self {
+        self.available = Available::After(d);
+        self
+    }
+
+    /// Deliver no sooner than this time.
+    pub fn available_at(mut self, t: Timestamp) -> Self {
+        self.available = Available::At(t);
+        self
+    }
+
+    /// The event's id (a duplicate keeps the first event's id instead: see
+    /// [`Enqueued::event_id`]).
+    pub fn id(&self) -> EventId {
+        self.event_id
+    }
+}
+
+/// What [`enqueue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// The event was written.
+    New(EventId),
+    /// An event with the same scope and idempotency key exists; nothing was
+    /// written and this is the existing event's id.
+    Duplicate(EventId),
+}
+
+impl Enqueued {
+    /// The id of the event now in the outbox.
+    pub fn event_id(&self) -> EventId {
+        match *self {
+            Enqueued::New(id) | Enqueued::Duplicate(id) => id,
+        }
+    }
+
+    /// True when nothing was written because of the idempotency key.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Enqueued::Duplicate(_))
+    }
+}
+
+/// Enqueues one event inside the caller's transaction, with the default
+/// settings of [`Enqueuer`]. Pass `&tx` (a `rusqlite::Transaction` or
+/// `Savepoint` derefs to the connection).
+pub fn enqueue(conn: &Connection, event: &Event) -> Result<Enqueued> {
+    Enqueuer::new().enqueue(conn, event)
+}
+
+/// Enqueues several events in one call, inside the caller's transaction.
+pub fn enqueue_many<'a>(
+    conn: &Connection,
+    events: impl IntoIterator<Item = &'a Event>,
+) -> Result<Vec<Enqueued>> {
+    Enqueuer::new().enqueue_many(conn, events)
+}
+
+/// Enqueue with settings other than the defaults.
+///
+/// ```
+/// # fn main() -> outboxd::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// # let mut conn = outboxd::connection::open(dir.path().join("app.db"))?;
+/// # outboxd::schema::migrate(&mut conn)?;
+/// use outboxd::{Enqueuer, Event, Error};
+/// let small = Enqueuer::new().max_payload_bytes(16);
+/// let tx = conn.transaction().unwrap();
+/// let big = Event::new("log.written.v1", &"x".repeat(100))?;
+/// assert!(matches!(small.enqueue(&tx, &big), Err(Error::PayloadTooLarge { limit: 16, .. })));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Enqueuer {
+    max_payload_bytes: usize,
+    allow_autocommit: bool,
+}
+
+impl Default for Enqueuer {
+    fn default() -> Self {
+        Enqueuer::new()
+    }
+}
+
+impl Enqueuer {
+    /// The default settings: payloads up to [`DEFAULT_MAX_PAYLOAD_BYTES`],
+    /// autocommit refused.
+    pub fn new() -> Enqueuer {
+        Enqueuer {
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            allow_autocommit: false,
+        }
+    }
+
+    /// The largest payload accepted, in bytes of JSON.
+    pub fn max_payload_bytes(mut self, n: usize) -> Self {
+        self.max_payload_bytes = n;
+        self
+    }
+
+    /// Accepts a connection in autocommit mode: each event then commits on
+    /// its own. For producers that have no business rows to write with it
+    /// (the `outboxd enqueue` command).
+    pub fn allow_autocommit(mut self, yes: bool) -> Self {
+        self.allow_autocommit = yes;
+        self
+    }
+
+    /// Enqueues one event. See [`enqueue`].
+    pub fn enqueue(&self, conn: &Connection, event: &Event) -> Result<Enqueued> {
+        self.check_transaction(conn)?;
+        self.insert(conn, event, Timestamp::now())
+    }
+
+    /// Enqueues several events. See [`enqueue_many`].
+    pub fn enqueue_many<'a>(
+        &self,
+        conn: &Connection,
+        events: impl IntoIterator<Item = &'a Event>,
+    ) -> Result<Vec<Enqueued>> {
+        self.check_transaction(conn)?;
+        let now = Timestamp::now();
+        events
+            .into_iter()
+            .map(|e| self.insert(conn, e, now))
+            .collect()
+    }
+
+    fn check_transaction(&self, conn: &Connection) -> Result<()> {
+        if conn.is_autocommit() && !self.allow_autocommit {
+            return Err(Error::NotInTransaction);
+        }
+        Ok(())
+    }
+
+    fn insert(&self, conn: &Connection, e: &Event, now: Timestamp) -> Result<Enqueued> {
+        if e.payload.len() > self.max_payload_bytes {
+            return Err(Error::PayloadTooLarge {
+                size: e.payload.len(),
+                limit: self.max_payload_bytes,
+            });
+        }
+        let available_at = match e.available {
+            Available::Now => now,
+            Available::After(d) => now.plus(d),
+            Available::At(t) => t,
+        };
+        // ON CONFLICT DO NOTHING: the unique indexes on (scope, key) decide
+        // whether this is a duplicate, atomically, never a check-then-insert.
+        let mut insert = conn
+            .prepare_cached(
+                "INSERT INTO event_outbox (event_id, event_type, event_version, tenant_id,
+                     idempotency_key, ordering_key, causation_id, correlation_id, payload,
+                     occurred_at, created_at, available_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                 ON CONFLICT DO NOTHING",
+            )
+            .map_err(Error::db("prepare the enqueue statement"))?;
+        let inserted = insert
+            .execute(params![
+                e.event_id.to_string(),
+                e.event_type.as_str(),
+                e.event_type.version(),
+                e.tenant,
+                e.idempotency_key,
+                e.ordering_key,
+                e.causation_id,
+                e.correlation_id,
+                e.payload,
+                e.occurred_at.unwrap_or(now).as_millis(),
+                now.as_millis(),
+                available_at.as_millis(),
+            ])
+            .map_err(Error::db("enqueue an event"))?;
+        if inserted == 1 {
+            return Ok(Enqueued::New(e.event_id));
+        }
+        let Some(key) = e.idempotency_key.as_deref() else {
+            // Only an idempotency key can make the insert a no-op.
+            return Err(Error::Database {
+                op: "enqueue an event",
+                source: rusqlite::Error::StatementChangedRows(inserted),
+            });
+        };
+        existing_event(conn, e.tenant.as_deref(), key)?
+            .map(Enqueued::Duplicate)
+            .ok_or_else(|| Error::NotFound {
+                what: format!("the event holding idempotency key {key:?}"),
+            })
+    }
+}
+
+/// The id of the event holding an idempotency key in a scope (a legacy row
+/// without an event id gets its derived id).
+fn existing_event(conn: &Connection, tenant: Option<&str>, key: &str) -> Result<Option<EventId>> {
+    let row = match tenant {
+        Some(t) => conn
+            .prepare_cached(
+                "SELECT id, event_id, created_at FROM event_outbox
+                 WHERE tenant_id = ?1 AND idempotency_key = ?2",
+            )
+            .and_then(|mut s| s.query_row(params![t, key], read_id).optional()),
+        None => conn
+            .prepare_cached(
+                "SELECT id, event_id, created_at FROM event_outbox
+                 WHERE tenant_id IS NULL AND idempotency_key = ?1",
+            )
+            .and_then(|mut s| s.query_row(params![key], read_id).optional()),
+    }
+    .map_err(Error::db("look up an idempotency key"))?;
+    Ok(row.map(|(row_id, event_id, created_at)| {
+        event_id
+            .as_deref()
+            .and_then(|s| EventId::parse(s).ok())
+            .unwrap_or_else(|| EventId::for_legacy_row(Timestamp::from_millis(created_at), row_id))
+    }))
+}
+
+fn read_id(r: &rusqlite::Row<'_>) -> rusqlite::Result<(i64, Option<String>, i64)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+}

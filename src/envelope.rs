@@ -1,0 +1,611 @@
+//! The versioned event envelope: what every consumer receives.
+//!
+//! ```json
+//! {"event_id":"01JDQ8F6ZC1Y0D3W9N7K2M4P5R","event_type":"article.created.v1",
+//!  "event_version":1,"causation_id":null,"correlation_id":"req-42",
+//!  "occurred_at":"2026-11-30T07:18:00.123Z","payload":{"id":7}}
+//! ```
+//!
+//! Every envelope field is parsed and validated here and nowhere else: by
+//! [`EventType::parse`], [`EventId::parse`] and [`Envelope::from_row`], which
+//! the relay calls on each claimed row, whoever wrote it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
+use ulid::Ulid;
+
+use crate::clock::Timestamp;
+
+/// Longest event type accepted, in bytes.
+pub const MAX_EVENT_TYPE_LEN: usize = 255;
+
+/// Why an envelope field was refused. Each message says what is wrong and
+/// what is allowed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvelopeError {
+    /// The event type does not follow `<domain>.<verb>.v<N>`.
+    #[error(
+        "invalid event type {input:?}: {reason}; expected <domain>.<verb>.v<N> \
+         (lowercase segments of a-z, 0-9 and _, such as article.created.v1)"
+    )]
+    EventType {
+        /// The type as given.
+        input: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The event id is not a ULID.
+    #[error("invalid event id {input:?}: expected a ULID (26 characters of Crockford base32)")]
+    EventId {
+        /// The id as given.
+        input: String,
+    },
+    /// event_version disagrees with the type's suffix.
+    #[error(
+        "event_version {version} does not match event type {event_type} (which says {expected})"
+    )]
+    VersionMismatch {
+        /// The type.
+        event_type: String,
+        /// The version stored beside it.
+        version: i64,
+        /// The version the type's suffix says.
+        expected: u32,
+    },
+    /// The payload is not valid JSON.
+    #[error("payload is not valid JSON: {reason}")]
+    PayloadJson {
+        /// serde_json's description, with line and column.
+        reason: String,
+    },
+    /// A text column holds bytes that are not UTF-8.
+    #[error("column {column} is not valid UTF-8")]
+    NotUtf8 {
+        /// The column's name.
+        column: &'static str,
+    },
+    /// A column holds a value of the wrong SQL type.
+    #[error("column {column} holds {found}, expected {expected}")]
+    ColumnType {
+        /// The column's name.
+        column: &'static str,
+        /// What was found ("a BLOB").
+        found: &'static str,
+        /// What is allowed.
+        expected: &'static str,
+    },
+}
+
+/// A ULID naming one event: sortable by creation time, unique without
+/// coordination, the same on every retry (so it is the webhook-id too).
+///
+/// ```
+/// use outboxd::EventId;
+/// let id = EventId::new();
+/// assert_eq!(EventId::parse(&id.to_string()).unwrap(), id);
+/// assert!(EventId::parse("not-a-ulid").is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventId(Ulid);
+
+impl EventId {
+    /// A fresh id.
+    pub fn new() -> EventId {
+        EventId(Ulid::generate())
+    }
+
+    /// Parses a ULID (case-insensitive Crockford base32).
+    pub fn parse(s: &str) -> Result<EventId, EnvelopeError> {
+        Ulid::from_string(s)
+            .map(EventId)
+            .map_err(|_| EnvelopeError::EventId { input: truncate(s) })
+    }
+
+    /// A stable id for a legacy row (one without an event id): the row's
+    /// creation time and row id, so it is the same on every retry and unique
+    /// per row.
+    pub fn for_legacy_row(created_at: Timestamp, row_id: i64) -> EventId {
+        EventId(Ulid::from_parts(
+            created_at.as_millis().max(0) as u64,
+            row_id as u128,
+        ))
+    }
+
+    /// The underlying ULID.
+    pub fn ulid(&self) -> Ulid {
+        self.0
+    }
+}
+
+impl Default for EventId {
+    fn default() -> Self {
+        EventId::new()
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl FromStr for EventId {
+    type Err = EnvelopeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EventId::parse(s)
+    }
+}
+
+impl Serialize for EventId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for EventId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        EventId::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A validated event type, `<domain>.<verb>.v<N>`: at least a domain and a
+/// verb, lowercase segments of letters, digits and underscores, and a version
+/// of 1 or more without leading zeros.
+///
+/// ```
+/// use outboxd::EventType;
+/// let t = EventType::parse("article.created.v2").unwrap();
+/// assert_eq!(t.version(), 2);
+/// assert_eq!(t.name(), "article.created");
+/// assert!(EventType::parse("Article.created.v1").is_err());
+/// assert!(EventType::parse("article.v1").is_err());
+/// assert!(EventType::parse("article.created.v0").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventType {
+    full: String,
+    version: u32,
+}
+
+impl EventType {
+    /// Parses and validates an event type.
+    pub fn parse(s: &str) -> Result<EventType, EnvelopeError> {
+        let fail = |reason| EnvelopeError::EventType {
+            input: truncate(s),
+            reason,
+        };
+        if s.is_empty() {
+            return Err(fail("it is empty"));
+        }
+        if s.len() > MAX_EVENT_TYPE_LEN {
+            return Err(fail("it is longer than 255 bytes"));
+        }
+        let segments: Vec<&str> = s.split('.').collect();
+        if segments.len() < 3 {
+            return Err(fail("it needs a domain, a verb and a version"));
+        }
+        let (version, names) = segments.split_last().expect("three or more segments");
+        for seg in names {
+            if seg.is_empty() {
+                return Err(fail("it has an empty segment"));
+            }
+            if !seg
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return Err(fail("a segment has a character other than a-z, 0-9 or _"));
+            }
+        }
+        let digits = version
+            .strip_prefix('v')
+            .ok_or_else(|| fail("the last segment is not a version such as v1"))?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(fail("the last segment is not a version such as v1"));
+        }
+        if digits.starts_with('0') {
+            return Err(fail("the version must be 1 or more, without leading zeros"));
+        }
+        let version: u32 = digits
+            .parse()
+            .map_err(|_| fail("the version is too large"))?;
+        Ok(EventType {
+            full: s.to_string(),
+            version,
+        })
+    }
+
+    /// The whole type, `article.created.v1`.
+    pub fn as_str(&self) -> &str {
+        &self.full
+    }
+
+    /// The type without its version, `article.created`.
+    pub fn name(&self) -> &str {
+        let cut = self.full.rfind('.').expect("validated");
+        &self.full[..cut]
+    }
+
+    /// The version from the suffix.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.full)
+    }
+}
+
+impl FromStr for EventType {
+    type Err = EnvelopeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EventType::parse(s)
+    }
+}
+
+impl Serialize for EventType {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.full)
+    }
+}
+
+impl<'de> Deserialize<'de> for EventType {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        EventType::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The delivered form of an event. The payload stays the JSON text the
+/// producer wrote (validated, never re-encoded); [`Envelope::payload_as`]
+/// decodes it.
+///
+/// ```
+/// use outboxd::Envelope;
+/// let json = r#"{"event_id":"01JDQ8F6ZC1Y0D3W9N7K2M4P5R","event_type":"article.created.v1",
+///   "event_version":1,"causation_id":null,"correlation_id":null,
+///   "occurred_at":"2026-11-30T07:18:00.000Z","payload":{"id":7}}"#;
+/// let env: Envelope = serde_json::from_str(json).unwrap();
+/// assert_eq!(env.event_type.as_str(), "article.created.v1");
+/// #[derive(serde::Deserialize)] struct Article { id: u32 }
+/// assert_eq!(env.payload_as::<Article>().unwrap().id, 7);
+/// ```
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope {
+    /// The event's id.
+    pub event_id: EventId,
+    /// The event's type, with its version suffix.
+    pub event_type: EventType,
+    /// The version, equal to the type's suffix.
+    pub event_version: u32,
+    /// The id of whatever caused this event (a command, a request, another event).
+    pub causation_id: Option<String>,
+    /// The id shared by everything one request caused.
+    pub correlation_id: Option<String>,
+    /// When the producer says it happened.
+    pub occurred_at: Timestamp,
+    /// The business payload.
+    pub payload: Box<RawValue>,
+}
+
+impl PartialEq for Envelope {
+    fn eq(&self, other: &Self) -> bool {
+        self.event_id == other.event_id
+            && self.event_type == other.event_type
+            && self.event_version == other.event_version
+            && self.causation_id == other.causation_id
+            && self.correlation_id == other.correlation_id
+            && self.occurred_at == other.occurred_at
+            && self.payload.get() == other.payload.get()
+    }
+}
+
+impl Envelope {
+    /// Decodes the payload into a type of the consumer's.
+    pub fn payload_as<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
+        serde_json::from_str(self.payload.get())
+    }
+
+    /// The envelope as one line of JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("an envelope always serializes")
+    }
+
+    /// Validates the envelope columns of one `event_outbox` row, as any
+    /// producer may have written them, and assembles the envelope.
+    /// `event_id` None means a legacy row: its id is derived from the row.
+    pub fn from_row(row: RawRow<'_>) -> Result<Envelope, EnvelopeError> {
+        let event_type = EventType::parse(text(row.event_type, "event_type")?.unwrap_or(""))?;
+        let event_id = match text(row.event_id, "event_id")? {
+            Some(id) => EventId::parse(id)?,
+            None => EventId::for_legacy_row(row.created_at, row.row_id),
+        };
+        let event_version = match row.event_version {
+            rusqlite::types::ValueRef::Null => event_type.version(),
+            rusqlite::types::ValueRef::Integer(v) if v == i64::from(event_type.version()) => {
+                event_type.version()
+            }
+            rusqlite::types::ValueRef::Integer(v) => {
+                return Err(EnvelopeError::VersionMismatch {
+                    event_type: event_type.to_string(),
+                    version: v,
+                    expected: event_type.version(),
+                })
+            }
+            // Some drivers bind numbers as text; accept "2" for 2.
+            rusqlite::types::ValueRef::Text(t) => {
+                let s = std::str::from_utf8(t).map_err(|_| EnvelopeError::NotUtf8 {
+                    column: "event_version",
+                })?;
+                match s.trim().parse::<i64>() {
+                    Ok(v) if v == i64::from(event_type.version()) => event_type.version(),
+                    Ok(v) => {
+                        return Err(EnvelopeError::VersionMismatch {
+                            event_type: event_type.to_string(),
+                            version: v,
+                            expected: event_type.version(),
+                        })
+                    }
+                    Err(_) => {
+                        return Err(EnvelopeError::ColumnType {
+                            column: "event_version",
+                            found: "non-numeric text",
+                            expected: "an integer or NULL",
+                        })
+                    }
+                }
+            }
+            other => {
+                return Err(EnvelopeError::ColumnType {
+                    column: "event_version",
+                    found: type_name(other),
+                    expected: "an integer or NULL",
+                })
+            }
+        };
+        let payload_text = text(row.payload, "payload")?.unwrap_or("null");
+        let payload = serde_json::from_str::<Box<RawValue>>(payload_text).map_err(|e| {
+            EnvelopeError::PayloadJson {
+                reason: e.to_string(),
+            }
+        })?;
+        Ok(Envelope {
+            event_id,
+            event_type,
+            event_version,
+            causation_id: text(row.causation_id, "causation_id")?.map(str::to_string),
+            correlation_id: text(row.correlation_id, "correlation_id")?.map(str::to_string),
+            occurred_at: row.occurred_at,
+            payload,
+        })
+    }
+}
+
+/// The envelope columns of one `event_outbox` row, as SQLite holds them, for
+/// [`Envelope::from_row`]. Values are untyped because a foreign producer may
+/// have written anything into them.
+#[derive(Debug, Clone, Copy)]
+pub struct RawRow<'a> {
+    /// The row id.
+    pub row_id: i64,
+    /// event_id column.
+    pub event_id: rusqlite::types::ValueRef<'a>,
+    /// event_type column.
+    pub event_type: rusqlite::types::ValueRef<'a>,
+    /// event_version column.
+    pub event_version: rusqlite::types::ValueRef<'a>,
+    /// causation_id column.
+    pub causation_id: rusqlite::types::ValueRef<'a>,
+    /// correlation_id column.
+    pub correlation_id: rusqlite::types::ValueRef<'a>,
+    /// payload column.
+    pub payload: rusqlite::types::ValueRef<'a>,
+    /// occurred_at column, already read as a timestamp.
+    pub occurred_at: Timestamp,
+    /// created_at column, already read as a timestamp.
+    pub created_at: Timestamp,
+}
+
+/// Reads a text column that may be NULL. A BLOB is accepted when it is UTF-8
+/// (some drivers bind strings as blobs); numbers are refused.
+fn text<'a>(
+    v: rusqlite::types::ValueRef<'a>,
+    column: &'static str,
+) -> Result<Option<&'a str>, EnvelopeError> {
+    use rusqlite::types::ValueRef;
+    match v {
+        ValueRef::Null => Ok(None),
+        ValueRef::Text(b) | ValueRef::Blob(b) => std::str::from_utf8(b)
+            .map(Some)
+            .map_err(|_| EnvelopeError::NotUtf8 { column }),
+        other => Err(EnvelopeError::ColumnType {
+            column,
+            found: type_name(other),
+            expected: "text or NULL",
+        }),
+    }
+}
+
+fn type_name(v: rusqlite::types::ValueRef<'_>) -> &'static str {
+    use rusqlite::types::ValueRef;
+    match v {
+        ValueRef::Null => "NULL",
+        ValueRef::Integer(_) => "an integer",
+        ValueRef::Real(_) => "a real number",
+        ValueRef::Text(_) => "text",
+        ValueRef::Blob(_) => "a BLOB",
+    }
+}
+
+/// Cuts long input in error messages so a hostile row cannot flood the log.
+fn truncate(s: &str) -> String {
+    const MAX: usize = 80;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rusqlite::types::ValueRef;
+
+    fn row<'a>(event_type: &'a str, version: ValueRef<'a>, payload: &'a [u8]) -> RawRow<'a> {
+        RawRow {
+            row_id: 7,
+            event_id: ValueRef::Null,
+            event_type: ValueRef::Text(event_type.as_bytes()),
+            event_version: version,
+            causation_id: ValueRef::Null,
+            correlation_id: ValueRef::Text(b"req-1"),
+            payload: ValueRef::Text(payload),
+            occurred_at: Timestamp::from_millis(1_000),
+            created_at: Timestamp::from_millis(2_000),
+        }
+    }
+
+    #[test]
+    fn envelope_serde_round_trip() {
+        let env = Envelope {
+            event_id: EventId::new(),
+            event_type: EventType::parse("article.created.v1").unwrap(),
+            event_version: 1,
+            causation_id: Some("cmd-1".into()),
+            correlation_id: None,
+            occurred_at: Timestamp::from_millis(1_764_487_080_123),
+            payload: RawValue::from_string(r#"{"id":7,"tags":["a"]}"#.into()).unwrap(),
+        };
+        let json = env.to_json();
+        let back: Envelope = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, env);
+        assert!(
+            json.contains(r#""occurred_at":"2025-11-30T07:18:00.123Z""#),
+            "{json}"
+        );
+    }
+
+    #[test]
+    fn envelope_json_rejects_bad_fields() {
+        let good = EventId::new().to_string();
+        let bad_type = format!(
+            r#"{{"event_id":"{good}","event_type":"Article.v1","event_version":1,"causation_id":null,"correlation_id":null,"occurred_at":"2026-01-01T00:00:00Z","payload":1}}"#
+        );
+        let err = serde_json::from_str::<Envelope>(&bad_type).unwrap_err();
+        assert!(err.to_string().contains("invalid event type"), "{err}");
+        let unknown = format!(
+            r#"{{"event_id":"{good}","event_type":"a.b.v1","event_version":1,"causation_id":null,"correlation_id":null,"occurred_at":"2026-01-01T00:00:00Z","payload":1,"extra":2}}"#
+        );
+        assert!(serde_json::from_str::<Envelope>(&unknown).is_err());
+    }
+
+    #[test]
+    fn from_row_accepts_legacy_rows_with_a_stable_id() {
+        let a = Envelope::from_row(row("a.b.v1", ValueRef::Null, b"{}")).unwrap();
+        let b = Envelope::from_row(row("a.b.v1", ValueRef::Null, b"{}")).unwrap();
+        assert_eq!(a.event_id, b.event_id);
+        assert_eq!(a.event_version, 1);
+        assert_eq!(a.correlation_id.as_deref(), Some("req-1"));
+    }
+
+    #[test]
+    fn from_row_reports_each_defect() {
+        let e = Envelope::from_row(row("a.b.v2", ValueRef::Integer(1), b"{}")).unwrap_err();
+        assert!(matches!(
+            e,
+            EnvelopeError::VersionMismatch {
+                version: 1,
+                expected: 2,
+                ..
+            }
+        ));
+        let e = Envelope::from_row(row("a.b.v1", ValueRef::Null, b"{oops")).unwrap_err();
+        assert!(matches!(e, EnvelopeError::PayloadJson { .. }), "{e}");
+        let e = Envelope::from_row(row("a.b.v1", ValueRef::Null, b"\xff\xfe")).unwrap_err();
+        assert_eq!(e, EnvelopeError::NotUtf8 { column: "payload" });
+        let e = Envelope::from_row(row("nope", ValueRef::Null, b"{}")).unwrap_err();
+        assert!(matches!(e, EnvelopeError::EventType { .. }));
+        let mut r = row("a.b.v1", ValueRef::Null, b"{}");
+        r.event_id = ValueRef::Text(b"123");
+        assert!(matches!(
+            Envelope::from_row(r).unwrap_err(),
+            EnvelopeError::EventId { .. }
+        ));
+        let e = Envelope::from_row(row("a.b.v3", ValueRef::Text(b"3"), b"[1]")).unwrap();
+        assert_eq!(e.event_version, 3);
+    }
+
+    #[test]
+    fn event_type_examples() {
+        for ok in [
+            "a.b.v1",
+            "article.created.v1",
+            "shop_2.order.paid.v10",
+            "x.y.v4294967295",
+        ] {
+            assert!(EventType::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "a.v1",
+            "a.b",
+            "a.b.1",
+            "a.b.v",
+            "a.b.v0",
+            "a.b.v01",
+            "A.b.v1",
+            "a..b.v1",
+            "a.b-c.v1",
+            "a.b.v1 ",
+            ".a.b.v1",
+            "a.b.v4294967296",
+            "a.b.V1",
+        ] {
+            assert!(EventType::parse(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn valid_types_parse_and_keep_their_parts(
+            names in proptest::collection::vec("[a-z0-9_]{1,8}", 2..5),
+            version in 1u32..100_000,
+        ) {
+            let s = format!("{}.v{}", names.join("."), version);
+            let t = EventType::parse(&s).unwrap();
+            prop_assert_eq!(t.version(), version);
+            prop_assert_eq!(t.name(), names.join("."));
+            prop_assert_eq!(t.as_str(), s.as_str());
+        }
+
+        #[test]
+        fn parser_never_panics_and_accepts_only_the_grammar(s in "\\PC{0,40}") {
+            if let Ok(t) = EventType::parse(&s) {
+                let segs: Vec<&str> = s.split('.').collect();
+                prop_assert!(segs.len() >= 3);
+                prop_assert!(s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.'));
+                prop_assert_eq!(format!("v{}", t.version()), *segs.last().unwrap());
+            }
+        }
+
+        #[test]
+        fn event_id_text_round_trips(n in any::<u128>()) {
+            let id = EventId(Ulid(n));
+            prop_assert_eq!(EventId::parse(&id.to_string()).unwrap(), id);
+            let json = serde_json::to_string(&id).unwrap();
+            prop_assert_eq!(serde_json::from_str::<EventId>(&json).unwrap(), id);
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! # outboxd
+//!
+//! A transactional outbox for applications that keep their data in SQLite.
+//! The application writes its business rows and an event in one transaction;
+//! outboxd delivers the event to every consumer subscribed to its type and
+//! never loses one.
+//!
+//! ```
+//! # fn main() -> outboxd::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! use outboxd::{enqueue, Event};
+//!
+//! let mut conn = outboxd::connection::open(dir.path().join("app.db"))?;
+//! outboxd::schema::migrate(&mut conn)?;
+//!
+//! let tx = conn.transaction().unwrap();
+//! // ... the host's business rows ...
+//! let queued = enqueue(&tx, &Event::new("article.created.v1", &serde_json::json!({"id": 7}))?)?;
+//! tx.commit().unwrap();
+//! assert!(!queued.is_duplicate());
+//! # Ok(()) }
+//! ```
+//!
+//! ## Layout
+//!
+//! - [`envelope`]: the delivered form of an event; every field validated here.
+//! - [`schema`]: embedded migrations and the schema version.
+//! - [`connection`]: opening connections with outboxd's settings (WAL, FULL sync).
+//! - [`enqueue`](mod@enqueue): the producer side, inside the host's transaction.
+//! - [`consumer`]: the trait a consumer implements, and its outcomes.
+//! - [`router`]: event-type patterns that route events to consumers.
+//! - [`clock`]: time as an input.
+#![warn(missing_docs)]
+
+pub mod clock;
+pub mod connection;
+pub mod consumer;
+pub mod enqueue;
+pub mod envelope;
+pub mod error;
+pub mod router;
+pub mod schema;
+
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use consumer::{Consumer, Delivery, Outcome};
+pub use enqueue::{enqueue, enqueue_many, Enqueued, Enqueuer, Event};
+pub use envelope::{Envelope, EnvelopeError, EventId, EventType};
+pub use error::{Error, Result};
