@@ -29,6 +29,8 @@
 //! - [`enqueue`](mod@enqueue): the producer side, inside the host's transaction.
 //! - [`consumer`]: the trait a consumer implements, and its outcomes.
 //! - [`router`]: event-type patterns that route events to consumers.
+//! - [`relay`]: claims, delivers on a worker pool, records outcomes (leases, retries, dead letters).
+//! - [`purge`]: TTL purge of finished rows in small batches.
 //! - [`clock`]: time as an input.
 #![warn(missing_docs)]
 
@@ -38,6 +40,8 @@ pub mod consumer;
 pub mod enqueue;
 pub mod envelope;
 pub mod error;
+pub mod purge;
+pub mod relay;
 pub mod router;
 pub mod schema;
 
@@ -46,3 +50,4 @@ pub use consumer::{Consumer, Delivery, Outcome};
 pub use enqueue::{enqueue, enqueue_many, Enqueued, Enqueuer, Event};
 pub use envelope::{Envelope, EnvelopeError, EventId, EventType};
 pub use error::{Error, Result};
+pub use relay::{Relay, RelayBuilder, RelayHandle, RetryPolicy};

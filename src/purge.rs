@@ -1,0 +1,199 @@
+//! TTL purge of finished rows, in small batches so producers are never
+//! blocked for long.
+//!
+//! ```
+//! # fn main() -> outboxd::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let mut conn = outboxd::connection::open(dir.path().join("app.db"))?;
+//! # outboxd::schema::migrate(&mut conn)?;
+//! use outboxd::purge::{purge, PurgePolicy};
+//! let report = purge(&mut conn, &PurgePolicy::default(), outboxd::Timestamp::now())?;
+//! assert_eq!(report.total(), 0);
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use rusqlite::{params, Connection, TransactionBehavior};
+
+use crate::clock::Timestamp;
+use crate::error::{Error, Result};
+
+/// How long delivered rows are kept by default: 7 days.
+pub const DEFAULT_DELIVERED_RETENTION: Duration = Duration::from_secs(7 * 86400);
+/// How long the dedup ledger remembers a delivery by default: 14 days.
+pub const DEFAULT_DEDUP_TTL: Duration = Duration::from_secs(14 * 86400);
+/// Rows deleted per transaction by default.
+pub const DEFAULT_PURGE_BATCH: usize = 1000;
+
+/// What to purge and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgePolicy {
+    /// Delivered rows older than this (since delivery) are deleted.
+    pub delivered_retention: Duration,
+    /// `delivered_events` entries older than this are deleted; never shorter
+    /// than `delivered_retention`, or a retried duplicate could be delivered
+    /// again while its first row is still kept.
+    pub dedup_ttl: Duration,
+    /// Dead letters older than this are deleted; None keeps them until they
+    /// are requeued or discarded.
+    pub dead_retention: Option<Duration>,
+    /// Rows deleted per transaction.
+    pub batch_size: usize,
+}
+
+impl Default for PurgePolicy {
+    fn default() -> Self {
+        PurgePolicy {
+            delivered_retention: DEFAULT_DELIVERED_RETENTION,
+            dedup_ttl: DEFAULT_DEDUP_TTL,
+            dead_retention: None,
+            batch_size: DEFAULT_PURGE_BATCH,
+        }
+    }
+}
+
+impl PurgePolicy {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<()> {
+        if self.dedup_ttl < self.delivered_retention {
+            return Err(Error::InvalidSetting {
+                field: "purge.dedup_ttl",
+                reason: format!(
+                    "{:?} is shorter than purge.delivered_retention ({:?}); the dedup window must cover every kept row",
+                    self.dedup_ttl, self.delivered_retention
+                ),
+            });
+        }
+        if self.batch_size == 0 {
+            return Err(Error::InvalidSetting {
+                field: "purge.batch_size",
+                reason: "must be 1 or more".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Rows deleted (or, for a dry run, that would be).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PurgeReport {
+    /// Delivered rows of event_outbox.
+    pub delivered: u64,
+    /// Dead rows of event_outbox.
+    pub dead: u64,
+    /// Entries of delivered_events.
+    pub dedup_entries: u64,
+}
+
+impl PurgeReport {
+    /// All rows together.
+    pub fn total(&self) -> u64 {
+        self.delivered + self.dead + self.dedup_entries
+    }
+
+    fn add(&mut self, other: PurgeReport) {
+        self.delivered += other.delivered;
+        self.dead += other.dead;
+        self.dedup_entries += other.dedup_entries;
+    }
+}
+
+/// Purges everything past its retention, one batch per transaction, until
+/// nothing is left. Pending rows are never touched.
+pub fn purge(conn: &mut Connection, policy: &PurgePolicy, now: Timestamp) -> Result<PurgeReport> {
+    purge_with_progress(conn, policy, now, |_| {})
+}
+
+/// [`purge`], calling `progress` with the running totals after each batch.
+pub fn purge_with_progress(
+    conn: &mut Connection,
+    policy: &PurgePolicy,
+    now: Timestamp,
+    mut progress: impl FnMut(&PurgeReport),
+) -> Result<PurgeReport> {
+    policy.validate()?;
+    let mut total = PurgeReport::default();
+    loop {
+        let batch = purge_batch(conn, policy, now)?;
+        total.add(batch);
+        progress(&total);
+        if batch.total() == 0 {
+            return Ok(total);
+        }
+    }
+}
+
+/// One bounded transaction: at most `batch_size` rows of each kind. The
+/// relay calls this from its housekeeping tick.
+pub fn purge_batch(
+    conn: &mut Connection,
+    policy: &PurgePolicy,
+    now: Timestamp,
+) -> Result<PurgeReport> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(Error::db("start a purge"))?;
+    let limit = policy.batch_size as i64;
+    let delete_rows = |status: &str, retention: Duration| -> Result<u64> {
+        let cutoff = now.as_millis() - retention.as_millis() as i64;
+        tx.prepare_cached(
+            "DELETE FROM event_outbox WHERE id IN (
+                 SELECT id FROM event_outbox
+                  WHERE status = ?1 AND finished_at < ?2 LIMIT ?3)",
+        )
+        .and_then(|mut s| s.execute(params![status, cutoff, limit]))
+        .map(|n| n as u64)
+        .map_err(Error::db("purge finished events"))
+    };
+    let mut report = PurgeReport {
+        delivered: delete_rows("delivered", policy.delivered_retention)?,
+        ..PurgeReport::default()
+    };
+    if let Some(r) = policy.dead_retention {
+        report.dead = delete_rows("dead", r)?;
+    }
+    let cutoff = now.as_millis() - policy.dedup_ttl.as_millis() as i64;
+    report.dedup_entries = tx
+        .prepare_cached(
+            "DELETE FROM delivered_events WHERE (event_key, consumer) IN (
+                 SELECT event_key, consumer FROM delivered_events
+                  WHERE delivered_at < ?1 LIMIT ?2)",
+        )
+        .and_then(|mut s| s.execute(params![cutoff, limit]))
+        .map_err(Error::db("purge the dedup ledger"))? as u64;
+    tx.commit().map_err(Error::db("commit a purge"))?;
+    Ok(report)
+}
+
+/// What [`purge`] would delete, counted without deleting.
+pub fn purge_dry_run(
+    conn: &Connection,
+    policy: &PurgePolicy,
+    now: Timestamp,
+) -> Result<PurgeReport> {
+    policy.validate()?;
+    let count = |sql: &str, cutoff: i64| -> Result<u64> {
+        conn.query_row(sql, [cutoff], |r| r.get::<_, i64>(0))
+            .map(|n| n as u64)
+            .map_err(Error::db("count purgeable rows"))
+    };
+    let ms = |d: Duration| now.as_millis() - d.as_millis() as i64;
+    Ok(PurgeReport {
+        delivered: count(
+            "SELECT count(*) FROM event_outbox WHERE status = 'delivered' AND finished_at < ?1",
+            ms(policy.delivered_retention),
+        )?,
+        dead: match policy.dead_retention {
+            Some(r) => count(
+                "SELECT count(*) FROM event_outbox WHERE status = 'dead' AND finished_at < ?1",
+                ms(r),
+            )?,
+            None => 0,
+        },
+        dedup_entries: count(
+            "SELECT count(*) FROM delivered_events WHERE delivered_at < ?1",
+            ms(policy.dedup_ttl),
+        )?,
+    })
+}

@@ -1,0 +1,195 @@
+//! Retry policies: how long a failed delivery waits, and when to give up.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// When to try a failed delivery again: exponential backoff from `initial`,
+/// doubling up to `max_delay`, for at most `max_attempts` attempts in all,
+/// with up to `jitter` (a fraction) added at random so that many events
+/// failing together do not all come back at once.
+///
+/// ```
+/// use outboxd::relay::RetryPolicy;
+/// use std::time::Duration;
+/// let p = RetryPolicy::default().jitter(0.0);
+/// assert_eq!(p.delay_after(1), Some(Duration::from_secs(30)));
+/// assert_eq!(p.delay_after(2), Some(Duration::from_secs(60)));
+/// assert_eq!(p.delay_after(9), Some(Duration::from_secs(3600)));
+/// assert_eq!(p.delay_after(10), None); // the 10th failure dead-letters
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    initial: Duration,
+    max_delay: Duration,
+    max_attempts: u32,
+    jitter: f64,
+}
+
+/// First retry delay of the default policy.
+pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(30);
+/// Longest retry delay of the default policy.
+pub const DEFAULT_RETRY_MAX_DELAY: Duration = Duration::from_secs(3600);
+/// Attempts (the first try included) before the default policy dead-letters.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+/// Jitter of the default policy: up to 10% added to each delay.
+pub const DEFAULT_JITTER: f64 = 0.1;
+
+impl Default for RetryPolicy {
+    /// 30 s doubling to 1 h, 10 attempts, 10% jitter.
+    fn default() -> Self {
+        RetryPolicy {
+            initial: DEFAULT_RETRY_INITIAL,
+            max_delay: DEFAULT_RETRY_MAX_DELAY,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            jitter: DEFAULT_JITTER,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// A schedule for receivers that may be down for a day or more, as
+    /// webhook senders use: 1 minute doubling to 12 hours, 20 attempts
+    /// (about 8 days in all).
+    pub fn webhook() -> RetryPolicy {
+        RetryPolicy {
+            initial: Duration::from_secs(60),
+            max_delay: Duration::from_secs(12 * 3600),
+            max_attempts: 20,
+            jitter: DEFAULT_JITTER,
+        }
+    }
+
+    /// The first delay.
+    pub fn initial(mut self, d: Duration) -> Self {
+        self.initial = d;
+        self
+    }
+
+    /// The longest delay.
+    pub fn max_delay(mut self, d: Duration) -> Self {
+        self.max_delay = d;
+        self
+    }
+
+    /// Attempts in all, the first included; 1 means no retry.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// The largest fraction added at random to each delay (0 to 1).
+    pub fn jitter(mut self, fraction: f64) -> Self {
+        self.jitter = fraction;
+        self
+    }
+
+    /// The configured attempts in all.
+    pub fn attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Checks the settings; the relay builder calls it.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field, reason: &str| {
+            Err(Error::InvalidSetting {
+                field,
+                reason: reason.to_string(),
+            })
+        };
+        if self.max_attempts == 0 {
+            return bad("retry.max_attempts", "must be 1 or more");
+        }
+        if self.initial.is_zero() {
+            return bad("retry.initial", "must be longer than zero");
+        }
+        if self.max_delay < self.initial {
+            return bad("retry.max_delay", "must not be shorter than retry.initial");
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return bad("retry.jitter", "must be between 0 and 1");
+        }
+        Ok(())
+    }
+
+    /// The delay before the next attempt, given the number of failed
+    /// attempts so far (1 after the first failure), without jitter; None
+    /// when the attempts are spent and the event is to be dead-lettered.
+    pub fn delay_after(&self, failures: u32) -> Option<Duration> {
+        if failures >= self.max_attempts {
+            return None;
+        }
+        let doublings = failures.saturating_sub(1).min(40);
+        let delay = self.initial.saturating_mul(1u32 << doublings.min(31));
+        Some(delay.min(self.max_delay))
+    }
+
+    /// [`delay_after`](Self::delay_after) with jitter drawn from `unit`, a
+    /// number in [0, 1).
+    pub fn delay_with_jitter(&self, failures: u32, unit: f64) -> Option<Duration> {
+        let base = self.delay_after(failures)?;
+        Some(base.mul_f64(1.0 + self.jitter * unit.clamp(0.0, 1.0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn default_schedule_is_thirty_seconds_doubling_to_an_hour() {
+        let p = RetryPolicy::default();
+        let secs: Vec<u64> = (1..10)
+            .map(|n| p.delay_after(n).unwrap().as_secs())
+            .collect();
+        assert_eq!(secs, [30, 60, 120, 240, 480, 960, 1920, 3600, 3600]);
+        assert_eq!(p.delay_after(10), None);
+    }
+
+    #[test]
+    fn webhook_schedule_spans_days() {
+        let p = RetryPolicy::webhook();
+        let total: Duration = (1..p.attempts()).map(|n| p.delay_after(n).unwrap()).sum();
+        assert!(total > Duration::from_secs(3 * 86400), "{total:?}");
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let e = RetryPolicy::default()
+            .max_attempts(0)
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("retry.max_attempts"), "{e}");
+        assert!(RetryPolicy::default().jitter(2.0).validate().is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn delays_never_shrink_stay_bounded_and_stop_at_max_attempts(
+            initial_ms in 1u64..100_000,
+            extra_ms in 0u64..10_000_000,
+            attempts in 1u32..60,
+            jitter in 0.0f64..=1.0,
+            unit in 0.0f64..1.0,
+        ) {
+            let p = RetryPolicy::default()
+                .initial(Duration::from_millis(initial_ms))
+                .max_delay(Duration::from_millis(initial_ms + extra_ms))
+                .max_attempts(attempts)
+                .jitter(jitter);
+            p.validate().unwrap();
+            let mut last = Duration::ZERO;
+            for n in 1..attempts {
+                let d = p.delay_after(n).unwrap();
+                prop_assert!(d >= last);
+                prop_assert!(d >= p.initial && d <= p.max_delay);
+                let j = p.delay_with_jitter(n, unit).unwrap();
+                prop_assert!(j >= d && j <= d.mul_f64(1.0 + jitter) + Duration::from_nanos(1));
+                last = d;
+            }
+            prop_assert_eq!(p.delay_after(attempts), None);
+            prop_assert_eq!(p.delay_after(attempts + 1), None);
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! The relay's SQL: claiming due rows under a lease, and every write that
+//! ends, extends or releases a claim. Each such write is fenced by the claim
+//! token (`WHERE id = ? AND claim_token = ?`), so a relay that lost its lease
+//! can never overwrite the outcome of the row's new owner. All functions run
+//! on the writer thread's connection, inside its transaction.
+
+use rusqlite::types::ValueRef;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::clock::Timestamp;
+use crate::envelope::{Envelope, EnvelopeError, RawRow};
+
+/// One claimed row, validated.
+#[derive(Debug)]
+pub(crate) struct ClaimedRow {
+    pub row_id: i64,
+    /// The dedup key: the canonical event id, or `#<row id>` for a legacy row.
+    pub event_key: String,
+    pub legacy: bool,
+    /// The envelope, or why the row cannot be delivered.
+    pub envelope: Result<Envelope, EnvelopeError>,
+    pub tenant_id: Option<String>,
+    pub ordering_key: Option<String>,
+    /// Failed attempts so far.
+    pub attempts: u32,
+}
+
+/// Claims up to `limit` due rows: pending, `available_at <= now`, and not
+/// held back by an earlier pending row with the same ordering key. One
+/// statement stamps the token and moves `available_at` to the end of the
+/// lease, so a leased row is simply not due. Rows come back in id order.
+pub(crate) fn claim(
+    conn: &Connection,
+    token: &str,
+    now: Timestamp,
+    lease_until: Timestamp,
+    limit: usize,
+) -> rusqlite::Result<Vec<ClaimedRow>> {
+    let mut stmt = conn.prepare_cached(
+        "UPDATE event_outbox
+            SET claim_token = ?1, lease_until = ?2, available_at = ?2
+          WHERE id IN (
+                SELECT o.id FROM event_outbox o
+                 WHERE o.status = 'pending' AND o.available_at <= ?3
+                   AND (o.ordering_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM event_outbox p
+                         WHERE p.ordering_key = o.ordering_key
+                           AND p.status = 'pending' AND p.id < o.id))
+                 ORDER BY o.available_at, o.id
+                 LIMIT ?4)
+        RETURNING id, event_id, event_type, event_version, tenant_id, ordering_key,
+                  causation_id, correlation_id, payload, occurred_at, created_at, attempts",
+    )?;
+    let mut rows = stmt.query(params![
+        token,
+        lease_until.as_millis(),
+        now.as_millis(),
+        limit as i64
+    ])?;
+    let mut claimed = Vec::with_capacity(limit);
+    while let Some(r) = rows.next()? {
+        claimed.push(read_claimed(r)?);
+    }
+    claimed.sort_by_key(|c| c.row_id);
+    Ok(claimed)
+}
+
+fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
+    let row_id: i64 = r.get(0)?;
+    let event_id = r.get_ref(1)?;
+    let legacy = matches!(event_id, ValueRef::Null);
+    let created_at = timestamp(r.get_ref(10)?, "created_at");
+    let occurred_at = timestamp(r.get_ref(9)?, "occurred_at");
+    let envelope = match (occurred_at, created_at) {
+        (Ok(occurred_at), Ok(created_at)) => Envelope::from_row(RawRow {
+            row_id,
+            event_id,
+            event_type: r.get_ref(2)?,
+            event_version: r.get_ref(3)?,
+            causation_id: r.get_ref(6)?,
+            correlation_id: r.get_ref(7)?,
+            payload: r.get_ref(8)?,
+            occurred_at,
+            created_at,
+        }),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    let event_key = match (&envelope, legacy) {
+        (_, true) => format!("#{row_id}"),
+        (Ok(env), false) => env.event_id.to_string(),
+        (Err(_), false) => String::new(),
+    };
+    Ok(ClaimedRow {
+        row_id,
+        event_key,
+        legacy,
+        envelope,
+        tenant_id: lenient_text(r.get_ref(4)?),
+        ordering_key: lenient_text(r.get_ref(5)?),
+        attempts: r.get::<_, i64>(11)?.clamp(0, u32::MAX as i64) as u32,
+    })
+}
+
+/// A timestamp column: INTEGER milliseconds, or RFC 3339 text from a
+/// producer that wrote one.
+fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, EnvelopeError> {
+    match v {
+        ValueRef::Integer(ms) => Ok(Timestamp::from_millis(ms)),
+        ValueRef::Text(t) => std::str::from_utf8(t)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or(EnvelopeError::ColumnType {
+                column,
+                found: "text that is not an RFC 3339 time",
+                expected: "INTEGER milliseconds since the Unix epoch",
+            }),
+        ValueRef::Real(f) if f.is_finite() => Ok(Timestamp::from_millis(f as i64)),
+        _ => Err(EnvelopeError::ColumnType {
+            column,
+            found: "a value that is not a time",
+            expected: "INTEGER milliseconds since the Unix epoch",
+        }),
+    }
+}
+
+/// Routing columns are informational: text as is, numbers as their text.
+fn lenient_text(v: ValueRef<'_>) -> Option<String> {
+    match v {
+        ValueRef::Null => None,
+        ValueRef::Integer(i) => Some(i.to_string()),
+        ValueRef::Real(f) => Some(f.to_string()),
+        ValueRef::Text(b) | ValueRef::Blob(b) => Some(String::from_utf8_lossy(b).into_owned()),
+    }
+}
+
+/// The consumers that already succeeded for an event key.
+pub(crate) fn delivered_consumers(
+    conn: &Connection,
+    event_key: &str,
+) -> rusqlite::Result<Vec<String>> {
+    let mut stmt =
+        conn.prepare_cached("SELECT consumer FROM delivered_events WHERE event_key = ?1")?;
+    let names = stmt.query_map([event_key], |r| r.get(0))?;
+    names.collect()
+}
+
+/// Records that a consumer succeeded for an event (idempotent).
+pub(crate) fn record_progress(
+    conn: &Connection,
+    event_key: &str,
+    consumer: &str,
+    row_id: i64,
+    now: Timestamp,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
+         VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![event_key, consumer, row_id, now.as_millis()])?;
+    Ok(())
+}
+
+/// True while the row is still claimed under this token: the fence check
+/// made before recording any outcome.
+pub(crate) fn holds_claim(conn: &Connection, row_id: i64, token: &str) -> rusqlite::Result<bool> {
+    conn.prepare_cached(
+        "SELECT 1 FROM event_outbox WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
+    )?
+    .query_row(params![row_id, token], |_| Ok(()))
+    .optional()
+    .map(|r| r.is_some())
+}
+
+/// Marks a row delivered. False if the claim was lost.
+pub(crate) fn finish_delivered(
+    conn: &Connection,
+    row_id: i64,
+    token: &str,
+    now: Timestamp,
+) -> rusqlite::Result<bool> {
+    fenced(
+        conn,
+        "UPDATE event_outbox
+            SET status = 'delivered', finished_at = ?3, claim_token = NULL, lease_until = NULL
+          WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
+        params![row_id, token, now.as_millis()],
+    )
+}
+
+/// Schedules another attempt: one more failed attempt, due at `at`, lease
+/// released. False if the claim was lost.
+pub(crate) fn schedule_retry(
+    conn: &Connection,
+    row_id: i64,
+    token: &str,
+    at: Timestamp,
+    reason: &str,
+) -> rusqlite::Result<bool> {
+    fenced(
+        conn,
+        "UPDATE event_outbox
+            SET attempts = attempts + 1, available_at = ?3, last_error = ?4,
+                claim_token = NULL, lease_until = NULL
+          WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
+        params![row_id, token, at.as_millis(), reason],
+    )
+}
+
+/// Dead-letters a row with its reason; `spend_attempt` counts the attempt
+/// (a retry that ran out) or not (poison, invalid row). False if the claim
+/// was lost.
+pub(crate) fn dead_letter(
+    conn: &Connection,
+    row_id: i64,
+    token: &str,
+    reason: &str,
+    now: Timestamp,
+    spend_attempt: bool,
+) -> rusqlite::Result<bool> {
+    fenced(
+        conn,
+        "UPDATE event_outbox
+            SET status = 'dead', finished_at = ?3, last_error = ?4,
+                attempts = attempts + ?5, claim_token = NULL, lease_until = NULL
+          WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
+        params![
+            row_id,
+            token,
+            now.as_millis(),
+            reason,
+            i64::from(spend_attempt)
+        ],
+    )
+}
+
+/// Extends a lease (heartbeat). False if the claim was lost.
+pub(crate) fn extend(
+    conn: &Connection,
+    row_id: i64,
+    token: &str,
+    lease_until: Timestamp,
+) -> rusqlite::Result<bool> {
+    fenced(
+        conn,
+        "UPDATE event_outbox SET lease_until = ?3, available_at = ?3
+          WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
+        params![row_id, token, lease_until.as_millis()],
+    )
+}
+
+/// Gives a claimed row back, due now, attempts unchanged. False if the claim
+/// was lost.
+pub(crate) fn release(
+    conn: &Connection,
+    row_id: i64,
+    token: &str,
+    now: Timestamp,
+) -> rusqlite::Result<bool> {
+    fenced(
+        conn,
+        "UPDATE event_outbox SET claim_token = NULL, lease_until = NULL, available_at = ?3
+          WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
+        params![row_id, token, now.as_millis()],
+    )
+}
+
+/// The next time after `now` that a pending row becomes due (a delayed
+/// event, a retry, or a lease running out). Rows due now but not claimed
+/// wait for an ordering-key predecessor, whose outcome wakes the writer.
+pub(crate) fn next_due_after(
+    conn: &Connection,
+    now: Timestamp,
+) -> rusqlite::Result<Option<Timestamp>> {
+    conn.prepare_cached(
+        "SELECT min(available_at) FROM event_outbox WHERE status = 'pending' AND available_at > ?1",
+    )?
+    .query_row([now.as_millis()], |r| r.get::<_, Option<i64>>(0))
+    .map(|v| v.map(Timestamp::from_millis))
+}
+
+fn fenced(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<bool> {
+    Ok(conn.prepare_cached(sql)?.execute(params)? == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{schema, Enqueuer, Event};
+
+    fn db() -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::connection::open(dir.path().join("t.db")).unwrap();
+        schema::migrate(&mut conn).unwrap();
+        (dir, conn)
+    }
+
+    fn put(conn: &Connection, ty: &str, key: Option<&str>) {
+        let mut e = Event::new(ty, &1).unwrap();
+        if let Some(k) = key {
+            e = e.ordering_key(k);
+        }
+        Enqueuer::new()
+            .allow_autocommit(true)
+            .enqueue(conn, &e)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_lost_lease_fences_out_the_old_owner() {
+        let (_d, conn) = db();
+        put(&conn, "a.b.v1", None);
+        let t0 = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let first = claim(
+            &conn,
+            "T1",
+            t0,
+            t0.plus(std::time::Duration::from_secs(30)),
+            10,
+        )
+        .unwrap();
+        assert_eq!(first.len(), 1);
+        // While the lease lives, nobody else gets the row.
+        assert!(claim(&conn, "T2", t0, t0, 10).unwrap().is_empty());
+        // After it expires another relay takes it with a new token...
+        let later = t0.plus(std::time::Duration::from_secs(31));
+        let second = claim(
+            &conn,
+            "T2",
+            later,
+            later.plus(std::time::Duration::from_secs(30)),
+            10,
+        )
+        .unwrap();
+        assert_eq!(second.len(), 1);
+        // ...and every write under the old token does nothing.
+        let id = first[0].row_id;
+        assert!(!finish_delivered(&conn, id, "T1", later).unwrap());
+        assert!(!schedule_retry(&conn, id, "T1", later, "x").unwrap());
+        assert!(!dead_letter(&conn, id, "T1", "x", later, false).unwrap());
+        assert!(!extend(&conn, id, "T1", later).unwrap());
+        assert!(!release(&conn, id, "T1", later).unwrap());
+        assert!(finish_delivered(&conn, id, "T2", later).unwrap());
+    }
+
+    #[test]
+    fn ordering_keys_release_one_event_at_a_time() {
+        let (_d, conn) = db();
+        put(&conn, "a.b.v1", Some("k"));
+        put(&conn, "a.b.v1", Some("k"));
+        put(&conn, "a.b.v1", Some("other"));
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let got = claim(
+            &conn,
+            "T",
+            now,
+            now.plus(std::time::Duration::from_secs(30)),
+            10,
+        )
+        .unwrap();
+        let ids: Vec<i64> = got.iter().map(|c| c.row_id).collect();
+        assert_eq!(ids, [1, 3], "the second event of key k waits");
+        assert!(finish_delivered(&conn, 1, "T", now).unwrap());
+        let got = claim(
+            &conn,
+            "U",
+            now,
+            now.plus(std::time::Duration::from_secs(30)),
+            10,
+        )
+        .unwrap();
+        assert_eq!(got.iter().map(|c| c.row_id).collect::<Vec<_>>(), [2]);
+    }
+}

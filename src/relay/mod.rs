@@ -1,0 +1,573 @@
+//! The relay: claims due events, delivers them to their consumers on a pool
+//! of worker threads, and records the outcomes.
+//!
+//! ```
+//! # fn main() -> outboxd::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let path = dir.path().join("app.db");
+//! use outboxd::{enqueue, Delivery, Event, Outcome, Relay};
+//! use std::time::Duration;
+//!
+//! let mut conn = outboxd::connection::open(&path)?;
+//! outboxd::schema::migrate(&mut conn)?;
+//!
+//! let (seen_tx, seen) = crossbeam_channel::unbounded();
+//! let relay = Relay::builder(&path)
+//!     .consumer("indexer", ["article.*.v1"], move |d: &Delivery| {
+//!         seen_tx.send(d.envelope.event_id).unwrap();
+//!         Outcome::Delivered
+//!     })
+//!     .workers(2)
+//!     .build()?
+//!     .start()?;
+//!
+//! let tx = conn.transaction().unwrap();
+//! let id = enqueue(&tx, &Event::new("article.created.v1", &7)?)?.event_id();
+//! tx.commit().unwrap();
+//! relay.notify(); // a producer in the same process wakes the relay at once
+//!
+//! assert_eq!(seen.recv_timeout(Duration::from_secs(10)).unwrap(), id);
+//! relay.shutdown(Duration::from_secs(5))?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Threads and channels
+//!
+//! One **writer** thread owns the relay's only write connection. It claims
+//! batches of due rows, sends one job per row into a bounded `jobs` channel,
+//! and records the outcomes that come back on the `outcomes` channel, many
+//! per `BEGIN IMMEDIATE` transaction (group commit). **Workers** take jobs,
+//! run the consumers (catching panics) and send outcomes; they never touch
+//! SQLite. The writer claims no more rows than the `jobs` channel holds, so
+//! its sends never block; `outcomes` is unbounded, so a worker never blocks
+//! either. A `control` channel carries `notify` and `shutdown` from the
+//! handle. Shutdown: the writer stops claiming, takes the jobs no worker has
+//! started back out of the channel and releases their leases, drops the
+//! jobs sender (so each worker ends after its current job), records the
+//! outcomes that arrive within the grace period, releases whatever is still
+//! leased after it, and ends.
+
+mod backoff;
+mod claim;
+mod worker;
+mod writer;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+
+pub use backoff::{
+    RetryPolicy, DEFAULT_JITTER, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_INITIAL,
+    DEFAULT_RETRY_MAX_DELAY,
+};
+
+use crate::clock::{Clock, SystemClock};
+use crate::consumer::Consumer;
+use crate::error::{Error, Result};
+use crate::purge::PurgePolicy;
+use crate::router::Pattern;
+
+/// Rows claimed per transaction by default.
+pub const DEFAULT_BATCH_SIZE: usize = 256;
+/// How long a claim holds a row before another relay may take it. Longer
+/// deliveries extend it by heartbeat.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// How often an idle relay checks `PRAGMA data_version` for commits made by
+/// other processes.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// The longest a finished delivery waits before its outcome is committed
+/// (outcomes are grouped into one transaction).
+pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(2);
+/// How often purge, checkpoint and the stale check run.
+pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(10);
+/// The oldest due event may wait this long before the stale alert fires.
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(300);
+/// The grace period the handle's `Drop` gives in-flight deliveries.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// What to do with an event no consumer subscribes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnroutedPolicy {
+    /// Dead-letter it, saying no consumer takes its type (the default: it is
+    /// never dropped silently, and a consumer added later can requeue it).
+    #[default]
+    DeadLetter,
+    /// Mark it delivered and log it at INFO.
+    Skip,
+}
+
+/// A registered consumer.
+pub(crate) struct ConsumerEntry {
+    pub name: String,
+    pub patterns: Vec<Pattern>,
+    pub consumer: Box<dyn Consumer>,
+    pub retry: RetryPolicy,
+}
+
+/// The relay's validated settings.
+pub(crate) struct Settings {
+    pub path: PathBuf,
+    pub workers: usize,
+    pub batch_size: usize,
+    pub lease: Duration,
+    pub poll_interval: Duration,
+    pub flush_interval: Duration,
+    pub housekeeping_interval: Duration,
+    pub stale_after: Duration,
+    pub purge: Option<PurgePolicy>,
+    pub unrouted: UnroutedPolicy,
+}
+
+/// Builds a [`Relay`]. Every setting has a named default; [`build`]
+/// validates them all and returns an error naming the first bad one.
+///
+/// [`build`]: RelayBuilder::build
+pub struct RelayBuilder {
+    path: PathBuf,
+    consumers: Vec<(String, Vec<String>, Box<dyn Consumer>)>,
+    retry: RetryPolicy,
+    retry_overrides: Vec<(String, RetryPolicy)>,
+    workers: Option<usize>,
+    batch_size: usize,
+    lease: Duration,
+    poll_interval: Duration,
+    flush_interval: Duration,
+    housekeeping_interval: Duration,
+    stale_after: Duration,
+    purge: Option<PurgePolicy>,
+    unrouted: UnroutedPolicy,
+    clock: Arc<dyn Clock>,
+}
+
+impl RelayBuilder {
+    /// Registers a consumer under a unique name for the event types it
+    /// takes: exact types or patterns (see [`Pattern`]).
+    pub fn consumer<I, S>(mut self, name: &str, types: I, consumer: impl Consumer) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let types = types.into_iter().map(|s| s.as_ref().to_string()).collect();
+        self.consumers
+            .push((name.to_string(), types, Box::new(consumer)));
+        self
+    }
+
+    /// The retry policy of every consumer without its own.
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// A retry policy for one consumer, by name.
+    pub fn retry_policy_for(mut self, consumer: &str, policy: RetryPolicy) -> Self {
+        self.retry_overrides.push((consumer.to_string(), policy));
+        self
+    }
+
+    /// Worker threads that run consumers (default: the available cores).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = Some(n);
+        self
+    }
+
+    /// Rows claimed per transaction, and the most deliveries in flight
+    /// (default [`DEFAULT_BATCH_SIZE`]).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+
+    /// The lease of a claim (default [`DEFAULT_LEASE`]).
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.lease = d;
+        self
+    }
+
+    /// How often an idle relay looks for other processes' commits (default
+    /// [`DEFAULT_POLL_INTERVAL`]).
+    pub fn poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d;
+        self
+    }
+
+    /// The longest an outcome waits to be committed with others (default
+    /// [`DEFAULT_FLUSH_INTERVAL`]).
+    pub fn flush_interval(mut self, d: Duration) -> Self {
+        self.flush_interval = d;
+        self
+    }
+
+    /// How often purge, checkpoint and the stale check run (default
+    /// [`DEFAULT_HOUSEKEEPING_INTERVAL`]).
+    pub fn housekeeping_interval(mut self, d: Duration) -> Self {
+        self.housekeeping_interval = d;
+        self
+    }
+
+    /// The age of the oldest due event that raises the stale alert (default
+    /// [`DEFAULT_STALE_AFTER`]).
+    pub fn stale_after(mut self, d: Duration) -> Self {
+        self.stale_after = d;
+        self
+    }
+
+    /// The TTL purge the relay runs in its housekeeping (default
+    /// [`PurgePolicy::default`]); None turns it off.
+    pub fn purge(mut self, policy: Option<PurgePolicy>) -> Self {
+        self.purge = policy;
+        self
+    }
+
+    /// What to do with events no consumer takes (default: dead-letter).
+    pub fn unrouted(mut self, policy: UnroutedPolicy) -> Self {
+        self.unrouted = policy;
+        self
+    }
+
+    /// The clock (default: the system clock; tests pass a
+    /// [`ManualClock`](crate::ManualClock)).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Validates every setting.
+    pub fn build(self) -> Result<Relay> {
+        let bad = |field, reason: &str| {
+            Err(Error::InvalidSetting {
+                field,
+                reason: reason.to_string(),
+            })
+        };
+        let workers = self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+        });
+        if workers == 0 || workers > 1024 {
+            return bad("workers", "must be between 1 and 1024");
+        }
+        if self.batch_size == 0 || self.batch_size > 10_000 {
+            return bad("batch_size", "must be between 1 and 10000");
+        }
+        if self.lease < Duration::from_secs(1) {
+            return bad("lease", "must be at least 1 second");
+        }
+        if self.poll_interval.is_zero() || self.poll_interval > Duration::from_secs(60) {
+            return bad("poll_interval", "must be between 1 ms and 60 s");
+        }
+        if self.housekeeping_interval.is_zero() {
+            return bad("housekeeping_interval", "must be longer than zero");
+        }
+        if self.consumers.is_empty() {
+            return bad("consumers", "register at least one consumer");
+        }
+        self.retry.validate()?;
+        if let Some(p) = &self.purge {
+            p.validate()?;
+        }
+        let mut names = HashSet::new();
+        let mut consumers = Vec::with_capacity(self.consumers.len());
+        for (name, types, consumer) in self.consumers {
+            if name.is_empty()
+                || name.len() > 128
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+            {
+                return Err(Error::InvalidSetting {
+                    field: "consumer name",
+                    reason: format!(
+                        "{name:?}: use 1 to 128 characters of A-Z, a-z, 0-9, _, - and ."
+                    ),
+                });
+            }
+            if !names.insert(name.clone()) {
+                return Err(Error::InvalidSetting {
+                    field: "consumer name",
+                    reason: format!("{name:?} is registered twice"),
+                });
+            }
+            if types.is_empty() {
+                return Err(Error::InvalidSetting {
+                    field: "consumer types",
+                    reason: format!("consumer {name:?} takes no event types"),
+                });
+            }
+            let patterns = types
+                .iter()
+                .map(|t| Pattern::parse(t))
+                .collect::<Result<Vec<_>>>()?;
+            consumers.push(ConsumerEntry {
+                name,
+                patterns,
+                consumer,
+                retry: self.retry.clone(),
+            });
+        }
+        for (name, policy) in self.retry_overrides {
+            policy.validate()?;
+            let entry = consumers
+                .iter_mut()
+                .find(|c| c.name == name)
+                .ok_or_else(|| Error::InvalidSetting {
+                    field: "retry_policy_for",
+                    reason: format!("no consumer is named {name:?}"),
+                })?;
+            entry.retry = policy;
+        }
+        Ok(Relay {
+            settings: Settings {
+                path: self.path,
+                workers,
+                batch_size: self.batch_size,
+                lease: self.lease,
+                poll_interval: self.poll_interval,
+                flush_interval: self.flush_interval,
+                housekeeping_interval: self.housekeeping_interval,
+                stale_after: self.stale_after,
+                purge: self.purge,
+                unrouted: self.unrouted,
+            },
+            consumers,
+            clock: self.clock,
+        })
+    }
+}
+
+/// A configured relay, ready to [`start`](Relay::start).
+pub struct Relay {
+    settings: Settings,
+    consumers: Vec<ConsumerEntry>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Relay {
+    /// A builder for a relay on the database at `path`.
+    pub fn builder(path: impl Into<PathBuf>) -> RelayBuilder {
+        RelayBuilder {
+            path: path.into(),
+            consumers: Vec::new(),
+            retry: RetryPolicy::default(),
+            retry_overrides: Vec::new(),
+            workers: None,
+            batch_size: DEFAULT_BATCH_SIZE,
+            lease: DEFAULT_LEASE,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            flush_interval: DEFAULT_FLUSH_INTERVAL,
+            housekeeping_interval: DEFAULT_HOUSEKEEPING_INTERVAL,
+            stale_after: DEFAULT_STALE_AFTER,
+            purge: Some(PurgePolicy::default()),
+            unrouted: UnroutedPolicy::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Opens the write connection, checks the schema is current, and starts
+    /// the writer and worker threads.
+    pub fn start(self) -> Result<RelayHandle> {
+        let metrics = Arc::new(Metrics::new(
+            self.consumers.iter().map(|c| c.name.clone()).collect(),
+        ));
+        let (control_tx, control_rx) = crossbeam_channel::bounded(64);
+        let writer = writer::Writer::open(
+            self.settings,
+            Arc::new(self.consumers),
+            self.clock,
+            metrics.clone(),
+            control_rx,
+        )?;
+        let thread = std::thread::Builder::new()
+            .name("outboxd-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| Error::InvalidSetting {
+                field: "workers",
+                reason: format!("cannot start the writer thread: {e}"),
+            })?;
+        Ok(RelayHandle {
+            control: control_tx,
+            thread: Some(thread),
+            metrics,
+        })
+    }
+}
+
+/// Messages from the handle to the writer.
+pub(crate) enum Control {
+    Notify,
+    Shutdown(Duration),
+}
+
+/// A running relay. Dropping it shuts the relay down with
+/// [`DEFAULT_SHUTDOWN_GRACE`] and waits for it.
+pub struct RelayHandle {
+    control: Sender<Control>,
+    thread: Option<JoinHandle<Result<()>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl RelayHandle {
+    /// Wakes the relay to claim at once: call it after committing events in
+    /// the same process. Cheap, and never blocks.
+    pub fn notify(&self) {
+        let _ = self.control.try_send(Control::Notify);
+    }
+
+    /// Stops claiming, lets in-flight deliveries finish within `grace`,
+    /// records their outcomes, releases the rest, and waits for the threads.
+    pub fn shutdown(mut self, grace: Duration) -> Result<()> {
+        let _ = self.control.send(Control::Shutdown(grace));
+        self.join_inner()
+    }
+
+    /// Waits until the relay stops (after a shutdown from another handle
+    /// clone is impossible, so this is for a relay whose writer failed).
+    pub fn join(mut self) -> Result<()> {
+        self.join_inner()
+    }
+
+    /// True once the relay's writer thread has ended.
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// The relay's counters.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot()
+    }
+
+    /// A shared view of the counters, for a metrics endpoint that outlives
+    /// borrows of the handle.
+    pub fn metrics_source(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    fn join_inner(&mut self) -> Result<()> {
+        match self.thread.take() {
+            Some(t) => t.join().unwrap_or_else(|_| {
+                Err(Error::InvalidSetting {
+                    field: "relay",
+                    reason: "the writer thread panicked".into(),
+                })
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RelayHandle {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.control.send(Control::Shutdown(DEFAULT_SHUTDOWN_GRACE));
+            let _ = self.join_inner();
+        }
+    }
+}
+
+/// Counters a host can read while the relay runs (see
+/// [`RelayHandle::metrics`]). All counts are since start.
+#[derive(Debug)]
+pub struct Metrics {
+    consumers: Vec<String>,
+    per_consumer: Vec<[AtomicU64; 3]>,
+    delivered: AtomicU64,
+    retried: AtomicU64,
+    dead_lettered: AtomicU64,
+    fenced_out: AtomicU64,
+    claimed: AtomicU64,
+    commits: AtomicU64,
+    busy_retries: AtomicU64,
+    errors: AtomicU64,
+    claim_micros_total: AtomicU64,
+    commit_micros_total: AtomicU64,
+    stale_events: AtomicU64,
+    oldest_due_ms: AtomicU64,
+}
+
+/// A copy of the relay's counters at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MetricsSnapshot {
+    /// Events marked delivered (every consumer succeeded).
+    pub delivered: u64,
+    /// Retries scheduled.
+    pub retried: u64,
+    /// Events dead-lettered (poison, attempts spent, invalid, unrouted).
+    pub dead_lettered: u64,
+    /// Outcomes refused because the claim had passed to another relay.
+    pub fenced_out: u64,
+    /// Rows claimed.
+    pub claimed: u64,
+    /// Write transactions committed.
+    pub commits: u64,
+    /// Transactions retried after SQLITE_BUSY.
+    pub busy_retries: u64,
+    /// Write transactions that failed for another reason (and were retried).
+    pub errors: u64,
+    /// Total time spent in claim statements, in microseconds.
+    pub claim_micros_total: u64,
+    /// Total time spent in write transactions, in microseconds.
+    pub commit_micros_total: u64,
+    /// Due events older than the stale threshold at the last check.
+    pub stale_events: u64,
+    /// Age of the oldest due event at the last check, in milliseconds.
+    pub oldest_due_ms: u64,
+    /// Per consumer: (name, delivered, retry, poison) results.
+    pub per_consumer: Vec<(String, u64, u64, u64)>,
+}
+
+impl Metrics {
+    fn new(consumers: Vec<String>) -> Metrics {
+        let z = || AtomicU64::new(0);
+        Metrics {
+            per_consumer: consumers.iter().map(|_| [z(), z(), z()]).collect(),
+            consumers,
+            delivered: z(),
+            retried: z(),
+            dead_lettered: z(),
+            fenced_out: z(),
+            claimed: z(),
+            commits: z(),
+            busy_retries: z(),
+            errors: z(),
+            claim_micros_total: z(),
+            commit_micros_total: z(),
+            stale_events: z(),
+            oldest_due_ms: z(),
+        }
+    }
+
+    /// A copy of every counter.
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MetricsSnapshot {
+            delivered: g(&self.delivered),
+            retried: g(&self.retried),
+            dead_lettered: g(&self.dead_lettered),
+            fenced_out: g(&self.fenced_out),
+            claimed: g(&self.claimed),
+            commits: g(&self.commits),
+            busy_retries: g(&self.busy_retries),
+            errors: g(&self.errors),
+            claim_micros_total: g(&self.claim_micros_total),
+            commit_micros_total: g(&self.commit_micros_total),
+            stale_events: g(&self.stale_events),
+            oldest_due_ms: g(&self.oldest_due_ms),
+            per_consumer: self
+                .consumers
+                .iter()
+                .zip(&self.per_consumer)
+                .map(|(n, c)| (n.clone(), g(&c[0]), g(&c[1]), g(&c[2])))
+                .collect(),
+        }
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,95 @@
+//! Worker threads: run consumers, never touch SQLite.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::consumer::{Delivery, Outcome};
+use crate::envelope::Envelope;
+use crate::relay::ConsumerEntry;
+
+/// One claimed row to deliver: the consumers that have not succeeded yet.
+pub(crate) struct Job {
+    pub row_id: i64,
+    pub token: Arc<str>,
+    pub envelope: Envelope,
+    pub legacy: bool,
+    pub tenant_id: Option<String>,
+    pub ordering_key: Option<String>,
+    /// 1 + the row's failed attempts so far.
+    pub attempt: u32,
+    /// Indexes into the consumer list.
+    pub consumers: Vec<usize>,
+}
+
+/// What the consumers of one job reported.
+pub(crate) struct JobOutcome {
+    pub row_id: i64,
+    pub token: Arc<str>,
+    pub results: Vec<(usize, Outcome)>,
+}
+
+/// A worker's loop: ends when the writer drops the jobs sender (shutdown),
+/// or when the writer is gone.
+pub(crate) fn run(
+    consumers: Arc<Vec<ConsumerEntry>>,
+    jobs: Receiver<Job>,
+    outcomes: Sender<JobOutcome>,
+) {
+    for job in jobs.iter() {
+        let results = job
+            .consumers
+            .iter()
+            .map(|&i| (i, deliver(&consumers[i], &job)))
+            .collect();
+        let outcome = JobOutcome {
+            row_id: job.row_id,
+            token: job.token,
+            results,
+        };
+        if outcomes.send(outcome).is_err() {
+            return;
+        }
+    }
+}
+
+fn deliver(entry: &ConsumerEntry, job: &Job) -> Outcome {
+    let env = &job.envelope;
+    let span = tracing::info_span!(
+        "deliver",
+        event_id = %env.event_id,
+        event_type = %env.event_type,
+        consumer = %entry.name,
+        attempt = job.attempt,
+        causation_id = env.causation_id.as_deref(),
+        correlation_id = env.correlation_id.as_deref(),
+    );
+    let _enter = span.enter();
+    let delivery = Delivery {
+        envelope: env.clone(),
+        attempt: job.attempt,
+        consumer: entry.name.clone(),
+        legacy: job.legacy,
+        tenant_id: job.tenant_id.clone(),
+        ordering_key: job.ordering_key.clone(),
+    };
+    // A panicking consumer is a failed delivery, not a dead relay.
+    let outcome = catch_unwind(AssertUnwindSafe(|| entry.consumer.deliver(&delivery)))
+        .unwrap_or_else(|panic| {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic payload".into());
+            Outcome::retry(format!("consumer panicked: {msg}"))
+        });
+    match &outcome {
+        Outcome::Delivered => tracing::debug!("delivered"),
+        Outcome::Retry { reason, .. } => tracing::warn!(%reason, "delivery failed, will retry"),
+        Outcome::Poison { reason } => {
+            tracing::warn!(%reason, "consumer rejected the event as poison")
+        }
+    }
+    outcome
+}
