@@ -31,17 +31,20 @@
 //! - [`router`]: event-type patterns that route events to consumers.
 //! - [`relay`]: claims, delivers on a worker pool, records outcomes (leases, retries, dead letters).
 //! - [`purge`]: TTL purge of finished rows in small batches.
+//! - [`dead_letter`], [`replay`]: operator operations.
 //! - [`clock`]: time as an input.
 #![warn(missing_docs)]
 
 pub mod clock;
 pub mod connection;
 pub mod consumer;
+pub mod dead_letter;
 pub mod enqueue;
 pub mod envelope;
 pub mod error;
 pub mod purge;
 pub mod relay;
+pub mod replay;
 pub mod router;
 pub mod schema;
 

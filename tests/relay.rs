@@ -329,3 +329,313 @@ fn picks_up_a_commit_from_another_connection_without_notify() {
     relay.shutdown(LONG).unwrap();
     assert!(took < Duration::from_secs(1), "picked up in {took:?}");
 }
+
+#[test]
+fn a_second_row_with_a_delivered_event_id_is_not_delivered_again() {
+    let db = TestDb::new();
+    let rec = Recorder::default();
+    let first = event("a.b.v1", 1);
+    let twin = event("a.b.v1", 1).event_id(first.id());
+    db.enqueue(&[first]);
+    let relay = Relay::builder(&db.path)
+        .consumer("a", ["a.b.v1"], rec.consumer())
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    relay.notify();
+    wait_until("first delivered", LONG, || {
+        db.count("status = 'delivered'") == 1
+    });
+    db.enqueue(&[twin]);
+    relay.notify();
+    wait_until("twin settled", LONG, || {
+        db.count("status = 'delivered'") == 2
+    });
+    relay.shutdown(LONG).unwrap();
+    assert_eq!(rec.len(), 1, "the consumer saw the event id once");
+}
+
+#[test]
+fn legacy_rows_are_delivered_with_a_stable_id_and_no_dedup() {
+    let db = TestDb::new();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let conn = db.conn();
+    for _ in 0..2 {
+        conn.execute(
+            "INSERT INTO event_outbox (event_type, payload) VALUES ('legacy.thing.v1', '{\"x\":1}')",
+            [],
+        )
+        .unwrap();
+    }
+    let relay = Relay::builder(&db.path)
+        .consumer("a", ["legacy.*"], move |d: &Delivery| {
+            s.lock().unwrap().push((d.envelope.event_id, d.legacy));
+            Outcome::Delivered
+        })
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    wait_until("both delivered", LONG, || {
+        db.count("status = 'delivered'") == 2
+    });
+    relay.shutdown(LONG).unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2, "identical legacy rows are both delivered");
+    assert!(seen.iter().all(|(_, legacy)| *legacy));
+    assert_ne!(seen[0].0, seen[1].0, "each legacy row has its own id");
+    let keys: Vec<String> = conn
+        .prepare("SELECT event_key FROM delivered_events ORDER BY outbox_id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(keys, ["#1", "#2"], "progress is kept per row");
+}
+
+#[test]
+fn malformed_rows_are_dead_lettered_with_their_reason_and_good_rows_go_on() {
+    let db = TestDb::new();
+    let conn = db.conn();
+    let good: Vec<_> = (0..1000).map(|n| event("a.b.v1", n)).collect();
+    let bad: &[(&str, &str)] = &[
+        ("INSERT INTO event_outbox (event_type, payload) VALUES ('a.b.v1', '{not json')", "payload is not valid JSON"),
+        ("INSERT INTO event_outbox (event_type, payload) VALUES ('Not A Type', '{}')", "invalid event type"),
+        ("INSERT INTO event_outbox (event_type, event_version, payload) VALUES ('a.b.v2', 1, '{}')", "event_version 1 does not match"),
+        ("INSERT INTO event_outbox (event_type, payload) VALUES ('a.b.v1', X'FFFE')", "payload is not valid UTF-8"),
+        ("INSERT INTO event_outbox (event_id, event_type, payload) VALUES ('nope', 'a.b.v1', '{}')", "invalid event id"),
+        ("INSERT INTO event_outbox (event_type, payload, occurred_at) VALUES ('a.b.v1', '{}', 'last tuesday')", "occurred_at"),
+        ("INSERT INTO event_outbox (event_type, payload) VALUES (X'C0', '{}')", "event_type is not valid UTF-8"),
+    ];
+    db.enqueue(&good[..500]);
+    for (sql, _) in bad {
+        conn.execute(sql, []).unwrap();
+    }
+    db.enqueue(&good[500..]);
+    let rec = Recorder::default();
+    let relay = Relay::builder(&db.path)
+        .consumer("a", ["*"], rec.consumer())
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    wait_until("all settled", LONG, || db.count("status = 'pending'") == 0);
+    relay.shutdown(LONG).unwrap();
+    assert_eq!(rec.len(), 1000, "every good row delivered");
+    assert_eq!(db.count("status = 'dead'"), bad.len() as i64);
+    for (sql, needle) in bad {
+        let n = db.count(&format!(
+            "status = 'dead' AND instr(last_error, '{needle}') > 0"
+        ));
+        assert_eq!(
+            n, 1,
+            "row from {sql:?} should be dead with a reason containing {needle:?}"
+        );
+    }
+}
+
+#[test]
+fn ordering_keys_hold_commit_order_under_four_workers_with_retries() {
+    let db = TestDb::new();
+    let order = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+        String,
+        Vec<u64>,
+    >::new()));
+    let busy = Arc::new(std::sync::Mutex::new(
+        std::collections::HashSet::<String>::new(),
+    ));
+    let (o, b) = (order.clone(), busy.clone());
+    let relay = Relay::builder(&db.path)
+        .consumer("ordered", ["a.b.v1"], move |d: &Delivery| {
+            let key = d.ordering_key.clone().unwrap_or_default();
+            assert!(
+                b.lock().unwrap().insert(key.clone()),
+                "two deliveries of key {key} at once"
+            );
+            let n: u64 = d.envelope.payload_as::<serde_json::Value>().unwrap()["n"]
+                .as_u64()
+                .unwrap();
+            // Every third event fails its first attempt.
+            let outcome = if n % 3 == 0 && d.attempt == 1 {
+                Outcome::retry("first try fails")
+            } else {
+                o.lock().unwrap().entry(key.clone()).or_default().push(n);
+                Outcome::Delivered
+            };
+            b.lock().unwrap().remove(&key);
+            outcome
+        })
+        .workers(4)
+        .retry_policy(
+            RetryPolicy::default()
+                .initial(Duration::from_millis(1))
+                .max_delay(Duration::from_millis(5))
+                .jitter(0.0),
+        )
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    let events: Vec<_> = (0..200)
+        .map(|n| event("a.b.v1", n).ordering_key(format!("k{}", n % 5)))
+        .collect();
+    db.enqueue(&events);
+    relay.notify();
+    wait_until("all delivered", LONG, || {
+        db.count("status = 'delivered'") == 200
+    });
+    relay.shutdown(LONG).unwrap();
+    let order = order.lock().unwrap();
+    assert_eq!(order.len(), 5);
+    for (key, seq) in order.iter() {
+        let mut sorted = seq.clone();
+        sorted.sort();
+        assert_eq!(seq, &sorted, "key {key} delivered out of commit order");
+        assert_eq!(seq.len(), 40);
+    }
+}
+
+#[test]
+fn an_expired_lease_of_a_crashed_relay_is_claimed_again() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(Timestamp::now().plus(Duration::from_secs(1)));
+    db.enqueue(&[event("a.b.v1", 1)]);
+    // A relay claimed the row and died.
+    let until = clock.now().plus(Duration::from_secs(30)).as_millis();
+    db.conn()
+        .execute(
+            "UPDATE event_outbox SET claim_token = 'crashed', lease_until = ?1, available_at = ?1",
+            [until],
+        )
+        .unwrap();
+    let rec = Recorder::default();
+    let relay = Relay::builder(&db.path)
+        .consumer("a", ["a.b.v1"], rec.consumer())
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    // Let it look at least twice while the lease lives.
+    let commits = relay.metrics().commits;
+    relay.notify();
+    wait_until("a claim attempt", LONG, || {
+        relay.metrics().commits > commits
+    });
+    relay.notify();
+    wait_until("another claim attempt", LONG, || {
+        relay.metrics().commits > commits + 1
+    });
+    assert_eq!(rec.len(), 0, "a live lease is respected");
+    clock.advance(Duration::from_secs(31));
+    wait_until("delivered after expiry", LONG, || rec.len() == 1);
+    relay.shutdown(LONG).unwrap();
+    assert_eq!(db.count("status = 'delivered'"), 1);
+}
+
+#[test]
+fn a_worker_whose_lease_was_taken_over_cannot_record_its_outcome() {
+    let db = TestDb::new();
+    let (started_tx, started) = crossbeam_channel::unbounded();
+    let (go_tx, go) = crossbeam_channel::unbounded::<()>();
+    let relay = Relay::builder(&db.path)
+        .consumer("slow", ["a.b.v1"], move |_: &Delivery| {
+            started_tx.send(()).unwrap();
+            go.recv().unwrap();
+            Outcome::Delivered
+        })
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    db.enqueue(&[event("a.b.v1", 1)]);
+    relay.notify();
+    started.recv_timeout(LONG).unwrap();
+    // Another relay takes the row over (as after an expired lease).
+    db.conn()
+        .execute("UPDATE event_outbox SET claim_token = 'new-owner'", [])
+        .unwrap();
+    go_tx.send(()).unwrap();
+    wait_until("outcome fenced out", LONG, || {
+        relay.metrics().fenced_out == 1
+    });
+    relay.shutdown(LONG).unwrap();
+    assert_eq!(
+        db.count("status = 'pending' AND claim_token = 'new-owner'"),
+        1
+    );
+    assert_eq!(db.scalar::<i64>("SELECT count(*) FROM delivered_events"), 0);
+}
+
+#[test]
+fn long_deliveries_extend_their_lease_by_heartbeat() {
+    let db = TestDb::new();
+    let (started_tx, started) = crossbeam_channel::unbounded();
+    let (go_tx, go) = crossbeam_channel::unbounded::<()>();
+    let relay = Relay::builder(&db.path)
+        .consumer("slow", ["a.b.v1"], move |_: &Delivery| {
+            started_tx.send(()).unwrap();
+            go.recv().unwrap();
+            Outcome::Delivered
+        })
+        .lease(Duration::from_secs(1))
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    db.enqueue(&[event("a.b.v1", 1)]);
+    relay.notify();
+    started.recv_timeout(LONG).unwrap();
+    let first: i64 = db.scalar("SELECT lease_until FROM event_outbox");
+    wait_until("lease extended twice", LONG, || {
+        db.scalar::<Option<i64>>("SELECT lease_until FROM event_outbox")
+            .unwrap_or(0)
+            > first + 900
+    });
+    go_tx.send(()).unwrap();
+    wait_until("delivered", LONG, || db.count("status = 'delivered'") == 1);
+    let fenced = relay.metrics().fenced_out;
+    relay.shutdown(LONG).unwrap();
+    assert_eq!(
+        fenced, 0,
+        "the heartbeat kept the lease: the outcome was accepted"
+    );
+}
+
+#[test]
+fn the_stale_alert_counts_old_due_events_but_not_delayed_ones() {
+    let db = TestDb::new();
+    let (go_tx, go) = crossbeam_channel::unbounded::<()>();
+    let relay = Relay::builder(&db.path)
+        .consumer("blocked", ["a.b.v1"], move |_: &Delivery| {
+            let _ = go.recv();
+            Outcome::Delivered
+        })
+        .stale_after(Duration::from_secs(60))
+        .housekeeping_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    let ten_min_ago = Timestamp::now().as_millis() - 600_000;
+    db.enqueue(&[
+        // Taken at once and blocked: holds its key.
+        event("a.b.v1", 1).ordering_key("k"),
+        // Due ten minutes ago but waiting behind the first: stale.
+        event("a.b.v1", 2)
+            .ordering_key("k")
+            .available_at(Timestamp::from_millis(ten_min_ago)),
+        // Delayed on purpose: never stale.
+        event("a.b.v1", 3)
+            .ordering_key("later")
+            .delay(Duration::from_secs(3600)),
+    ]);
+    relay.notify();
+    wait_until("stale alert", LONG, || relay.metrics().stale_events == 1);
+    assert!(relay.metrics().oldest_due_ms >= 600_000);
+    drop(go_tx);
+    relay.shutdown(LONG).unwrap();
+}

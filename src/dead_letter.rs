@@ -1,0 +1,224 @@
+//! Operator operations on dead letters: list, show, requeue, discard.
+//!
+//! ```
+//! # fn main() -> outboxd::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let mut conn = outboxd::connection::open(dir.path().join("app.db"))?;
+//! # outboxd::schema::migrate(&mut conn)?;
+//! use outboxd::dead_letter::{self, Selector};
+//! let dead = dead_letter::list(&conn, 50)?;
+//! assert!(dead.is_empty());
+//! let requeued = dead_letter::requeue(&mut conn, &Selector::All, outboxd::Timestamp::now())?;
+//! assert_eq!(requeued, 0);
+//! # Ok(()) }
+//! ```
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use serde::Serialize;
+
+use crate::clock::Timestamp;
+use crate::error::{Error, Result};
+use crate::router::Pattern;
+
+/// Rows changed per transaction by requeue and discard.
+const BATCH: usize = 1000;
+
+/// One dead-lettered event, as an operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetter {
+    /// The row id (what `show`, `requeue` and `discard` take).
+    pub row_id: i64,
+    /// The event id (None for a legacy row).
+    pub event_id: Option<String>,
+    /// The event type as stored.
+    pub event_type: String,
+    /// The tenant, if any.
+    pub tenant_id: Option<String>,
+    /// Failed attempts spent.
+    pub attempts: i64,
+    /// Why it was dead-lettered.
+    pub reason: Option<String>,
+    /// When it was dead-lettered.
+    pub dead_at: Option<Timestamp>,
+    /// The payload as stored (only filled by [`show`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+}
+
+/// Which dead letters an operation applies to.
+#[derive(Debug, Clone)]
+pub enum Selector {
+    /// One row, by row id or event id.
+    One(String),
+    /// Every dead letter whose type matches a pattern.
+    Type(Pattern),
+    /// Every dead letter.
+    All,
+}
+
+/// The newest `limit` dead letters, newest first.
+pub fn list(conn: &Connection, limit: usize) -> Result<Vec<DeadLetter>> {
+    crate::schema::ensure_current(conn)?;
+    let mut stmt = conn
+        .prepare(
+            "SELECT id, event_id, event_type, tenant_id, attempts, last_error, finished_at, NULL
+               FROM event_outbox WHERE status = 'dead'
+              ORDER BY finished_at DESC, id DESC LIMIT ?1",
+        )
+        .map_err(Error::db("list dead letters"))?;
+    let rows = stmt
+        .query_map([limit as i64], read)
+        .and_then(|r| r.collect::<rusqlite::Result<Vec<_>>>())
+        .map_err(Error::db("list dead letters"))?;
+    Ok(rows)
+}
+
+/// One dead letter with its payload, by row id or event id.
+pub fn show(conn: &Connection, id: &str) -> Result<DeadLetter> {
+    crate::schema::ensure_current(conn)?;
+    let row_id = resolve(conn, id)?;
+    conn.query_row(
+        "SELECT id, event_id, event_type, tenant_id, attempts, last_error, finished_at,
+                CAST(payload AS TEXT)
+           FROM event_outbox WHERE status = 'dead' AND id = ?1",
+        [row_id],
+        read,
+    )
+    .optional()
+    .map_err(Error::db("show a dead letter"))?
+    .ok_or_else(|| Error::NotFound {
+        what: format!("dead letter {id}"),
+    })
+}
+
+/// Puts dead letters back in the queue, due now, with their attempts reset.
+/// Returns how many were requeued.
+pub fn requeue(conn: &mut Connection, which: &Selector, now: Timestamp) -> Result<u64> {
+    change(
+        conn,
+        which,
+        "UPDATE event_outbox
+            SET status = 'pending', attempts = 0, available_at = ?2, finished_at = NULL
+          WHERE id = ?1 AND status = 'dead'",
+        Some(now),
+        "requeue dead letters",
+    )
+}
+
+/// Deletes dead letters for good. Returns how many were deleted.
+pub fn discard(conn: &mut Connection, which: &Selector) -> Result<u64> {
+    change(
+        conn,
+        which,
+        "DELETE FROM event_outbox WHERE id = ?1 AND status = 'dead'",
+        None,
+        "discard dead letters",
+    )
+}
+
+fn change(
+    conn: &mut Connection,
+    which: &Selector,
+    sql: &str,
+    now: Option<Timestamp>,
+    op: &'static str,
+) -> Result<u64> {
+    crate::schema::ensure_current(conn)?;
+    let ids = select(conn, which)?;
+    if let Selector::One(id) = which {
+        if ids.is_empty() {
+            return Err(Error::NotFound {
+                what: format!("dead letter {id}"),
+            });
+        }
+    }
+    let mut changed = 0;
+    for chunk in ids.chunks(BATCH) {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(Error::db(op))?;
+        {
+            let mut stmt = tx.prepare_cached(sql).map_err(Error::db(op))?;
+            for id in chunk {
+                let n = match now {
+                    Some(now) => stmt.execute(params![id, now.as_millis()]),
+                    None => stmt.execute(params![id]),
+                };
+                changed += n.map_err(Error::db(op))? as u64;
+            }
+        }
+        tx.commit().map_err(Error::db(op))?;
+    }
+    Ok(changed)
+}
+
+/// The row ids of the dead letters a selector names.
+fn select(conn: &Connection, which: &Selector) -> Result<Vec<i64>> {
+    let all = || -> Result<Vec<(i64, String)>> {
+        let mut stmt = conn
+            .prepare("SELECT id, CAST(event_type AS TEXT) FROM event_outbox WHERE status = 'dead' ORDER BY id")
+            .map_err(Error::db("select dead letters"))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                ))
+            })
+            .and_then(|r| r.collect())
+            .map_err(Error::db("select dead letters"))?;
+        Ok(rows)
+    };
+    Ok(match which {
+        Selector::One(id) => match resolve(conn, id) {
+            Ok(row) => vec![row],
+            Err(Error::NotFound { .. }) => vec![],
+            Err(e) => return Err(e),
+        },
+        Selector::Type(p) => all()?
+            .into_iter()
+            .filter(|(_, t)| p.matches(t))
+            .map(|(id, _)| id)
+            .collect(),
+        Selector::All => all()?.into_iter().map(|(id, _)| id).collect(),
+    })
+}
+
+/// A row id ("42") or an event id (a ULID) → the row id of a dead letter.
+fn resolve(conn: &Connection, id: &str) -> Result<i64> {
+    let found = if let Ok(row_id) = id.parse::<i64>() {
+        conn.query_row(
+            "SELECT id FROM event_outbox WHERE id = ?1 AND status = 'dead'",
+            [row_id],
+            |r| r.get(0),
+        )
+    } else {
+        let canonical = crate::EventId::parse(id)?.to_string();
+        conn.query_row(
+            "SELECT id FROM event_outbox WHERE event_id = ?1 AND status = 'dead' ORDER BY id LIMIT 1",
+            [canonical],
+            |r| r.get(0),
+        )
+    };
+    found
+        .optional()
+        .map_err(Error::db("find a dead letter"))?
+        .ok_or_else(|| Error::NotFound {
+            what: format!("dead letter {id}"),
+        })
+}
+
+fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeadLetter> {
+    Ok(DeadLetter {
+        row_id: r.get(0)?,
+        event_id: r.get(1).ok(),
+        event_type: r
+            .get::<_, String>(2)
+            .unwrap_or_else(|_| "(not text)".into()),
+        tenant_id: r.get(3).ok().flatten(),
+        attempts: r.get(4)?,
+        reason: r.get(5)?,
+        dead_at: r.get::<_, Option<i64>>(6)?.map(Timestamp::from_millis),
+        payload: r.get(7).ok().flatten(),
+    })
+}
