@@ -367,6 +367,32 @@ fn named_check_constraints_guard_the_state_machine() {
     let msg = violation("UPDATE event_outbox SET event_type = '' WHERE id = ?1");
     assert!(msg.contains("event_outbox_type_not_empty"), "{msg}");
 
+    // Timestamps are INTEGER milliseconds; text or a fraction is refused
+    // at INSERT time instead of leaving a row that is never due.
+    for bad in ["'2026-11-30T07:18:00Z'", "1764487080.5"] {
+        for column in ["available_at", "occurred_at"] {
+            let err = conn
+                .execute(
+                    &format!(
+                        "INSERT INTO event_outbox (event_type, {column}) VALUES ('a.b.v1', {bad})"
+                    ),
+                    [],
+                )
+                .unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.contains("event_outbox_times_are_integers"),
+                "{column}={bad}: {msg}"
+            );
+        }
+    }
+    // A number bound as text is stored as an INTEGER (column affinity).
+    conn.execute(
+        "INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', '1796023974812')",
+        [],
+    )
+    .unwrap();
+
     // The legal transitions pass.
     conn.execute(
         "UPDATE event_outbox SET claim_token = 'tok', lease_until = 5 WHERE id = ?1",
