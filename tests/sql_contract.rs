@@ -397,8 +397,8 @@ fn malformed_rows_are_refused_with_a_precise_reason() {
     }
 }
 
-/// `INSERT OR REPLACE` would delete the first event; the doc warns against
-/// it. `ON CONFLICT DO NOTHING` keeps it, in either scope.
+/// `ON CONFLICT DO NOTHING` keeps the first event of a key, in either scope,
+/// and still fails loudly on anything but a duplicate key.
 #[test]
 fn on_conflict_do_nothing_keeps_the_first_event_in_both_scopes() {
     let host = Host::new();
@@ -429,4 +429,22 @@ fn on_conflict_do_nothing_keeps_the_first_event_in_both_scopes() {
             .unwrap();
         assert_eq!(kept, first);
     }
+
+    // Why not INSERT OR IGNORE: it also swallows a NOT NULL or CHECK
+    // violation, so a broken event vanishes without an error.
+    let ignored = conn
+        .execute(
+            "INSERT OR IGNORE INTO event_outbox (event_type, payload) VALUES (NULL, '{}')",
+            [],
+        )
+        .unwrap();
+    assert_eq!(ignored, 0, "OR IGNORE dropped the row silently");
+    let err = conn
+        .execute(
+            "INSERT INTO event_outbox (event_type, payload) VALUES (NULL, '{}')
+             ON CONFLICT DO NOTHING",
+            [],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("NOT NULL"), "{err}");
 }
