@@ -448,3 +448,138 @@ fn on_conflict_do_nothing_keeps_the_first_event_in_both_scopes() {
         .unwrap_err();
     assert!(err.to_string().contains("NOT NULL"), "{err}");
 }
+
+/// The fenced code blocks of docs/sql-contract.md in one language, in order.
+fn doc_blocks(lang: &str) -> Vec<String> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/sql-contract.md"))
+        .unwrap();
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in doc.lines() {
+        match current.as_mut() {
+            None if line.trim_end() == format!("```{lang}") => current = Some(String::new()),
+            Some(_) if line.trim_end() == "```" => blocks.push(current.take().unwrap()),
+            Some(block) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            None => {}
+        }
+    }
+    assert!(
+        !blocks.is_empty(),
+        "docs/sql-contract.md has no {lang} block"
+    );
+    blocks
+}
+
+/// A database for the doc's examples: `orders.ref` is not unique there, so
+/// placing one order twice reaches the duplicate-key path.
+fn doc_host() -> Host {
+    let host = Host::new();
+    host.conn
+        .execute_batch("DROP TABLE orders; CREATE TABLE orders (id INTEGER PRIMARY KEY, ref TEXT, total_cents INTEGER)")
+        .unwrap();
+    host
+}
+
+/// Checks what placing order "doc-1" twice through the doc's code left.
+fn check_doc_example(host: &Host, first: &str, second: &str) {
+    assert_eq!(first, second, "the duplicate did not name the first event");
+    let rows = read_back(&host.conn);
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    let row = &rows[0];
+    assert_eq!(row.stored_event_id.as_deref(), Some(first));
+    assert_fresh_ulid(first, Timestamp::now().as_millis());
+    assert_eq!(row.tenant_id.as_deref(), Some("shop-9"));
+    assert_eq!(row.idempotency_key.as_deref(), Some("order-doc-1-placed"));
+    assert_eq!(row.ordering_key.as_deref(), Some("order-doc-1"));
+    assert_eq!(row.envelope.correlation_id.as_deref(), Some("req-doc"));
+    assert_eq!(
+        row.envelope.payload_as::<Value>().unwrap(),
+        json!({"order": "doc-1", "total_cents": 500})
+    );
+    let orders: i64 = host
+        .conn
+        .query_row("SELECT count(*) FROM orders WHERE ref = 'doc-1'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(orders, 2);
+}
+
+#[test]
+fn the_docs_sql_example_runs() {
+    let host = doc_host();
+    let example = doc_blocks("sql")
+        .into_iter()
+        .find(|b| b.contains("BEGIN IMMEDIATE"))
+        .expect("the SQL example");
+    let conn = Connection::open(&host.path).unwrap();
+    conn.execute_batch(&example).unwrap();
+    let rows = read_back(&host.conn);
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(rows[0].tenant_id.as_deref(), Some("shop-7"));
+    assert_eq!(rows[0].envelope.event_type.as_str(), "order.placed.v1");
+}
+
+#[test]
+fn the_docs_python_example_runs() {
+    if !available("python3") {
+        return;
+    }
+    let host = doc_host();
+    let program = format!(
+        "{}\nimport sys\nconn = connect(sys.argv[1])\n\
+         a = place_order(conn, 'doc-1', 500, 'shop-9', 'req-doc')\n\
+         b = place_order(conn, 'doc-1', 500, 'shop-9', 'req-doc')\n\
+         print(a, b)\n",
+        doc_blocks("python").join("\n")
+    );
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(&program)
+        .arg(&host.path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<&str> = stdout.split_whitespace().collect();
+    assert_eq!(ids.len(), 2, "{stdout}");
+    check_doc_example(&host, ids[0], ids[1]);
+}
+
+#[test]
+fn the_docs_php_example_runs() {
+    if !available("php") {
+        return;
+    }
+    let host = doc_host();
+    let program = format!(
+        "<?php\n{}\n$db = connect($argv[1]);\n\
+         $a = place_order($db, 'doc-1', 500, 'shop-9', 'req-doc');\n\
+         $b = place_order($db, 'doc-1', 500, 'shop-9', 'req-doc');\n\
+         echo $a, ' ', $b, \"\\n\";\n",
+        doc_blocks("php").join("\n")
+    );
+    let script = host.path.with_file_name("example.php");
+    std::fs::write(&script, program).unwrap();
+    let out = Command::new("php")
+        .arg(&script)
+        .arg(&host.path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<&str> = stdout.split_whitespace().collect();
+    assert_eq!(ids.len(), 2, "{stdout}");
+    check_doc_example(&host, ids[0], ids[1]);
+}
