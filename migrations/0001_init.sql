@@ -51,7 +51,13 @@ CREATE TABLE event_outbox (
     CONSTRAINT event_outbox_attempts_non_negative
         CHECK (attempts >= 0),
     CONSTRAINT event_outbox_type_not_empty
-        CHECK (length(event_type) > 0)
+        CHECK (length(event_type) > 0),
+    -- A foreign producer binding text ('2026-11-30T07:18:00Z') or a float
+    -- would otherwise commit a row that is never due (TEXT sorts after every
+    -- INTEGER) and cannot be read as a timestamp: refuse it at INSERT time.
+    CONSTRAINT event_outbox_times_are_integers
+        CHECK (typeof(occurred_at) = 'integer' AND typeof(created_at) = 'integer'
+               AND typeof(available_at) = 'integer')
 );
 
 -- "Claim the next due rows": a range scan of pending rows in due order that

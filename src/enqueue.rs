@@ -261,6 +261,12 @@ impl Enqueuer {
         events: impl IntoIterator<Item = &'a Event>,
     ) -> Result<Vec<Enqueued>> {
         self.check_transaction(conn)?;
+        // Check every payload before writing any, so a bad event does not
+        // leave the ones before it in the caller's transaction.
+        let events: Vec<&Event> = events.into_iter().collect();
+        for e in &events {
+            self.check_size(e)?;
+        }
         let now = Timestamp::now();
         events
             .into_iter()
@@ -275,13 +281,18 @@ impl Enqueuer {
         Ok(())
     }
 
-    fn insert(&self, conn: &Connection, e: &Event, now: Timestamp) -> Result<Enqueued> {
+    fn check_size(&self, e: &Event) -> Result<()> {
         if e.payload.len() > self.max_payload_bytes {
             return Err(Error::PayloadTooLarge {
                 size: e.payload.len(),
                 limit: self.max_payload_bytes,
             });
         }
+        Ok(())
+    }
+
+    fn insert(&self, conn: &Connection, e: &Event, now: Timestamp) -> Result<Enqueued> {
+        self.check_size(e)?;
         let available_at = match e.available {
             Available::Now => now,
             Available::After(d) => now.plus(d),

@@ -100,6 +100,11 @@ impl EventId {
 
     /// Parses a ULID (case-insensitive Crockford base32).
     pub fn parse(s: &str) -> Result<EventId, EnvelopeError> {
+        // 26 characters carry 130 bits: a first character above '7' does not
+        // fit in 128 and the ulid crate would silently drop its top bits.
+        if s.as_bytes().first().is_some_and(|&b| b > b'7') {
+            return Err(EnvelopeError::EventId { input: truncate(s) });
+        }
         Ulid::from_string(s)
             .map(EventId)
             .map_err(|_| EnvelopeError::EventId { input: truncate(s) })
@@ -545,6 +550,15 @@ mod tests {
         ));
         let e = Envelope::from_row(row("a.b.v3", ValueRef::Text(b"3"), b"[1]")).unwrap();
         assert_eq!(e.event_version, 3);
+    }
+
+    #[test]
+    fn event_id_refuses_values_beyond_128_bits() {
+        let max = "7ZZZZZZZZZZZZZZZZZZZZZZZZZ";
+        assert_eq!(EventId::parse(max).unwrap().to_string(), max);
+        for bad in ["8ZZZZZZZZZZZZZZZZZZZZZZZZZ", "ZZZZZZZZZZZZZZZZZZZZZZZZZZ"] {
+            assert!(EventId::parse(bad).is_err(), "{bad} overflows a ULID");
+        }
     }
 
     #[test]
