@@ -30,6 +30,7 @@
 //! - [`consumer`]: the trait a consumer implements, and its outcomes.
 //! - [`router`]: event-type patterns that route events to consumers.
 //! - [`clock`]: time as an input.
+//! - [`status`]: a read-only snapshot of the outbox for operators.
 #![warn(missing_docs)]
 
 pub mod clock;
@@ -40,6 +41,7 @@ pub mod envelope;
 pub mod error;
 pub mod router;
 pub mod schema;
+pub mod status;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use consumer::{Consumer, Delivery, Outcome};
