@@ -454,6 +454,19 @@ fn unknown_flags_are_usage_errors() {
     sb.fails(&["enqueue"], USAGE, "--type");
     sb.fails(&["status", "--yaml"], USAGE, "--yaml");
     sb.fails(&["launch"], USAGE, "launch");
+    sb.fails(
+        &[
+            "enqueue",
+            "--type",
+            "a.b.v1",
+            "--payload",
+            "1",
+            "--payload-file",
+            "-",
+        ],
+        USAGE,
+        "cannot be used with",
+    );
     let err = sb.fails(
         &["enqueue", "--type", "a.b.v1", "--delay", "5min"],
         USAGE,
@@ -680,4 +693,27 @@ fn a_newer_schema_is_refused() {
     sb.fails(&["enqueue", "--type", "a.b.v1"], SCHEMA, &both);
     sb.fails(&["status"], SCHEMA, &both);
     assert_eq!(outbox_rows(&sb.db()), 1);
+}
+
+#[test]
+fn a_newer_schema_in_a_host_database_is_left_exactly_as_it_is() {
+    // A rollback-journal database: opening it for writing would switch it to
+    // WAL, so the refusal must come first.
+    let sb = Sandbox::new();
+    host_database(&sb.db());
+    Connection::open(sb.db())
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE outboxd_schema (version INTEGER PRIMARY KEY, name TEXT NOT NULL,
+                                          applied_at INTEGER NOT NULL);
+             INSERT INTO outboxd_schema VALUES (999, 'future', 0);",
+        )
+        .unwrap();
+    for args in [
+        &["migrate"][..],
+        &["enqueue", "--type", "a.b.v1"],
+        &["status"],
+    ] {
+        sb.fails(args, SCHEMA, "version 999 is newer");
+    }
 }
