@@ -80,10 +80,13 @@ fn usage_error(e: clap::Error) -> ExitCode {
 /// Logs to stderr at the level RUST_LOG names (default: warn). The one place
 /// logging is set up, so a `--log-format` can replace it later.
 fn init_logging() {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not for journald or a file.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
