@@ -33,6 +33,7 @@
 //! - [`purge`]: TTL purge of finished rows in small batches.
 //! - [`dead_letter`], [`replay`]: operator operations.
 //! - [`clock`]: time as an input.
+//! - [`status`]: a read-only snapshot of the outbox for operators.
 #![warn(missing_docs)]
 
 pub mod clock;
@@ -47,6 +48,7 @@ pub mod relay;
 pub mod replay;
 pub mod router;
 pub mod schema;
+pub mod status;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use consumer::{Consumer, Delivery, Outcome};

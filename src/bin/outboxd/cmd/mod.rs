@@ -1,0 +1,82 @@
+//! One file per subcommand. Each defines its clap `Args` and an `exec` that
+//! validates the arguments, makes one library call and prints the result
+//! (cargo's `commands/` layout). To add a command: a file here, a variant
+//! in [`Command`], and an arm in [`Command::exec`].
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use rusqlite::Connection;
+
+use crate::exit::{Exit, Failure};
+
+pub mod enqueue;
+pub mod migrate;
+pub mod status;
+
+/// Options every command shares.
+#[derive(Debug, Clone)]
+pub struct Global {
+    /// The database file.
+    pub db: PathBuf,
+}
+
+/// The subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Create or upgrade outboxd's tables in the database.
+    #[command(after_help = migrate::EXAMPLES)]
+    Migrate(migrate::Args),
+    /// Add one event to the outbox from the shell.
+    #[command(after_help = enqueue::EXAMPLES)]
+    Enqueue(Box<enqueue::Args>), // boxed: by far the largest
+
+    /// Show what is waiting, delivered and dead, and how old the oldest due event is.
+    #[command(after_help = status::EXAMPLES)]
+    Status(status::Args),
+}
+
+impl Command {
+    /// Runs the command; the error's chain decides the exit code.
+    pub fn exec(&self, global: &Global) -> Result<Exit> {
+        match self {
+            Command::Migrate(args) => migrate::exec(global, args),
+            Command::Enqueue(args) => enqueue::exec(global, args),
+            Command::Status(args) => status::exec(global, args),
+        }
+    }
+}
+
+/// Opens the database read-write with outboxd's settings, refusing a
+/// read-only file up front with a clear message rather than failing on the
+/// first write. (As root, permission bits do not stop writes, so a 0444
+/// file is written like any other.)
+pub fn open_for_writing(path: &Path) -> Result<Connection> {
+    if path.is_file() {
+        if let Err(e) = std::fs::OpenOptions::new().write(true).open(path) {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                return Err(Failure::database(format!(
+                    "cannot open database {}: the file is read-only; this command writes to \
+                     it (`outboxd status` works on a read-only file)",
+                    path.display()
+                ))
+                .into());
+            }
+        }
+    }
+    Ok(outboxd::connection::open(path)?)
+}
+
+/// Refuses a database file that does not exist, for commands that must not
+/// create one.
+pub fn require_existing(path: &Path) -> Result<()> {
+    if !path.exists() {
+        return Err(Failure::database(format!(
+            "cannot open database {}: no such file; create it with `outboxd --db {} migrate`",
+            path.display(),
+            path.display()
+        ))
+        .into());
+    }
+    Ok(())
+}

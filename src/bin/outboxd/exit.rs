@@ -1,0 +1,159 @@
+//! Exit codes, and how an error maps to one.
+//!
+//! Scripts and service managers act on these, so they are part of the CLI's
+//! contract: a code's meaning never changes once released.
+
+use std::process::ExitCode;
+
+/// The process's exit status. See [`HELP`] for what each means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Success.
+    Ok = 0,
+    /// The command ran and found problems (e.g. `status` over a threshold).
+    #[allow(dead_code)] // reserved for status thresholds and doctor
+    Problems = 1,
+    /// The command line is wrong (clap uses 2 for usage errors).
+    Usage = 2,
+    /// The database cannot be opened, read or written.
+    Database = 3,
+    /// The outboxd schema is missing, older or newer than this binary.
+    Schema = 4,
+    /// The input is invalid: bad JSON, bad event type, payload too large.
+    Input = 5,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> ExitCode {
+        ExitCode::from(e as u8)
+    }
+}
+
+/// The table shown under `outboxd --help`.
+pub const HELP: &str = "\
+Exit codes:
+  0  success
+  1  problems found (reserved for checks such as status thresholds)
+  2  usage error: unknown flag, missing or malformed argument
+  3  database error: cannot open, read or write the database file
+  4  schema error: no outboxd schema (run `outboxd migrate`), or a schema
+     older or newer than this binary
+  5  invalid input: bad JSON, invalid event type, payload too large";
+
+/// An error the binary raises itself, tagged with its exit code. Library
+/// errors ([`outboxd::Error`]) are classified by [`classify`] instead.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Failure {
+    /// The code to exit with.
+    pub exit: Exit,
+    message: String,
+}
+
+impl Failure {
+    /// Invalid input (exit 5).
+    pub fn input(message: impl Into<String>) -> Failure {
+        Failure {
+            exit: Exit::Input,
+            message: message.into(),
+        }
+    }
+
+    /// The database cannot be used (exit 3).
+    pub fn database(message: impl Into<String>) -> Failure {
+        Failure {
+            exit: Exit::Database,
+            message: message.into(),
+        }
+    }
+}
+
+/// The exit code for an error: the first [`Failure`] or [`outboxd::Error`]
+/// found in its chain decides; anything else is an I/O or database failure.
+pub fn classify(err: &anyhow::Error) -> Exit {
+    for cause in err.chain() {
+        if let Some(f) = cause.downcast_ref::<Failure>() {
+            return f.exit;
+        }
+        if let Some(e) = cause.downcast_ref::<outboxd::Error>() {
+            return library(e);
+        }
+    }
+    Exit::Database
+}
+
+fn library(e: &outboxd::Error) -> Exit {
+    use outboxd::Error as E;
+    if e.is_schema() {
+        return Exit::Schema;
+    }
+    match e {
+        E::Envelope(_) | E::PayloadTooLarge { .. } | E::Payload(_) | E::InvalidSetting { .. } => {
+            Exit::Input
+        }
+        _ => Exit::Database,
+    }
+}
+
+/// True when the error is stdout closing under us (`outboxd status | head`):
+/// not a failure, so the process exits quietly with success.
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The error as one line: each cause in the chain, joined by ": ", skipping
+/// a cause whose text its parent already shows (the library's errors embed
+/// their source's message).
+pub fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_errors_map_to_their_codes() {
+        let e = anyhow::Error::new(outboxd::Error::NotMigrated);
+        assert_eq!(classify(&e), Exit::Schema);
+        let e = anyhow::Error::new(outboxd::Error::SchemaTooNew {
+            found: 9,
+            supported: 1,
+        })
+        .context("cannot enqueue");
+        assert_eq!(classify(&e), Exit::Schema);
+        let e = anyhow::Error::new(outboxd::Error::PayloadTooLarge { size: 2, limit: 1 });
+        assert_eq!(classify(&e), Exit::Input);
+        let e = anyhow::Error::new(outboxd::Error::Open {
+            path: "x".into(),
+            reason: "no".into(),
+        });
+        assert_eq!(classify(&e), Exit::Database);
+        let e = anyhow::Error::new(Failure::input("bad")).context("while reading");
+        assert_eq!(classify(&e), Exit::Input);
+    }
+
+    #[test]
+    fn one_line_skips_repeated_causes_and_newlines() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot do it: {0}")]
+        struct Outer(#[source] std::io::Error);
+        let io = std::io::Error::other("disk\nfull");
+        let e = anyhow::Error::new(Outer(io)).context("cannot enqueue");
+        assert_eq!(one_line(&e), "cannot enqueue: cannot do it: disk full");
+    }
+}

@@ -1,0 +1,719 @@
+//! Runs the real `outboxd` binary in temporary directories: the commands
+//! work, and every bad input gets a one-line error, the documented exit code,
+//! and leaves the database as it was.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use rusqlite::Connection;
+
+const USAGE: i32 = 2;
+const DATABASE: i32 = 3;
+const SCHEMA: i32 = 4;
+const INPUT: i32 = 5;
+
+/// A temporary directory to run `outboxd` in, with `app.db` as its database.
+struct Sandbox {
+    dir: tempfile::TempDir,
+    /// A command (and its arguments) that runs outboxd, such as setpriv to
+    /// drop root; empty to run it directly.
+    runner: Vec<String>,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        Sandbox {
+            dir: tempfile::tempdir().unwrap(),
+            runner: Vec::new(),
+        }
+    }
+
+    /// A sandbox whose app.db is migrated.
+    fn migrated() -> Sandbox {
+        let sb = Sandbox::new();
+        sb.ok(&["migrate"]);
+        sb
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn db(&self) -> PathBuf {
+        self.path("app.db")
+    }
+
+    /// Runs `outboxd --db app.db ARGS`.
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_on(&self.db(), args, None)
+    }
+
+    /// Runs `outboxd --db DB ARGS`, feeding `stdin` if given.
+    fn run_on(&self, db: &Path, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut cmd = self.command();
+        cmd.arg("--db").arg(db).args(args);
+        spawn(cmd, stdin)
+    }
+
+    /// `outboxd` in the sandbox, without a database setting from the caller's
+    /// environment.
+    fn command(&self) -> Command {
+        let mut cmd = match self.runner.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(env!("CARGO_BIN_EXE_outboxd"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_outboxd")),
+        };
+        cmd.current_dir(self.dir.path())
+            .env_remove("OUTBOXD_DB")
+            .env_remove("RUST_LOG");
+        cmd
+    }
+
+    /// Runs and expects success; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "outboxd {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn status_json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.ok(&["status", "--json"])).unwrap()
+    }
+
+    /// Every file in the sandbox and its bytes, leaving out SQLite's -shm
+    /// index and an empty -wal (a reader may create them; they hold no data).
+    fn snapshot(&self) -> BTreeMap<String, Vec<u8>> {
+        let mut files = BTreeMap::new();
+        for entry in std::fs::read_dir(self.dir.path()).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name().into_string().unwrap();
+            if !entry.file_type().unwrap().is_file() || name.ends_with("-shm") {
+                continue;
+            }
+            let bytes = std::fs::read(entry.path()).unwrap();
+            if name.ends_with("-wal") && bytes.is_empty() {
+                continue;
+            }
+            files.insert(name, bytes);
+        }
+        files
+    }
+
+    /// Runs `outboxd --db DB ARGS` and checks the failure: the exit code, one
+    /// line on stderr naming the problem, nothing on stdout, nothing written.
+    fn fails_on(&self, db: &Path, args: &[&str], code: i32, needle: &str) -> String {
+        self.fails_with_input(db, args, None, code, needle)
+    }
+
+    fn fails(&self, args: &[&str], code: i32, needle: &str) -> String {
+        self.fails_on(&self.db(), args, code, needle)
+    }
+
+    fn fails_with_input(
+        &self,
+        db: &Path,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+        code: i32,
+        needle: &str,
+    ) -> String {
+        let before = self.snapshot();
+        let out = self.run_on(db, args, stdin);
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "outboxd {args:?}: wrong exit code; stderr: {stderr}"
+        );
+        assert_one_line_error(&stderr, needle);
+        assert!(out.stdout.is_empty(), "outboxd {args:?} printed to stdout");
+        assert!(
+            self.snapshot() == before,
+            "outboxd {args:?} changed the files in its directory"
+        );
+        stderr
+    }
+}
+
+fn spawn(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("the outboxd binary runs");
+    if let Some(input) = stdin {
+        // A payload larger than the limit may be cut off by outboxd early.
+        let _ = child.stdin.take().unwrap().write_all(input);
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn assert_one_line_error(stderr: &str, needle: &str) {
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one line on stderr, got: {stderr}");
+    assert!(
+        lines[0].starts_with("outboxd: error: "),
+        "error line has the wrong prefix: {stderr}"
+    );
+    assert!(
+        lines[0].contains(needle),
+        "error line does not mention {needle:?}: {stderr}"
+    );
+}
+
+fn outbox_rows(db: &Path) -> i64 {
+    Connection::open(db)
+        .unwrap()
+        .query_row("SELECT count(*) FROM event_outbox", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// A database of another application: its own table, rows and user_version,
+/// in the default rollback-journal mode.
+fn host_database(path: &Path) {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE articles (id INTEGER PRIMARY KEY, title TEXT NOT NULL);
+         INSERT INTO articles (title) VALUES ('Hello'), ('World');
+         PRAGMA user_version = 42;",
+    )
+    .unwrap();
+}
+
+#[test]
+fn migrate_twice() {
+    let sb = Sandbox::new();
+    assert_eq!(
+        sb.ok(&["migrate"]),
+        format!("migrated from v0 to v{}\n", outboxd::schema::LATEST_VERSION)
+    );
+    assert_eq!(
+        sb.ok(&["migrate"]),
+        format!("already at v{}\n", outboxd::schema::LATEST_VERSION)
+    );
+}
+
+#[test]
+fn enqueue_then_status_shows_one_pending_due() {
+    let sb = Sandbox::migrated();
+    let id = sb.ok(&[
+        "enqueue",
+        "--type",
+        "article.created.v1",
+        "--payload",
+        r#"{"id": 7}"#,
+    ]);
+    let id = id.trim();
+    outboxd::EventId::parse(id).expect("enqueue prints the event id");
+
+    let s = sb.status_json();
+    assert_eq!(s["counts"]["pending_due"], 1, "{s}");
+    assert_eq!(s["counts"]["pending_delayed"], 0, "{s}");
+    assert!(s["oldest_due_age_ms"].is_u64(), "{s}");
+    assert_eq!(s["schema_version"], outboxd::schema::LATEST_VERSION);
+
+    let text = sb.ok(&["status"]);
+    assert!(text.contains("pending due:      1"), "{text}");
+
+    // The row is a valid envelope, payload stored as given.
+    let conn = Connection::open(sb.db()).unwrap();
+    let (event_id, payload): (String, String) = conn
+        .query_row("SELECT event_id, payload FROM event_outbox", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!((event_id.as_str(), payload.as_str()), (id, r#"{"id": 7}"#));
+}
+
+#[test]
+fn enqueue_fills_every_option() {
+    let sb = Sandbox::migrated();
+    sb.ok(&[
+        "enqueue",
+        "--type",
+        "invoice.paid.v2",
+        "--tenant",
+        "acme",
+        "--key",
+        "inv-1",
+        "--ordering-key",
+        "invoice-1",
+        "--causation-id",
+        "cmd-9",
+        "--correlation-id",
+        "req-42",
+        "--delay",
+        "1h",
+    ]);
+    sb.ok(&[
+        "enqueue",
+        "--type",
+        "invoice.paid.v2",
+        "--available-at",
+        "2020-01-01T00:00:00Z",
+    ]);
+    let s = sb.status_json();
+    assert_eq!(s["counts"]["pending_delayed"], 1, "{s}");
+    assert_eq!(s["counts"]["pending_due"], 1, "{s}");
+
+    let conn = Connection::open(sb.db()).unwrap();
+    let row: (
+        String,
+        i64,
+        String,
+        String,
+        String,
+        String,
+        String,
+        i64,
+        i64,
+    ) = conn
+        .query_row(
+            "SELECT event_type, event_version, tenant_id, idempotency_key, ordering_key,
+                    causation_id, correlation_id, available_at - created_at, payload = 'null'
+             FROM event_outbox WHERE tenant_id IS NOT NULL",
+            [],
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                    r.get(7)?,
+                    r.get(8)?,
+                ))
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        row,
+        (
+            "invoice.paid.v2".into(),
+            2,
+            "acme".into(),
+            "inv-1".into(),
+            "invoice-1".into(),
+            "cmd-9".into(),
+            "req-42".into(),
+            3_600_000,
+            1
+        )
+    );
+    let at: i64 = conn
+        .query_row(
+            "SELECT available_at FROM event_outbox WHERE tenant_id IS NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(at, 1_577_836_800_000);
+}
+
+#[test]
+fn enqueue_reads_the_payload_from_a_file_or_stdin() {
+    let sb = Sandbox::migrated();
+    std::fs::write(sb.path("p.json"), r#"{"from": "file"}"#).unwrap();
+    let file = sb.path("p.json");
+    let out = sb.run_on(
+        &sb.db(),
+        &[
+            "enqueue",
+            "--type",
+            "a.b.v1",
+            "--payload-file",
+            file.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(out.status.success());
+    let out = sb.run_on(
+        &sb.db(),
+        &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
+        Some(br#"{"from": "stdin"}"#),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let conn = Connection::open(sb.db()).unwrap();
+    let payloads: Vec<String> = conn
+        .prepare("SELECT payload FROM event_outbox ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(payloads, [r#"{"from": "file"}"#, r#"{"from": "stdin"}"#]);
+}
+
+#[test]
+fn a_repeated_key_prints_the_same_id() {
+    let sb = Sandbox::migrated();
+    let args = [
+        "enqueue",
+        "--type",
+        "article.created.v1",
+        "--key",
+        "article-7",
+    ];
+    let first = sb.ok(&args);
+    let again = sb.ok(&args);
+    assert_eq!(again, format!("duplicate of {first}"));
+    assert_eq!(outbox_rows(&sb.db()), 1);
+}
+
+#[test]
+fn tenant_scoped_keys_do_not_collide() {
+    let sb = Sandbox::migrated();
+    let enqueue = |scope: &[&str]| {
+        let mut args = vec!["enqueue", "--type", "a.b.v1"];
+        args.extend_from_slice(scope);
+        sb.ok(&args)
+    };
+    let ids = [
+        enqueue(&["--tenant", "a:b", "--key", "c"]),
+        enqueue(&["--tenant", "a", "--key", "b:c"]),
+        enqueue(&["--key", "a:b:c"]),
+        enqueue(&["--key", "c"]),
+        enqueue(&["--tenant", "other", "--key", "c"]),
+    ];
+    for (i, id) in ids.iter().enumerate() {
+        assert!(!id.starts_with("duplicate"), "event {i}: {id}");
+    }
+    let unique: std::collections::BTreeSet<_> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len());
+    // The same (tenant, key) again is a duplicate of the right event.
+    assert_eq!(
+        enqueue(&["--tenant", "a", "--key", "b:c"]),
+        format!("duplicate of {}", ids[1])
+    );
+    assert_eq!(outbox_rows(&sb.db()), 5);
+}
+
+#[test]
+fn db_comes_from_the_environment_or_defaults_to_outboxd_db() {
+    let sb = Sandbox::new();
+    let out = spawn(
+        {
+            let mut c = sb.command();
+            c.arg("migrate").env("OUTBOXD_DB", sb.path("env.db"));
+            c
+        },
+        None,
+    );
+    assert!(out.status.success());
+    assert!(sb.path("env.db").is_file());
+    let out = spawn(
+        {
+            let mut c = sb.command();
+            c.arg("migrate");
+            c
+        },
+        None,
+    );
+    assert!(out.status.success());
+    assert!(sb.path("outboxd.db").is_file());
+}
+
+#[test]
+fn help_documents_exit_codes_and_examples() {
+    let sb = Sandbox::new();
+    let help = sb.ok(&["--help"]);
+    for code in [
+        "0  success",
+        "2  usage",
+        "3  database",
+        "4  schema",
+        "5  invalid input",
+    ] {
+        assert!(help.contains(code), "--help lacks {code:?}: {help}");
+    }
+    for cmd in ["migrate", "enqueue", "status"] {
+        let help = sb.ok(&[cmd, "--help"]);
+        assert!(help.contains("Example"), "{cmd} --help has no example");
+    }
+}
+
+#[test]
+fn unknown_flags_are_usage_errors() {
+    let sb = Sandbox::new();
+    sb.fails(&["migrate", "--frobnicate"], USAGE, "--frobnicate");
+    sb.fails(&["enqueue", "--tpye", "a.b.v1"], USAGE, "--tpye");
+    sb.fails(&["enqueue"], USAGE, "--type");
+    sb.fails(&["status", "--yaml"], USAGE, "--yaml");
+    sb.fails(&["launch"], USAGE, "launch");
+    sb.fails(
+        &[
+            "enqueue",
+            "--type",
+            "a.b.v1",
+            "--payload",
+            "1",
+            "--payload-file",
+            "-",
+        ],
+        USAGE,
+        "cannot be used with",
+    );
+    let err = sb.fails(
+        &["enqueue", "--type", "a.b.v1", "--delay", "5min"],
+        USAGE,
+        "5min",
+    );
+    assert!(err.contains("500ms, 30s, 5m, 2h or 1d"), "{err}");
+    assert!(!sb.db().exists(), "no database is created");
+}
+
+#[test]
+fn invalid_json_is_refused() {
+    let sb = Sandbox::migrated();
+    let args = ["enqueue", "--type", "a.b.v1", "--payload", "{\"id\": 7"];
+    sb.fails(&args, INPUT, "not valid JSON");
+    sb.fails_with_input(
+        &sb.db(),
+        &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
+        Some(b"not json"),
+        INPUT,
+        "not valid JSON",
+    );
+    sb.fails(
+        &[
+            "enqueue",
+            "--type",
+            "a.b.v1",
+            "--payload-file",
+            "missing.json",
+        ],
+        INPUT,
+        "missing.json",
+    );
+    assert_eq!(outbox_rows(&sb.db()), 0);
+    // Nothing is created either when the database does not exist yet.
+    let fresh = Sandbox::new();
+    fresh.fails(&args, INPUT, "not valid JSON");
+}
+
+#[test]
+fn an_invalid_event_type_is_refused() {
+    let sb = Sandbox::migrated();
+    for t in ["Article.created.v1", "article.v1", "article.created.v0", ""] {
+        sb.fails(&["enqueue", "--type", t], INPUT, "invalid event type");
+    }
+    assert_eq!(outbox_rows(&sb.db()), 0);
+}
+
+#[test]
+fn an_oversized_payload_is_refused() {
+    let sb = Sandbox::migrated();
+    let err = sb.fails(
+        &[
+            "enqueue",
+            "--type",
+            "a.b.v1",
+            "--payload",
+            "\"0123456789\"",
+            "--max-payload-bytes",
+            "8",
+        ],
+        INPUT,
+        "larger than the limit of 8 bytes",
+    );
+    assert!(err.contains("--max-payload-bytes"), "{err}");
+    // The default limit is 1 MiB, from stdin too.
+    let big = format!("\"{}\"", "x".repeat(1024 * 1024));
+    sb.fails_with_input(
+        &sb.db(),
+        &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
+        Some(big.as_bytes()),
+        INPUT,
+        "larger than the limit of 1048576 bytes",
+    );
+    assert_eq!(outbox_rows(&sb.db()), 0);
+    // Just under the limit is fine.
+    sb.ok(&[
+        "enqueue",
+        "--type",
+        "a.b.v1",
+        "--payload",
+        "\"012345\"",
+        "--max-payload-bytes",
+        "8",
+    ]);
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_refused() {
+    let sb = Sandbox::new();
+    let junk = sb.path("notes.txt");
+    std::fs::write(&junk, "these are my notes, not a database\n".repeat(200)).unwrap();
+    for args in [
+        &["migrate"][..],
+        &["enqueue", "--type", "a.b.v1"],
+        &["status"],
+    ] {
+        sb.fails_on(&junk, args, DATABASE, "not an SQLite database");
+    }
+}
+
+#[test]
+fn a_directory_as_db_is_refused() {
+    let sb = Sandbox::new();
+    let dir = sb.path("data");
+    std::fs::create_dir(&dir).unwrap();
+    for args in [
+        &["migrate"][..],
+        &["enqueue", "--type", "a.b.v1"],
+        &["status"],
+    ] {
+        sb.fails_on(&dir, args, DATABASE, "is a directory");
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+}
+
+#[test]
+fn a_missing_database_is_not_created_by_enqueue_or_status() {
+    let sb = Sandbox::new();
+    sb.fails(&["status"], DATABASE, "no such file");
+    let err = sb.fails(&["enqueue", "--type", "a.b.v1"], DATABASE, "no such file");
+    assert!(err.contains("migrate"), "{err}");
+    assert!(!sb.db().exists());
+}
+
+/// As root, permission bits do not stop writes. To still test a read-only
+/// file, run outboxd as `nobody` through setpriv when that works here.
+fn drop_root() -> Option<Vec<String>> {
+    let runner: Vec<String> = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ]
+    .map(String::from)
+    .into();
+    let probe = Command::new(&runner[0])
+        .args(&runner[1..])
+        .arg(env!("CARGO_BIN_EXE_outboxd"))
+        .arg("--version")
+        .output();
+    matches!(probe, Ok(out) if out.status.success()).then_some(runner)
+}
+
+#[test]
+fn a_read_only_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut sb = Sandbox::migrated();
+    sb.ok(&["enqueue", "--type", "a.b.v1"]);
+    std::fs::set_permissions(sb.db(), std::fs::Permissions::from_mode(0o444)).unwrap();
+
+    if std::fs::OpenOptions::new()
+        .write(true)
+        .open(sb.db())
+        .is_ok()
+    {
+        // Running as root: the bits alone refuse nothing.
+        match drop_root() {
+            Some(runner) => {
+                // nobody must reach the directory (status creates SQLite's
+                // -shm index there) but owns nothing in it.
+                std::fs::set_permissions(sb.dir.path(), std::fs::Permissions::from_mode(0o777))
+                    .unwrap();
+                sb.runner = runner;
+            }
+            None => {
+                eprintln!(
+                    "a_read_only_file: skipped: running as root, where chmod 0444 does not \
+                     stop writes, and setpriv cannot run outboxd as nobody"
+                );
+                return;
+            }
+        }
+    }
+
+    // status only reads, so it works on a read-only file.
+    assert_eq!(sb.status_json()["counts"]["pending_due"], 1);
+    sb.fails(&["migrate"], DATABASE, "read-only");
+    sb.fails(&["enqueue", "--type", "a.b.v1"], DATABASE, "read-only");
+    assert_eq!(outbox_rows(&sb.db()), 1);
+}
+
+#[test]
+fn a_database_of_another_application() {
+    let sb = Sandbox::new();
+    host_database(&sb.db());
+
+    // Before migrating, outboxd says so and touches nothing.
+    let err = sb.fails(&["status"], SCHEMA, "no outboxd schema");
+    assert!(err.contains("run `outboxd migrate`"), "{err}");
+    sb.fails(&["enqueue", "--type", "a.b.v1"], SCHEMA, "outboxd migrate");
+
+    // migrate adds outboxd's tables beside the host's and keeps its user_version.
+    sb.ok(&["migrate"]);
+    let conn = Connection::open(sb.db()).unwrap();
+    let user_version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(user_version, 42);
+    let articles: i64 = conn
+        .query_row("SELECT count(*) FROM articles", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(articles, 2);
+    drop(conn);
+    sb.ok(&["enqueue", "--type", "article.created.v1"]);
+    assert_eq!(sb.status_json()["counts"]["pending_due"], 1);
+}
+
+#[test]
+fn a_newer_schema_is_refused() {
+    let sb = Sandbox::migrated();
+    sb.ok(&["enqueue", "--type", "a.b.v1"]);
+    Connection::open(sb.db())
+        .unwrap()
+        .execute(
+            "INSERT INTO outboxd_schema (version, name, applied_at) VALUES (999, 'future', 0)",
+            [],
+        )
+        .unwrap();
+    let both = format!(
+        "version 999 is newer than this outboxd supports ({})",
+        outboxd::schema::LATEST_VERSION
+    );
+    sb.fails(&["migrate"], SCHEMA, &both);
+    sb.fails(&["enqueue", "--type", "a.b.v1"], SCHEMA, &both);
+    sb.fails(&["status"], SCHEMA, &both);
+    assert_eq!(outbox_rows(&sb.db()), 1);
+}
+
+#[test]
+fn a_newer_schema_in_a_host_database_is_left_exactly_as_it_is() {
+    // A rollback-journal database: opening it for writing would switch it to
+    // WAL, so the refusal must come first.
+    let sb = Sandbox::new();
+    host_database(&sb.db());
+    Connection::open(sb.db())
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE outboxd_schema (version INTEGER PRIMARY KEY, name TEXT NOT NULL,
+                                          applied_at INTEGER NOT NULL);
+             INSERT INTO outboxd_schema VALUES (999, 'future', 0);",
+        )
+        .unwrap();
+    for args in [
+        &["migrate"][..],
+        &["enqueue", "--type", "a.b.v1"],
+        &["status"],
+    ] {
+        sb.fails(args, SCHEMA, "version 999 is newer");
+    }
+}
