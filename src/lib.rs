@@ -30,6 +30,7 @@
 //! - [`consumer`]: the trait a consumer implements, and its outcomes.
 //! - [`router`]: event-type patterns that route events to consumers.
 //! - [`clock`]: time as an input.
+//! - [`intents`]: publish intents, outside writes that are never posted twice.
 #![warn(missing_docs)]
 
 pub mod clock;
@@ -38,6 +39,7 @@ pub mod consumer;
 pub mod enqueue;
 pub mod envelope;
 pub mod error;
+pub mod intents;
 pub mod router;
 pub mod schema;
 
