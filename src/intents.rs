@@ -870,8 +870,10 @@ pub fn get(conn: &Connection, key: &IntentKey) -> Result<Option<Intent>> {
 /// - If another sender holds a live claim, returns [`IntentError::InFlight`]
 ///   without calling anything.
 ///
-/// The connection must be in autocommit mode. [`IntentError::outcome`] turns
-/// any error into the consumer's [`Outcome`].
+/// The look-up must see what the post wrote at once: list the target's
+/// outputs rather than query a search index that lags, or a retry may post
+/// again. The connection must be in autocommit mode.
+/// [`IntentError::outcome`] turns any error into the consumer's [`Outcome`].
 pub fn send<L, P, E>(conn: &Connection, key: &IntentKey, lookup: L, post: P) -> Result<SendResult>
 where
     L: FnOnce(&str) -> std::result::Result<Option<String>, E>,
