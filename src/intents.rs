@@ -592,7 +592,7 @@ impl Intents {
     pub fn list_open(&self, conn: &Connection) -> Result<Vec<Intent>> {
         let mut stmt = conn
             .prepare_cached(&format!(
-                "{SELECT_COLUMNS} WHERE status IN ('pending', 'failed') ORDER BY updated_at, id"
+                "{SELECT_COLUMNS} WHERE status <> 'completed' ORDER BY updated_at, id"
             ))
             .map_err(Error::db("list open intents"))?;
         let rows = stmt
