@@ -34,6 +34,7 @@
 //! - [`dead_letter`], [`replay`]: operator operations.
 //! - [`clock`]: time as an input.
 //! - [`status`]: a read-only snapshot of the outbox for operators.
+//! - [`intents`]: publish intents, outside writes that are never posted twice.
 #![warn(missing_docs)]
 
 pub mod clock;
@@ -43,6 +44,7 @@ pub mod dead_letter;
 pub mod enqueue;
 pub mod envelope;
 pub mod error;
+pub mod intents;
 pub mod purge;
 pub mod relay;
 pub mod replay;
