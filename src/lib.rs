@@ -30,6 +30,7 @@
 //! - [`consumer`]: the trait a consumer implements, and its outcomes.
 //! - [`router`]: event-type patterns that route events to consumers.
 //! - [`clock`]: time as an input.
+//! - `sinks` (feature `sinks`): ready-made consumers: JSON lines, a child program, a webhook.
 #![warn(missing_docs)]
 
 pub mod clock;
@@ -40,6 +41,8 @@ pub mod envelope;
 pub mod error;
 pub mod router;
 pub mod schema;
+#[cfg(feature = "sinks")]
+pub mod sinks;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use consumer::{Consumer, Delivery, Outcome};
