@@ -284,6 +284,17 @@ fn command_flooding_stdout_or_ignoring_stdin_does_not_block() {
 }
 
 #[test]
+fn command_refuses_values_an_environment_cannot_carry() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(dir.path(), "never.sh", "touch \"$OUT/ran\"");
+    let mut d = delivery("1");
+    d.envelope.causation_id = Some("cmd\0-1".into());
+    let reason = poison_reason(sink.deliver(&d));
+    assert!(reason.contains("OUTBOXD_CAUSATION_ID"), "{reason}");
+    assert!(!dir.path().join("ran").exists());
+}
+
+#[test]
 fn command_killed_by_a_signal_is_a_retry() {
     let dir = tempfile::tempdir().unwrap();
     let sink = sh_sink(dir.path(), "die.sh", "echo dying >&2; kill -KILL $$");

@@ -356,8 +356,15 @@ fn read_tail(mut r: impl Read, max: usize) -> Vec<u8> {
 fn wait_with_deadline(child: &mut Child, deadline: Instant) -> io::Result<Option<ExitStatus>> {
     let mut pause = Duration::from_millis(1);
     loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(Some(status));
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(Some(status)),
+            Ok(None) => {}
+            Err(e) => {
+                // Never leave a child running unobserved.
+                kill_group(child);
+                let _ = child.wait();
+                return Err(e);
+            }
         }
         let now = Instant::now();
         if now >= deadline {
