@@ -35,6 +35,7 @@
 //! - [`clock`]: time as an input.
 //! - [`status`]: a read-only snapshot of the outbox for operators.
 //! - [`intents`]: publish intents, outside writes that are never posted twice.
+//! - [`sinks`] (feature `sinks`): ready-made consumers: JSON lines, a child program, a webhook.
 #![warn(missing_docs)]
 
 pub mod clock;
@@ -51,6 +52,8 @@ pub mod replay;
 pub mod router;
 pub mod schema;
 pub mod status;
+#[cfg(feature = "sinks")]
+pub mod sinks;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use consumer::{Consumer, Delivery, Outcome};

@@ -1,0 +1,487 @@
+//! The command sink: runs a program for each event, never through a shell.
+//!
+//! The program gets the envelope JSON on stdin and the envelope's fields in
+//! environment variables:
+//!
+//! | variable | value |
+//! |---|---|
+//! | `OUTBOXD_EVENT_ID` | the event id (a ULID, the same on every retry) |
+//! | `OUTBOXD_EVENT_TYPE` | such as `article.created.v1` |
+//! | `OUTBOXD_EVENT_VERSION` | such as `1` |
+//! | `OUTBOXD_CAUSATION_ID` | the causation id; unset when there is none |
+//! | `OUTBOXD_CORRELATION_ID` | the correlation id; unset when there is none |
+//! | `OUTBOXD_OCCURRED_AT` | RFC 3339 UTC, such as `2026-11-30T07:18:00.123Z` |
+//! | `OUTBOXD_ATTEMPT` | 1 on the first try, 2 on the first retry, … |
+//! | `OUTBOXD_CONSUMER` | the consumer's name |
+//! | `OUTBOXD_TENANT_ID` | the tenant; unset when there is none |
+//!
+//! Its exit status is the verdict: 0 is delivered, the poison code
+//! ([`EX_DATAERR`], 65, unless configured otherwise) dead-letters the event at
+//! once, and anything else (another code, death by a signal, the timeout) is
+//! a retry whose reason carries the last [`STDERR_TAIL_BYTES`] of stderr.
+//! Standard output is read and thrown away.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::consumer::{Consumer, Delivery, Outcome};
+
+/// The usual poison exit code: `EX_DATAERR` from sysexits.h, "the input data
+/// was incorrect".
+pub const EX_DATAERR: u8 = 65;
+
+/// How long a program may run before it is killed, unless configured.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How much of the end of a program's stderr goes into a retry reason.
+pub const STDERR_TAIL_BYTES: usize = 2048;
+
+/// How long to wait for the stderr pipe to close once the program has
+/// exited: a background process it started may hold the pipe open.
+const STDERR_GRACE: Duration = Duration::from_secs(1);
+
+/// The longest pause between two checks on a running program.
+const MAX_POLL: Duration = Duration::from_millis(50);
+
+/// The program given to [`CommandSink::new`] cannot be run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// The program name is empty.
+    #[error("the command program is empty; give a path or a name to look up in PATH")]
+    EmptyProgram,
+    /// A path (a name with a `/`) that does not exist.
+    #[error("command program {path} does not exist")]
+    NotFound {
+        /// The path as resolved against the current directory.
+        path: PathBuf,
+    },
+    /// A bare name that no directory of `PATH` holds as an executable file.
+    #[error(
+        "command program {name:?} was not found as an executable file in any PATH directory \
+         ({path_var}); give an absolute path or fix PATH"
+    )]
+    NotInPath {
+        /// The name as given.
+        name: String,
+        /// The PATH searched.
+        path_var: String,
+    },
+    /// The path names a directory or something else that is not a file.
+    #[error("command program {path} is not a regular file")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The file cannot be executed by this user.
+    #[error("command program {path} is not executable by this user (chmod +x it)")]
+    NotExecutable {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The file could not be inspected.
+    #[error("cannot inspect command program {path}: {source}")]
+    Inspect {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+/// Runs a program for each delivery. Never a shell: the program and its
+/// arguments are passed to the OS as they are, so nothing in an event can
+/// be interpreted as shell syntax.
+///
+/// The program is checked when the sink is built (it exists, is a file, is
+/// executable; a bare name is looked up in `PATH` once, then), so a typo
+/// fails at start-up rather than on the first event.
+///
+/// ```
+/// use std::time::Duration;
+/// use outboxd::sinks::CommandSink;
+/// let sink = CommandSink::new("cat", ["-u"])?
+///     .timeout(Duration::from_secs(10))
+///     .poison_exit_code(65)
+///     .env("INDEX", "articles");
+/// assert!(sink.program().is_absolute());
+/// assert!(CommandSink::new("/no/such/program", [] as [&str; 0]).is_err());
+/// # Ok::<(), outboxd::sinks::CommandError>(())
+/// ```
+pub struct CommandSink {
+    program: PathBuf,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    clear_env: bool,
+    timeout: Duration,
+    poison_exit_code: u8,
+}
+
+impl CommandSink {
+    /// A sink running `program` with `args`. A `program` containing a `/` is
+    /// a path (relative ones are resolved against the current directory now);
+    /// any other name is looked up in `PATH` now.
+    pub fn new<I>(program: impl AsRef<OsStr>, args: I) -> Result<CommandSink, CommandError>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<OsStr>,
+    {
+        Ok(CommandSink {
+            program: resolve_program(program.as_ref())?,
+            args: args.into_iter().map(|a| a.as_ref().to_owned()).collect(),
+            env: Vec::new(),
+            clear_env: false,
+            timeout: DEFAULT_COMMAND_TIMEOUT,
+            poison_exit_code: EX_DATAERR,
+        })
+    }
+
+    /// How long the program may run; after that it (and every process in its
+    /// process group) is killed and the delivery is retried. Default
+    /// [`DEFAULT_COMMAND_TIMEOUT`].
+    pub fn timeout(mut self, timeout: Duration) -> CommandSink {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The exit code that means "this event can never be handled": the event
+    /// is dead-lettered at once. Default [`EX_DATAERR`] (65). 0 turns poison
+    /// verdicts off (exit 0 always means delivered).
+    pub fn poison_exit_code(mut self, code: u8) -> CommandSink {
+        self.poison_exit_code = code;
+        self
+    }
+
+    /// Sets an extra environment variable for the program. The `OUTBOXD_*`
+    /// variables are set after these and win.
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> CommandSink {
+        self.env
+            .push((key.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    /// Starts the program with an empty environment (plus [`env`](Self::env)
+    /// and the `OUTBOXD_*` variables) instead of inheriting outboxd's, which
+    /// may hold secrets meant for other sinks.
+    pub fn env_clear(mut self) -> CommandSink {
+        self.clear_env = true;
+        self
+    }
+
+    /// The program that runs, as resolved when the sink was built.
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
+    /// The configured timeout (a relay's lease must be longer).
+    pub fn time_limit(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The configured poison exit code.
+    pub fn poison_code(&self) -> u8 {
+        self.poison_exit_code
+    }
+
+    fn command(&self, vars: &[(&'static str, Option<String>)]) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        if self.clear_env {
+            cmd.env_clear();
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        for (key, value) in vars {
+            match value {
+                Some(v) => cmd.env(key, v),
+                None => cmd.env_remove(key),
+            };
+        }
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // Its own process group, so a timeout kills whatever it started too.
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        cmd
+    }
+
+    fn run(&self, delivery: &Delivery) -> Outcome {
+        let env = &delivery.envelope;
+        let vars: [(&'static str, Option<String>); 9] = [
+            ("OUTBOXD_EVENT_ID", Some(env.event_id.to_string())),
+            ("OUTBOXD_EVENT_TYPE", Some(env.event_type.to_string())),
+            ("OUTBOXD_EVENT_VERSION", Some(env.event_version.to_string())),
+            ("OUTBOXD_CAUSATION_ID", env.causation_id.clone()),
+            ("OUTBOXD_CORRELATION_ID", env.correlation_id.clone()),
+            ("OUTBOXD_OCCURRED_AT", Some(env.occurred_at.to_string())),
+            ("OUTBOXD_ATTEMPT", Some(delivery.attempt.to_string())),
+            ("OUTBOXD_CONSUMER", Some(delivery.consumer.clone())),
+            ("OUTBOXD_TENANT_ID", delivery.tenant_id.clone()),
+        ];
+        if let Some((key, _)) = vars
+            .iter()
+            .find(|(_, v)| v.as_deref().is_some_and(|v| v.contains('\0')))
+        {
+            return Outcome::poison(format!(
+                "{key} would hold a NUL byte, which an environment variable cannot carry"
+            ));
+        }
+
+        let mut child = match self.command(&vars).spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                return Outcome::retry(format!("cannot start {}: {e}", self.program.display()))
+            }
+        };
+
+        // The three pipes are served by their own threads so that neither a
+        // program that never reads stdin nor one that floods stdout or stderr
+        // can block the wait below.
+        if let Some(mut stdin) = child.stdin.take() {
+            let input = env.to_json().into_bytes();
+            spawn_io("outboxd-cmd-stdin", move || {
+                // EPIPE (the program exited or closed stdin) is not an error
+                // here: the exit status decides.
+                let _ = stdin.write_all(&input);
+            });
+        }
+        if let Some(mut stdout) = child.stdout.take() {
+            spawn_io("outboxd-cmd-stdout", move || {
+                let _ = io::copy(&mut stdout, &mut io::sink());
+            });
+        }
+        let (tail_tx, tail_rx) = mpsc::channel();
+        if let Some(stderr) = child.stderr.take() {
+            spawn_io("outboxd-cmd-stderr", move || {
+                let _ = tail_tx.send(read_tail(stderr, STDERR_TAIL_BYTES));
+            });
+        }
+
+        let waited = wait_with_deadline(&mut child, Instant::now() + self.timeout);
+        let stderr = tail_rx.recv_timeout(STDERR_GRACE).unwrap_or_default();
+        let stderr = super::bounded_text(&stderr, STDERR_TAIL_BYTES, true);
+        let with_stderr = |head: String| {
+            if stderr.is_empty() {
+                head
+            } else {
+                format!("{head}; stderr: {stderr}")
+            }
+        };
+        let program = self.program.display();
+        match waited {
+            Err(e) => Outcome::retry(format!("cannot wait for {program}: {e}")),
+            Ok(None) => Outcome::retry(with_stderr(format!(
+                "{program} timed out after {:?} and was killed",
+                self.timeout
+            ))),
+            Ok(Some(status)) => match status.code() {
+                Some(0) => Outcome::Delivered,
+                Some(code)
+                    if self.poison_exit_code != 0 && code == i32::from(self.poison_exit_code) =>
+                {
+                    Outcome::poison(with_stderr(format!(
+                        "{program} exited with status {code} (the poison code)"
+                    )))
+                }
+                Some(code) => {
+                    Outcome::retry(with_stderr(format!("{program} exited with status {code}")))
+                }
+                None => Outcome::retry(with_stderr(format!("{program} {}", describe(status)))),
+            },
+        }
+    }
+}
+
+impl Consumer for CommandSink {
+    fn deliver(&self, delivery: &Delivery) -> Outcome {
+        self.run(delivery)
+    }
+}
+
+impl fmt::Debug for CommandSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Values of extra variables may be secrets: only their names show.
+        let env_keys: Vec<&OsString> = self.env.iter().map(|(k, _)| k).collect();
+        f.debug_struct("CommandSink")
+            .field("program", &self.program)
+            .field("args", &self.args)
+            .field("env", &env_keys)
+            .field("clear_env", &self.clear_env)
+            .field("timeout", &self.timeout)
+            .field("poison_exit_code", &self.poison_exit_code)
+            .finish()
+    }
+}
+
+fn spawn_io(name: &str, f: impl FnOnce() + Send + 'static) {
+    // A failed spawn drops `f`, which closes the pipe it owned; the program
+    // then sees EOF or EPIPE, and the verdict still comes from its exit.
+    let _ = thread::Builder::new().name(name.to_string()).spawn(f);
+}
+
+/// Reads `r` to its end, keeping only the last `max` bytes.
+fn read_tail(mut r: impl Read, max: usize) -> Vec<u8> {
+    let mut tail = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                tail.extend_from_slice(&buf[..n]);
+                if tail.len() > 2 * max {
+                    tail.drain(..tail.len() - max);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    if tail.len() > max {
+        tail.drain(..tail.len() - max);
+    }
+    tail
+}
+
+/// Waits for the child until `deadline`; past it, kills the child's process
+/// group, reaps the child and returns `None`. Polls `try_wait` with pauses
+/// that grow from 1 ms to [`MAX_POLL`]: quick programs are seen within a
+/// millisecond or two, and the child is only ever reaped here, so its pid
+/// cannot be reused before the kill.
+fn wait_with_deadline(child: &mut Child, deadline: Instant) -> io::Result<Option<ExitStatus>> {
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(Some(status)),
+            Ok(None) => {}
+            Err(e) => {
+                // Never leave a child running unobserved.
+                kill_group(child);
+                let _ = child.wait();
+                return Err(e);
+            }
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            kill_group(child);
+            child.wait()?;
+            return Ok(None);
+        }
+        thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(MAX_POLL);
+    }
+}
+
+fn kill_group(child: &mut Child) {
+    #[cfg(unix)]
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) takes plain integers; the group id is the child's
+        // pid (process_group(0)), and the child is not yet reaped, so the id
+        // still names its group.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+    // The direct child at least, should the group kill have failed.
+    let _ = child.kill();
+}
+
+/// "killed by signal 9 (SIGKILL)" and the like.
+fn describe(status: ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            let name = match sig {
+                libc::SIGHUP => " (SIGHUP)",
+                libc::SIGINT => " (SIGINT)",
+                libc::SIGQUIT => " (SIGQUIT)",
+                libc::SIGILL => " (SIGILL)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGBUS => " (SIGBUS)",
+                libc::SIGFPE => " (SIGFPE)",
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGPIPE => " (SIGPIPE)",
+                libc::SIGTERM => " (SIGTERM)",
+                _ => "",
+            };
+            return format!("was killed by signal {sig}{name}");
+        }
+    }
+    format!("ended with {status}")
+}
+
+fn resolve_program(program: &OsStr) -> Result<PathBuf, CommandError> {
+    if program.is_empty() {
+        return Err(CommandError::EmptyProgram);
+    }
+    let given = Path::new(program);
+    if program.as_encoded_bytes().contains(&b'/') {
+        let path = std::path::absolute(given).map_err(|source| CommandError::Inspect {
+            path: given.to_path_buf(),
+            source,
+        })?;
+        check_executable(&path)?;
+        return Ok(path);
+    }
+    let path_var = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path_var) {
+        // An empty PATH entry means the current directory.
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        let candidate = dir.join(given);
+        if check_executable(&candidate).is_ok() {
+            return std::path::absolute(&candidate).map_err(|source| CommandError::Inspect {
+                path: candidate,
+                source,
+            });
+        }
+    }
+    Err(CommandError::NotInPath {
+        name: program.to_string_lossy().into_owned(),
+        path_var: path_var.to_string_lossy().into_owned(),
+    })
+}
+
+fn check_executable(path: &Path) -> Result<(), CommandError> {
+    let meta = std::fs::metadata(path).map_err(|source| match source.kind() {
+        io::ErrorKind::NotFound => CommandError::NotFound {
+            path: path.to_path_buf(),
+        },
+        _ => CommandError::Inspect {
+            path: path.to_path_buf(),
+            source,
+        },
+    })?;
+    if !meta.is_file() {
+        return Err(CommandError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+            CommandError::Inspect {
+                path: path.to_path_buf(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, "the path holds a NUL byte"),
+            }
+        })?;
+        // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
+        if unsafe { libc::access(c_path.as_ptr(), libc::X_OK) } != 0 {
+            return Err(CommandError::NotExecutable {
+                path: path.to_path_buf(),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,688 @@
+//! The three sinks against real files, real child programs and a real HTTP
+//! server on 127.0.0.1.
+#![cfg(feature = "sinks")]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use outboxd::consumer::{Consumer, Delivery, Outcome};
+use outboxd::sinks::webhook::{sign, verify, SignatureError, WebhookSecret};
+use outboxd::sinks::{CommandError, CommandSink, JsonlSink, WebhookSink};
+use outboxd::{Envelope, EventId, EventType, Timestamp};
+use serde_json::value::RawValue;
+
+fn delivery(payload: &str) -> Delivery {
+    Delivery {
+        envelope: Envelope {
+            event_id: EventId::new(),
+            event_type: EventType::parse("article.created.v1").unwrap(),
+            event_version: 1,
+            causation_id: None,
+            correlation_id: Some("req-42".into()),
+            occurred_at: Timestamp::from_millis(1_796_023_080_123),
+            payload: RawValue::from_string(payload.to_string()).unwrap(),
+        },
+        attempt: 3,
+        consumer: "indexer".into(),
+        legacy: false,
+        tenant_id: Some("acme".into()),
+        ordering_key: None,
+    }
+}
+
+fn retry_reason(o: Outcome) -> String {
+    match o {
+        Outcome::Retry { reason, .. } => reason,
+        other => panic!("expected a retry, got {other:?}"),
+    }
+}
+
+fn poison_reason(o: Outcome) -> String {
+    match o {
+        Outcome::Poison { reason } => reason,
+        other => panic!("expected poison, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- jsonl
+
+#[test]
+fn jsonl_appends_one_parseable_line_per_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.jsonl");
+    let a = delivery(r#"{"id":1,"text":"line\nbreak"}"#);
+    let b = delivery(r#"[1,2,3]"#);
+    {
+        let sink = JsonlSink::file(&path, true).unwrap();
+        assert_eq!(sink.deliver(&a), Outcome::Delivered);
+    }
+    // Reopening appends.
+    let sink = JsonlSink::file(&path, false).unwrap();
+    assert_eq!(sink.deliver(&b), Outcome::Delivered);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(
+        serde_json::from_str::<Envelope>(lines[0]).unwrap(),
+        a.envelope
+    );
+    assert_eq!(
+        serde_json::from_str::<Envelope>(lines[1]).unwrap(),
+        b.envelope
+    );
+    assert!(text.ends_with('\n'));
+}
+
+#[test]
+fn jsonl_lines_never_interleave_across_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.jsonl");
+    let sink = Arc::new(JsonlSink::file(&path, false).unwrap());
+    let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(20_000));
+    let threads: Vec<_> = (0..6)
+        .map(|_| {
+            let sink = Arc::clone(&sink);
+            let d = delivery(&big);
+            thread::spawn(move || {
+                for _ in 0..30 {
+                    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut n = 0;
+    for line in text.lines() {
+        serde_json::from_str::<Envelope>(line).expect("every line is a whole envelope");
+        n += 1;
+    }
+    assert_eq!(n, 180);
+}
+
+#[test]
+fn jsonl_write_errors_are_retries() {
+    // /dev/full accepts the open and fails every write with ENOSPC.
+    if Path::new("/dev/full").exists() {
+        let sink = JsonlSink::file("/dev/full", true).unwrap();
+        let reason = retry_reason(sink.deliver(&delivery("1")));
+        assert!(reason.contains("/dev/full"), "{reason}");
+        assert!(reason.to_lowercase().contains("space"), "{reason}");
+    }
+    struct Broken;
+    impl Write for Broken {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::other("the pipe is gone"))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let reason = retry_reason(JsonlSink::to_writer(Broken).deliver(&delivery("1")));
+    assert!(reason.contains("the pipe is gone"), "{reason}");
+
+    let err = JsonlSink::file("/no/such/dir/events.jsonl", false).unwrap_err();
+    assert!(
+        err.to_string().contains("/no/such/dir/events.jsonl"),
+        "{err}"
+    );
+}
+
+// ---------------------------------------------------------------- command
+
+/// A shell script run as `/bin/sh <script>`: the shell is the program under
+/// test here, never part of the sink. (Running the script through sh rather
+/// than exec'ing it avoids ETXTBSY when another test thread forks while the
+/// file is still open for writing.)
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    path
+}
+
+fn sh_sink(dir: &Path, name: &str, body: &str) -> CommandSink {
+    let path = script(dir, name, body);
+    CommandSink::new("/bin/sh", [path]).unwrap().env("OUT", dir)
+}
+
+#[test]
+fn command_exit_0_delivers_with_stdin_and_env() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(
+        dir.path(),
+        "ok.sh",
+        r#"cat > "$OUT/stdin.json"
+env | grep '^OUTBOXD_' | sort > "$OUT/env"
+echo "${OUTBOXD_CAUSATION_ID-unset}" > "$OUT/causation""#,
+    );
+    let d = delivery(r#"{"id":7}"#);
+    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+    let stdin = std::fs::read_to_string(dir.path().join("stdin.json")).unwrap();
+    assert_eq!(stdin, d.envelope.to_json());
+    let env = std::fs::read_to_string(dir.path().join("env")).unwrap();
+    for expected in [
+        format!("OUTBOXD_EVENT_ID={}", d.envelope.event_id),
+        "OUTBOXD_EVENT_TYPE=article.created.v1".into(),
+        "OUTBOXD_EVENT_VERSION=1".into(),
+        "OUTBOXD_CORRELATION_ID=req-42".into(),
+        "OUTBOXD_OCCURRED_AT=2026-11-30T07:18:00.123Z".into(),
+        "OUTBOXD_ATTEMPT=3".into(),
+        "OUTBOXD_CONSUMER=indexer".into(),
+        "OUTBOXD_TENANT_ID=acme".into(),
+    ] {
+        assert!(env.lines().any(|l| l == expected), "{expected} in\n{env}");
+    }
+    let causation = std::fs::read_to_string(dir.path().join("causation")).unwrap();
+    assert_eq!(causation.trim(), "unset");
+}
+
+#[test]
+fn command_failure_is_a_retry_with_the_stderr_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(dir.path(), "fail.sh", "echo 'boom: db down' >&2; exit 1");
+    let reason = retry_reason(sink.deliver(&delivery("1")));
+    assert!(reason.contains("exited with status 1"), "{reason}");
+    assert!(reason.contains("boom: db down"), "{reason}");
+
+    // Only the last 2 KiB of a long stderr is kept.
+    let sink = sh_sink(
+        dir.path(),
+        "noisy.sh",
+        "echo FIRST >&2; head -c 100000 /dev/zero | tr '\\0' x >&2; echo ' THE END' >&2; exit 3",
+    );
+    let reason = retry_reason(sink.deliver(&delivery("1")));
+    assert!(reason.contains("exited with status 3"), "{reason}");
+    assert!(reason.ends_with("THE END"), "{reason}");
+    assert!(!reason.contains("FIRST"), "{reason}");
+    assert!(reason.len() < 2048 + 200, "{} bytes", reason.len());
+}
+
+#[test]
+fn command_poison_code_is_poison() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(dir.path(), "bad.sh", "echo 'not an article' >&2; exit 65");
+    let reason = poison_reason(sink.deliver(&delivery("1")));
+    assert!(reason.contains("status 65"), "{reason}");
+    assert!(reason.contains("not an article"), "{reason}");
+
+    // Another poison code: 65 becomes an ordinary failure.
+    let sink = sh_sink(dir.path(), "bad2.sh", "exit \"$CODE\"").poison_exit_code(3);
+    let sink = sink.env("CODE", "65");
+    assert!(matches!(
+        sink.deliver(&delivery("1")),
+        Outcome::Retry { .. }
+    ));
+    let sink = sh_sink(dir.path(), "bad3.sh", "exit 3").poison_exit_code(3);
+    assert!(matches!(
+        sink.deliver(&delivery("1")),
+        Outcome::Poison { .. }
+    ));
+}
+
+/// True once `pid` is gone or a zombie.
+fn process_is_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[test]
+fn command_timeout_kills_the_program_and_what_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(
+        dir.path(),
+        "hang.sh",
+        r#"sleep 60 &
+echo $! > "$OUT/grandchild.pid"
+echo 'still working' >&2
+wait"#,
+    )
+    .timeout(Duration::from_millis(700));
+    let started = Instant::now();
+    let reason = retry_reason(sink.deliver(&delivery("1")));
+    let took = started.elapsed();
+    assert!(reason.contains("timed out after 700ms"), "{reason}");
+    assert!(reason.contains("still working"), "{reason}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let pid: u32 = std::fs::read_to_string(dir.path().join("grandchild.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !process_is_gone(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "sleep {pid} outlived the timeout"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn command_flooding_stdout_or_ignoring_stdin_does_not_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(dir.path(), "flood.sh", "head -c 50000000 /dev/zero")
+        .timeout(Duration::from_secs(60));
+    assert_eq!(sink.deliver(&delivery("1")), Outcome::Delivered);
+
+    // A payload far larger than a pipe buffer, to a program that never reads.
+    let big = format!(r#"{{"blob":"{}"}}"#, "y".repeat(4 << 20));
+    let sink = sh_sink(dir.path(), "deaf.sh", "exit 0").timeout(Duration::from_secs(60));
+    assert_eq!(sink.deliver(&delivery(&big)), Outcome::Delivered);
+}
+
+#[test]
+fn command_refuses_values_an_environment_cannot_carry() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(dir.path(), "never.sh", "touch \"$OUT/ran\"");
+    let mut d = delivery("1");
+    d.envelope.causation_id = Some("cmd\0-1".into());
+    let reason = poison_reason(sink.deliver(&d));
+    assert!(reason.contains("OUTBOXD_CAUSATION_ID"), "{reason}");
+    assert!(!dir.path().join("ran").exists());
+}
+
+#[test]
+fn command_killed_by_a_signal_is_a_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(dir.path(), "die.sh", "echo dying >&2; kill -KILL $$");
+    let reason = retry_reason(sink.deliver(&delivery("1")));
+    assert!(reason.contains("killed by signal 9 (SIGKILL)"), "{reason}");
+    assert!(reason.contains("dying"), "{reason}");
+}
+
+#[test]
+fn command_passes_shell_metacharacters_literally() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("pwned");
+    let nasty = format!(
+        "$(touch {m}); `touch {m}` && touch {m} | > * ;",
+        m = marker.display()
+    );
+    let path = script(
+        dir.path(),
+        "literal.sh",
+        r#"printf '%s' "$1" > "$OUT/arg"
+cat > "$OUT/stdin.json""#,
+    );
+    let sink = CommandSink::new("/bin/sh", [path.as_os_str(), nasty.as_ref()])
+        .unwrap()
+        .env("OUT", dir.path());
+    let payload = serde_json::json!({ "cmd": nasty }).to_string();
+    let d = delivery(&payload);
+    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("arg")).unwrap(),
+        nasty
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("stdin.json")).unwrap(),
+        d.envelope.to_json()
+    );
+    assert!(
+        !marker.exists(),
+        "something interpreted the payload as shell"
+    );
+}
+
+#[test]
+fn command_program_is_checked_at_construction() {
+    let dir = tempfile::tempdir().unwrap();
+    let none: [&str; 0] = [];
+
+    let missing = dir.path().join("nope");
+    let err = CommandSink::new(&missing, none).unwrap_err();
+    assert!(matches!(err, CommandError::NotFound { .. }), "{err}");
+    assert!(err.to_string().contains(&missing.display().to_string()));
+
+    let plain = script(dir.path(), "plain.sh", "exit 0");
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = CommandSink::new(&plain, none).unwrap_err();
+    assert!(matches!(err, CommandError::NotExecutable { .. }), "{err}");
+    assert!(err.to_string().contains("plain.sh"), "{err}");
+
+    let err = CommandSink::new(dir.path(), none).unwrap_err();
+    assert!(matches!(err, CommandError::NotAFile { .. }), "{err}");
+
+    let err = CommandSink::new("outboxd-no-such-program-anywhere", none).unwrap_err();
+    assert!(matches!(err, CommandError::NotInPath { .. }), "{err}");
+    assert!(err.to_string().contains("PATH"), "{err}");
+
+    assert!(matches!(
+        CommandSink::new("", none).unwrap_err(),
+        CommandError::EmptyProgram
+    ));
+
+    let sh = CommandSink::new("sh", none).unwrap();
+    assert!(sh.program().is_absolute(), "{:?}", sh.program());
+    assert_eq!(sh.poison_code(), 65);
+}
+
+// ---------------------------------------------------------------- webhook
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const OLD_SECRET: &str = "whsec_cm90YXRlZC1zZWNyZXQtZm9yLXRlc3RzLTAxMjM0NTY=";
+
+#[test]
+fn signature_matches_the_standard_webhooks_vector() {
+    // The example in the Standard Webhooks spec; recomputed independently with
+    //   python3 -c 'import hmac,hashlib,base64; k=base64.b64decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+    //   print(base64.b64encode(hmac.new(k, b"msg_p5jXN8AQM9LWM0D4loKWxJek.1614265330.{\"test\": 2432232314}",
+    //   hashlib.sha256).digest()).decode())'
+    let key = WebhookSecret::parse(SECRET).unwrap();
+    let body = br#"{"test": 2432232314}"#;
+    let sig = sign(
+        key.as_bytes(),
+        "msg_p5jXN8AQM9LWM0D4loKWxJek",
+        1614265330,
+        body,
+    );
+    assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
+
+    let ok = |h: &str| {
+        verify(
+            key.as_bytes(),
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            body,
+            h,
+        )
+    };
+    assert_eq!(ok(&sig), Ok(()));
+    assert_eq!(ok(&format!("v1,bm9wZQ== {sig}")), Ok(()));
+    assert_eq!(ok("v1,bm9wZQ=="), Err(SignatureError::Mismatch));
+    assert_eq!(ok("v1a,whatever"), Err(SignatureError::Missing));
+    assert_eq!(
+        verify(
+            key.as_bytes(),
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            b"{}",
+            &sig
+        ),
+        Err(SignatureError::Mismatch)
+    );
+}
+
+struct Request {
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A minimal HTTP/1.1 server: answers by path, sends every request it read
+/// to the test over a channel.
+struct Server {
+    addr: std::net::SocketAddr,
+    requests: mpsc::Receiver<Request>,
+}
+
+impl Server {
+    fn start() -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, requests) = mpsc::channel();
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let tx = tx.clone();
+                thread::spawn(move || serve(stream, addr, tx));
+            }
+        });
+        Server { addr, requests }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn next(&self) -> Request {
+        self.requests
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the server saw a request")
+    }
+}
+
+fn serve(stream: TcpStream, addr: std::net::SocketAddr, tx: mpsc::Sender<Request>) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        let (k, v) = l.split_once(':').unwrap();
+        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+    }
+    let len: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap_or(0);
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).unwrap();
+    let _ = tx.send(Request {
+        path: path.clone(),
+        headers,
+        body,
+    });
+
+    let big = "e".repeat(100_000);
+    let (status, extra, body): (&str, String, &str) = match path.as_str() {
+        "/ok" => ("200 OK", String::new(), "thanks"),
+        "/500" => ("500 Internal Server Error", String::new(), "database down"),
+        "/429" => (
+            "429 Too Many Requests",
+            "Retry-After: 7\r\n".into(),
+            "slow down",
+        ),
+        "/410" => ("410 Gone", String::new(), "gone for good"),
+        "/400" => ("400 Bad Request", String::new(), &big),
+        "/302" => ("302 Found", format!("Location: http://{addr}/ok\r\n"), ""),
+        "/slow" => {
+            // Never answer; hold the connection until the client gives up.
+            let mut rest = Vec::new();
+            let _ = reader.read_to_end(&mut rest);
+            return;
+        }
+        _ => ("404 Not Found", String::new(), ""),
+    };
+    let mut stream = stream;
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n{body}",
+        body.len()
+    );
+}
+
+fn sink(url: &str) -> WebhookSink {
+    WebhookSink::builder(url)
+        .secret(SECRET)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn webhook_2xx_delivers_a_signed_request() {
+    let server = Server::start();
+    let sink = WebhookSink::builder(server.url("/ok"))
+        .secret(OLD_SECRET)
+        .secret(SECRET)
+        .header("x-tenant", "acme")
+        .build()
+        .unwrap();
+    let d = delivery(r#"{"id":7}"#);
+    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+
+    let req = server.next();
+    assert_eq!(req.path, "/ok");
+    assert_eq!(req.body, d.envelope.to_json().as_bytes());
+    let id = req.header("webhook-id").unwrap();
+    assert_eq!(id, d.envelope.event_id.to_string());
+    let ts: i64 = req.header("webhook-timestamp").unwrap().parse().unwrap();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((now - ts).abs() < 60, "timestamp {ts}, now {now}");
+    assert_eq!(req.header("content-type"), Some("application/json"));
+    assert_eq!(req.header("x-tenant"), Some("acme"));
+    let sigs = req.header("webhook-signature").unwrap();
+    assert_eq!(sigs.split(' ').count(), 2, "{sigs}");
+    for secret in [SECRET, OLD_SECRET] {
+        let key = WebhookSecret::parse(secret).unwrap();
+        assert_eq!(verify(key.as_bytes(), id, ts, &req.body, sigs), Ok(()));
+    }
+    assert_eq!(
+        verify(b"another key entirely", id, ts, &req.body, sigs),
+        Err(SignatureError::Mismatch)
+    );
+
+    // Independently, with Python's hmac when it is installed.
+    if let Ok(out) = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import hmac,hashlib,base64,sys; k=base64.b64decode(sys.argv[1]); \
+             m=(sys.argv[2]+'.'+sys.argv[3]+'.').encode()+sys.stdin.buffer.read(); \
+             print('v1,'+base64.b64encode(hmac.new(k,m,hashlib.sha256).digest()).decode())",
+            SECRET.strip_prefix("whsec_").unwrap(),
+            id,
+            &ts.to_string(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child.stdin.take().unwrap().write_all(&req.body)?;
+            child.wait_with_output()
+        })
+    {
+        let expected = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            sigs.split(' ').any(|s| s == expected.trim()),
+            "python says {expected}, we sent {sigs}"
+        );
+    }
+}
+
+#[test]
+fn webhook_statuses_map_to_outcomes() {
+    let server = Server::start();
+
+    let reason = retry_reason(sink(&server.url("/500")).deliver(&delivery("1")));
+    assert!(
+        reason.contains("500") && reason.contains("database down"),
+        "{reason}"
+    );
+
+    match sink(&server.url("/429")).deliver(&delivery("1")) {
+        Outcome::Retry { reason, after } => {
+            assert_eq!(after, Some(Duration::from_secs(7)));
+            assert!(reason.contains("429"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let reason = poison_reason(sink(&server.url("/410")).deliver(&delivery("1")));
+    assert!(
+        reason.contains("410") && reason.contains("gone for good"),
+        "{reason}"
+    );
+
+    let reason = poison_reason(sink(&server.url("/400")).deliver(&delivery("1")));
+    assert!(reason.contains("400"), "{reason}");
+    assert!(
+        reason.len() < 1024,
+        "the body snippet is bounded: {}",
+        reason.len()
+    );
+
+    let reason = poison_reason(sink(&server.url("/302")).deliver(&delivery("1")));
+    assert!(
+        reason.contains(&format!("Location: {}", server.url("/ok"))),
+        "{reason}"
+    );
+    // Exactly the five requests above reached the server: the redirect was
+    // not followed.
+    let paths: Vec<String> = (0..5).map(|_| server.next().path).collect();
+    assert_eq!(paths, ["/500", "/429", "/410", "/400", "/302"]);
+    assert!(server.requests.try_recv().is_err());
+}
+
+#[test]
+fn webhook_timeouts_and_network_errors_are_retries() {
+    let server = Server::start();
+    let slow = WebhookSink::builder(server.url("/slow"))
+        .secret(SECRET)
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let reason = retry_reason(slow.deliver(&delivery("1")));
+    assert!(reason.contains("timed out"), "{reason}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    // A port nobody listens on.
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let reason = retry_reason(sink(&format!("http://{closed}/")).deliver(&delivery("1")));
+    assert!(reason.contains("cannot POST"), "{reason}");
+}
+
+#[test]
+fn webhook_private_address_guard() {
+    let server = Server::start();
+    let port = server.addr.port();
+    for url in [
+        format!("http://127.0.0.1:{port}/ok"),
+        format!("http://localhost:{port}/ok"),
+        format!("http://[::ffff:127.0.0.1]:{port}/ok"),
+    ] {
+        let guarded = WebhookSink::builder(&url)
+            .secret(SECRET)
+            .deny_private_addresses(true)
+            .build()
+            .unwrap();
+        let reason = poison_reason(guarded.deliver(&delivery("1")));
+        assert!(reason.contains("refused to connect"), "{url}: {reason}");
+    }
+    // Without the guard the same server is reached, and it is the first
+    // request it sees: the guarded ones never connected.
+    assert_eq!(
+        sink(&server.url("/ok")).deliver(&delivery("1")),
+        Outcome::Delivered
+    );
+    assert_eq!(server.next().path, "/ok");
+    assert!(server.requests.try_recv().is_err());
+}
