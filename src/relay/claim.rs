@@ -101,23 +101,14 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     })
 }
 
-/// A timestamp column: INTEGER milliseconds, or RFC 3339 text from a
-/// producer that wrote one.
+/// A timestamp column. The schema's CHECK keeps these INTEGER milliseconds;
+/// anything else is reported rather than trusted.
 fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, EnvelopeError> {
     match v {
         ValueRef::Integer(ms) => Ok(Timestamp::from_millis(ms)),
-        ValueRef::Text(t) => std::str::from_utf8(t)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or(EnvelopeError::ColumnType {
-                column,
-                found: "text that is not an RFC 3339 time",
-                expected: "INTEGER milliseconds since the Unix epoch",
-            }),
-        ValueRef::Real(f) if f.is_finite() => Ok(Timestamp::from_millis(f as i64)),
         _ => Err(EnvelopeError::ColumnType {
             column,
-            found: "a value that is not a time",
+            found: "a value that is not an integer",
             expected: "INTEGER milliseconds since the Unix epoch",
         }),
     }
