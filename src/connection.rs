@@ -43,6 +43,27 @@ pub fn open(path: impl AsRef<Path>) -> Result<Connection> {
             | OpenFlags::SQLITE_OPEN_URI,
     )
     .map_err(|e| open_error(path, e))?;
+    // SQLite quietly falls back to read-only for a file it cannot write;
+    // outboxd would then fail later, on its first write. Say so now.
+    if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+        return Err(open_error(
+            path,
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_READONLY),
+                None,
+            ),
+        ));
+    }
+    // A database from a newer outboxd is refused before anything, even the
+    // switch to WAL, writes to it.
+    if let Some(found) = crate::schema::version(&conn).map_err(|e| explain(path, e))? {
+        if found > crate::schema::LATEST_VERSION {
+            return Err(Error::SchemaTooNew {
+                found,
+                supported: crate::schema::LATEST_VERSION,
+            });
+        }
+    }
     configure(&conn).map_err(|e| explain(path, e))?;
     Ok(conn)
 }
@@ -194,6 +215,24 @@ mod tests {
             .query_row("PRAGMA synchronous", [], |r| r.get(0))
             .unwrap();
         assert_eq!(sync, 2);
+    }
+
+    #[test]
+    fn open_refuses_a_newer_schema_before_switching_the_journal_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.db");
+        let host = Connection::open(&path).unwrap();
+        host.execute_batch(
+            "CREATE TABLE outboxd_schema (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL);
+             INSERT INTO outboxd_schema VALUES (999, 'future', 0);",
+        )
+        .unwrap();
+        let e = open(&path).unwrap_err();
+        assert!(matches!(e, Error::SchemaTooNew { found: 999, .. }), "{e}");
+        let mode: String = host
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "delete", "the host's journal mode is untouched");
     }
 
     #[test]

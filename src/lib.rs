@@ -51,9 +51,9 @@ pub mod relay;
 pub mod replay;
 pub mod router;
 pub mod schema;
-pub mod status;
 #[cfg(feature = "sinks")]
 pub mod sinks;
+pub mod status;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use consumer::{Consumer, Delivery, Outcome};

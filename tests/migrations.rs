@@ -233,7 +233,14 @@ fn a_newer_schema_is_refused_by_migrate_and_ensure_current_without_writing() {
     } // The last connection closes: the WAL is checkpointed into the main file.
     let files_before = file_bytes(&db.path);
 
-    let mut conn = db.open();
+    // outboxd's own open refuses it before configuring anything...
+    let err = outboxd::connection::open(&db.path).unwrap_err();
+    assert!(
+        matches!(err, Error::SchemaTooNew { found: 999, .. }),
+        "{err:?}"
+    );
+    // ...and so do migrate and ensure_current on a host's plain connection.
+    let mut conn = Connection::open(&db.path).unwrap();
     let objects = schema_objects(&conn);
     let versions = version_rows(&conn);
 
