@@ -102,15 +102,17 @@ fn relay(path: &Path, n: usize, consumers: usize, workers: Option<usize>) -> Dur
     let check = Connection::open(path).unwrap();
     let start = Instant::now();
     let handle = b.build().unwrap().start().unwrap();
+    // An O(1) probe of the due index, so that watching costs the relay
+    // nothing measurable.
     loop {
-        let left: i64 = check
+        let left: bool = check
             .query_row(
-                "SELECT count(*) FROM event_outbox WHERE status = 'pending'",
+                "SELECT EXISTS (SELECT 1 FROM event_outbox WHERE status = 'pending')",
                 [],
                 |r| r.get(0),
             )
             .unwrap();
-        if left == 0 {
+        if !left {
             break;
         }
         std::thread::sleep(Duration::from_millis(2));

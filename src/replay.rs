@@ -85,12 +85,15 @@ pub fn replay_with_progress(
                 )
                 .map_err(Error::db("replay events"))?;
             for (row_id, key) in chunk {
-                forget
-                    .execute(params![key, filter.consumer])
-                    .map_err(Error::db("replay events"))?;
-                done += reopen
+                let reopened = reopen
                     .execute(params![row_id, now.as_millis()])
-                    .map_err(Error::db("replay events"))? as u64;
+                    .map_err(Error::db("replay events"))?;
+                if reopened == 1 {
+                    forget
+                        .execute(params![key, filter.consumer])
+                        .map_err(Error::db("replay events"))?;
+                    done += 1;
+                }
             }
         }
         tx.commit().map_err(Error::db("commit a replay"))?;

@@ -278,9 +278,20 @@ fn shutdown_finishes_in_flight_deliveries_and_releases_the_rest() {
     db.enqueue(&(0..5).map(|n| event("a.b.v1", n)).collect::<Vec<_>>());
     relay.notify();
     started.recv_timeout(LONG).unwrap();
-    // One delivery is running; four are claimed and queued.
+    // One delivery is running; four are claimed and queued. The running
+    // one may finish once the shutdown has handed the four queued back.
+    let path = db.path.clone();
     let releaser = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
+        let conn = outboxd::connection::open(&path).unwrap();
+        wait_until("queued rows released", LONG, || {
+            conn.query_row(
+                "SELECT count(*) FROM event_outbox WHERE claim_token IS NULL",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+                == 4
+        });
         go_tx.send(()).unwrap();
     });
     relay.shutdown(LONG).unwrap();

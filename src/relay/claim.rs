@@ -5,7 +5,7 @@
 //! on the writer thread's connection, inside its transaction.
 
 use rusqlite::types::ValueRef;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 
 use crate::clock::Timestamp;
 use crate::envelope::{Envelope, EnvelopeError, RawRow};
@@ -149,17 +149,6 @@ pub(crate) fn record_progress(
     )?
     .execute(params![event_key, consumer, row_id, now.as_millis()])?;
     Ok(())
-}
-
-/// True while the row is still claimed under this token: the fence check
-/// made before recording any outcome.
-pub(crate) fn holds_claim(conn: &Connection, row_id: i64, token: &str) -> rusqlite::Result<bool> {
-    conn.prepare_cached(
-        "SELECT 1 FROM event_outbox WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
-    )?
-    .query_row(params![row_id, token], |_| Ok(()))
-    .optional()
-    .map(|r| r.is_some())
 }
 
 /// Marks a row delivered. False if the claim was lost.

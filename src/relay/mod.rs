@@ -37,8 +37,10 @@
 //! batches of due rows, sends one job per row into a bounded `jobs` channel,
 //! and records the outcomes that come back on the `outcomes` channel, many
 //! per `BEGIN IMMEDIATE` transaction (group commit). **Workers** take jobs,
-//! run the consumers (catching panics) and send outcomes; they never touch
-//! SQLite. The writer claims no more rows than the `jobs` channel holds, so
+//! run the consumers (catching panics) and send outcomes, in small groups
+//! while more jobs wait (so the writer wakes once per group); they never
+//! touch SQLite. Each write transaction records the outcomes gathered so
+//! far and claims the next batch in one go. The writer claims no more rows than the `jobs` channel holds, so
 //! its sends never block; `outcomes` is unbounded, so a worker never blocks
 //! either. A `control` channel carries `notify` and `shutdown` from the
 //! handle. Shutdown: the writer stops claiming, takes the jobs no worker has

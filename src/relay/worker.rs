@@ -2,8 +2,9 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::consumer::{Delivery, Outcome};
 use crate::envelope::Envelope;
@@ -32,27 +33,62 @@ pub(crate) struct JobOutcome {
 
 /// A worker's loop: ends when the writer drops the jobs sender (shutdown),
 /// or when the writer is gone.
+///
+/// Outcomes are sent in groups: a worker that has more jobs waiting keeps
+/// its outcomes (up to [`MAX_GROUP`], and no longer than `flush_interval`)
+/// and sends them together, so the writer wakes once per group rather than
+/// once per event. When no job is waiting, it sends at once.
 pub(crate) fn run(
     consumers: Arc<Vec<ConsumerEntry>>,
     jobs: Receiver<Job>,
-    outcomes: Sender<JobOutcome>,
+    outcomes: Sender<Vec<JobOutcome>>,
+    flush_interval: Duration,
 ) {
-    for job in jobs.iter() {
+    let mut group: Vec<JobOutcome> = Vec::new();
+    let mut oldest = Instant::now();
+    loop {
+        // A worker holding outcomes waits for more work only until they are
+        // due to be sent: it never sits on them while idle.
+        let next = if group.is_empty() {
+            jobs.recv().map_err(|_| RecvTimeoutError::Disconnected)
+        } else {
+            jobs.recv_deadline(oldest + flush_interval)
+        };
+        let job = match next {
+            Ok(job) => job,
+            Err(RecvTimeoutError::Timeout) => {
+                if outcomes.send(std::mem::take(&mut group)).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
         let results = job
             .consumers
             .iter()
             .map(|&i| (i, deliver(&consumers[i], &job)))
             .collect();
-        let outcome = JobOutcome {
+        if group.is_empty() {
+            oldest = Instant::now();
+        }
+        group.push(JobOutcome {
             row_id: job.row_id,
             token: job.token,
             results,
-        };
-        if outcomes.send(outcome).is_err() {
+        });
+        let due = jobs.is_empty() || group.len() >= MAX_GROUP || oldest.elapsed() >= flush_interval;
+        if due && outcomes.send(std::mem::take(&mut group)).is_err() {
             return;
         }
     }
+    if !group.is_empty() {
+        let _ = outcomes.send(group);
+    }
 }
+
+/// The most outcomes a worker holds back before sending them.
+const MAX_GROUP: usize = 64;
 
 fn deliver(entry: &ConsumerEntry, job: &Job) -> Outcome {
     let env = &job.envelope;

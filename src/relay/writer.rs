@@ -49,6 +49,8 @@ pub(crate) struct Writer {
     want_claim: bool,
     next_due: Option<Timestamp>,
     data_version: i64,
+    /// The earliest lease among `in_flight`, to know when to heartbeat.
+    earliest_lease: Option<Timestamp>,
     next_housekeeping: Instant,
     error_backoff: Duration,
     not_before: Option<Instant>,
@@ -112,6 +114,7 @@ impl Writer {
             want_claim: true,
             next_due: None,
             data_version,
+            earliest_lease: None,
             next_housekeeping: Instant::now(),
             error_backoff: Duration::ZERO,
             not_before: None,
@@ -122,14 +125,15 @@ impl Writer {
 
     pub(crate) fn run(mut self) -> Result<()> {
         let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<Job>(self.capacity);
-        let (outcomes_tx, outcomes_rx) = crossbeam_channel::unbounded::<JobOutcome>();
+        let (outcomes_tx, outcomes_rx) = crossbeam_channel::unbounded::<Vec<JobOutcome>>();
         let mut workers = Vec::with_capacity(self.settings.workers);
         for n in 0..self.settings.workers {
             let (consumers, jobs, outcomes) =
                 (self.consumers.clone(), jobs_rx.clone(), outcomes_tx.clone());
+            let flush = self.settings.flush_interval;
             let spawned = std::thread::Builder::new()
                 .name(format!("outboxd-worker-{n}"))
-                .spawn(move || worker::run(consumers, jobs, outcomes));
+                .spawn(move || worker::run(consumers, jobs, outcomes, flush));
             match spawned {
                 Ok(h) => workers.push(h),
                 Err(e) => tracing::error!(error = %e, "cannot start a worker thread"),
@@ -137,6 +141,7 @@ impl Writer {
         }
         drop(outcomes_tx);
         let mut jobs_tx = Some(jobs_tx);
+        let mut last_poll = Instant::now();
         tracing::info!(
             workers = workers.len(),
             consumers = self.consumers.len(),
@@ -145,7 +150,7 @@ impl Writer {
 
         loop {
             while let Ok(o) = outcomes_rx.try_recv() {
-                self.push_outcome(o);
+                self.push_outcomes(o);
             }
             if self.shutdown_at.is_some_and(|d| Instant::now() >= d) {
                 self.abandon_in_flight();
@@ -164,7 +169,7 @@ impl Writer {
 
             let wait = self.wait_time();
             select! {
-                recv(outcomes_rx) -> o => if let Ok(o) = o { self.push_outcome(o) },
+                recv(outcomes_rx) -> o => if let Ok(o) = o { self.push_outcomes(o) },
                 recv(self.control) -> c => match c {
                     Ok(Control::Notify) => self.want_claim = true,
                     Ok(Control::Shutdown(grace)) => self.begin_shutdown(grace, &mut jobs_tx, &jobs_rx),
@@ -173,14 +178,18 @@ impl Writer {
                 default(wait) => {}
             }
             // Commits by other connections (other processes, or the host's
-            // own connections) change data_version; ours do not.
-            match data_version(&self.conn) {
-                Ok(v) if v != self.data_version => {
-                    self.data_version = v;
-                    self.want_claim = true;
+            // own connections) change data_version; ours do not. Checked at
+            // most once per poll interval.
+            if last_poll.elapsed() >= self.settings.poll_interval {
+                last_poll = Instant::now();
+                match data_version(&self.conn) {
+                    Ok(v) if v != self.data_version => {
+                        self.data_version = v;
+                        self.want_claim = true;
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(error = %e, "cannot read data_version"),
                 }
-                Ok(_) => {}
-                Err(e) => tracing::debug!(error = %e, "cannot read data_version"),
             }
         }
 
@@ -196,11 +205,11 @@ impl Writer {
         Ok(())
     }
 
-    fn push_outcome(&mut self, o: JobOutcome) {
+    fn push_outcomes(&mut self, group: Vec<JobOutcome>) {
         if self.pending.is_empty() {
             self.pending_since = Some(Instant::now());
         }
-        self.pending.push(o);
+        self.pending.extend(group);
     }
 
     fn begin_shutdown(
@@ -275,15 +284,21 @@ impl Writer {
                 || self
                     .pending_since
                     .is_some_and(|t| t.elapsed() >= self.settings.flush_interval));
-        let heartbeat: Vec<(i64, Arc<str>)> = self
-            .in_flight
-            .iter()
-            .filter(|(_, f)| {
-                f.lease_until.as_millis() - now.as_millis()
-                    <= self.settings.lease.as_millis() as i64 / 2
-            })
-            .map(|(id, f)| (*id, f.token.clone()))
-            .collect();
+        // Leases are extended when half of them has run out; the scan runs
+        // only once the earliest lease is that close.
+        let half = self.settings.lease.as_millis() as i64 / 2;
+        let heartbeat: Vec<(i64, Arc<str>)> = if self
+            .earliest_lease
+            .is_some_and(|t| t.as_millis() - now.as_millis() <= half)
+        {
+            self.in_flight
+                .iter()
+                .filter(|(_, f)| f.lease_until.as_millis() - now.as_millis() <= half)
+                .map(|(id, f)| (*id, f.token.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         if claim_limit == 0 && !flush && heartbeat.is_empty() && self.to_release.is_empty() {
             return;
         }
@@ -437,6 +452,7 @@ impl Writer {
                 self.to_release.push((id, token));
             }
         }
+        self.earliest_lease = self.in_flight.values().map(|f| f.lease_until).min();
         let c = step.counts;
         let m = &self.metrics;
         Metrics::add(&m.delivered, c.delivered);
@@ -598,7 +614,9 @@ fn route(
     r
 }
 
-/// Records one job's outcome, fenced by its token.
+/// Records one job's outcome. The row's own update is fenced by the token
+/// and made first; the consumers' progress is written only when it took, so
+/// a relay that lost its lease records nothing at all.
 fn record(
     tx: &Connection,
     consumers: &[ConsumerEntry],
@@ -610,7 +628,64 @@ fn record(
     let Some(flight) = in_flight.get(&o.row_id) else {
         return Ok(());
     };
-    if !claim::holds_claim(tx, o.row_id, &o.token)? {
+    let mut poison: Option<String> = None;
+    let mut retries: Vec<(usize, &str, Option<Duration>)> = Vec::new();
+    for (i, outcome) in &o.results {
+        match outcome {
+            Outcome::Delivered => {}
+            Outcome::Retry { reason, after } => retries.push((*i, reason, *after)),
+            Outcome::Poison { reason } => {
+                poison.get_or_insert_with(|| {
+                    format!(
+                        "consumer {} rejected it as poison: {reason}",
+                        consumers[*i].name
+                    )
+                });
+            }
+        }
+    }
+    let (kept, counter) = if let Some(reason) = poison {
+        let kept = claim::dead_letter(tx, o.row_id, &o.token, clip(&reason), now, false)?;
+        (kept, &mut step.counts.dead)
+    } else if retries.is_empty() {
+        let kept = claim::finish_delivered(tx, o.row_id, &o.token, now)?;
+        (kept, &mut step.counts.delivered)
+    } else {
+        let failures = flight.attempts + 1;
+        let reason = retries
+            .iter()
+            .map(|(i, r, _)| format!("consumer {}: {r}", consumers[*i].name))
+            .collect::<Vec<_>>()
+            .join("; ");
+        // Each retrying consumer waits at least its own schedule; when any
+        // has spent its attempts, the event is dead-lettered.
+        let mut wait = Some(Duration::ZERO);
+        for (i, _, after) in &retries {
+            wait = match (
+                wait,
+                consumers[*i]
+                    .retry
+                    .delay_with_jitter(failures, rand::random()),
+            ) {
+                (Some(w), Some(d)) => Some(w.max(d).max(after.unwrap_or_default())),
+                _ => None,
+            };
+        }
+        match wait {
+            Some(wait) => {
+                let at = now.plus(wait);
+                step.next_due = Some(step.next_due.map_or(at, |t| t.min(at)));
+                let kept = claim::schedule_retry(tx, o.row_id, &o.token, at, clip(&reason))?;
+                (kept, &mut step.counts.retried)
+            }
+            None => {
+                let reason = format!("gave up after {failures} attempts: {reason}");
+                let kept = claim::dead_letter(tx, o.row_id, &o.token, clip(&reason), now, true)?;
+                (kept, &mut step.counts.dead)
+            }
+        }
+    };
+    if !kept {
         tracing::warn!(
             row_id = o.row_id,
             "outcome refused: the lease passed to another relay"
@@ -618,62 +693,18 @@ fn record(
         step.counts.fenced += 1;
         return Ok(());
     }
-    let mut poison: Option<String> = None;
-    let mut retries: Vec<(usize, &str, Option<Duration>)> = Vec::new();
+    *counter += 1;
     for (i, outcome) in &o.results {
-        let name = &consumers[*i].name;
-        match outcome {
+        let result = match outcome {
             Outcome::Delivered => {
-                claim::record_progress(tx, &flight.event_key, name, o.row_id, now)?;
-                step.counts.per_consumer.push((*i, 0));
+                claim::record_progress(tx, &flight.event_key, &consumers[*i].name, o.row_id, now)?;
+                0
             }
-            Outcome::Retry { reason, after } => {
-                retries.push((*i, reason, *after));
-                step.counts.per_consumer.push((*i, 1));
-            }
-            Outcome::Poison { reason } => {
-                poison.get_or_insert_with(|| {
-                    format!("consumer {name} rejected it as poison: {reason}")
-                });
-                step.counts.per_consumer.push((*i, 2));
-            }
-        }
+            Outcome::Retry { .. } => 1,
+            Outcome::Poison { .. } => 2,
+        };
+        step.counts.per_consumer.push((*i, result));
     }
-    if let Some(reason) = poison {
-        claim::dead_letter(tx, o.row_id, &o.token, clip(&reason), now, false)?;
-        step.counts.dead += 1;
-        return Ok(());
-    }
-    if retries.is_empty() {
-        claim::finish_delivered(tx, o.row_id, &o.token, now)?;
-        step.counts.delivered += 1;
-        return Ok(());
-    }
-    let failures = flight.attempts + 1;
-    let reason = retries
-        .iter()
-        .map(|(i, r, _)| format!("consumer {}: {r}", consumers[*i].name))
-        .collect::<Vec<_>>()
-        .join("; ");
-    let mut wait = Duration::ZERO;
-    for (i, _, after) in &retries {
-        match consumers[*i]
-            .retry
-            .delay_with_jitter(failures, rand::random::<f64>())
-        {
-            Some(d) => wait = wait.max(d).max(after.unwrap_or_default()),
-            None => {
-                let reason = format!("gave up after {failures} attempts: {reason}");
-                claim::dead_letter(tx, o.row_id, &o.token, clip(&reason), now, true)?;
-                step.counts.dead += 1;
-                return Ok(());
-            }
-        }
-    }
-    let at = now.plus(wait);
-    claim::schedule_retry(tx, o.row_id, &o.token, at, clip(&reason))?;
-    step.counts.retried += 1;
-    step.next_due = Some(step.next_due.map_or(at, |t| t.min(at)));
     Ok(())
 }
 
