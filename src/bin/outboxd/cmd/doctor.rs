@@ -140,7 +140,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 
 fn examine(conn: &Connection, db: &Path, args: &Args, now: Timestamp) -> Vec<Finding> {
     let mut findings = vec![
-        integrity(conn, args.quick),
+        integrity(conn, args.quick, db),
         journal_mode(conn),
         wal_size(db),
         synchronous(),
@@ -155,7 +155,7 @@ fn examine(conn: &Connection, db: &Path, args: &Args, now: Timestamp) -> Vec<Fin
     findings
 }
 
-fn integrity(conn: &Connection, quick: bool) -> Finding {
+fn integrity(conn: &Connection, quick: bool, db: &Path) -> Finding {
     const CHECK: &str = "integrity";
     let pragma = if quick {
         "quick_check"
@@ -175,19 +175,42 @@ fn integrity(conn: &Connection, quick: bool) -> Finding {
             Severity::Error,
             format!("the database file is damaged (PRAGMA {pragma}): {detail}"),
         )
-        .action(
+        .action(format!(
             "stop the application and outboxd, keep a copy of the file, then restore the \
              latest backup, or salvage what is readable with \
-             `sqlite3 app.db .recover | sqlite3 recovered.db`",
-        )
+             `sqlite3 {} .recover | sqlite3 recovered.db`",
+            db.display()
+        ))
     };
     match rows {
         Ok(rows) if rows.len() == 1 && rows[0] == "ok" => {
             Finding::ok(CHECK, format!("no damage found (PRAGMA {pragma})"))
         }
-        Ok(rows) => damaged(rows.join("; ")),
+        Ok(rows) => damaged(summary(&rows)),
         Err(e) => damaged(e.to_string()),
     }
+}
+
+/// The first few of SQLite's integrity messages on one line (a message may
+/// span lines; "*** in database main ***" is only a heading).
+fn summary(rows: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let lines: Vec<&str> = rows
+        .iter()
+        .flat_map(|r| r.lines())
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("***"))
+        .collect();
+    let mut text = lines
+        .iter()
+        .take(SHOWN)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if lines.len() > SHOWN {
+        text.push_str(&format!("; and {} more", lines.len() - SHOWN));
+    }
+    text
 }
 
 fn schema(conn: &Connection) -> Finding {
@@ -247,16 +270,17 @@ fn wal_size(db: &Path) -> Finding {
             CHECK,
             Severity::Warning,
             format!(
-                "the WAL file is {} MiB, above {} MiB: checkpoints cannot reset it, usually \
-                 because a reader is holding a snapshot (a long read transaction)",
+                "the WAL file is {} MiB, above {} MiB: checkpoints cannot reset it; usually \
+                 a reader is holding a snapshot (a long read transaction)",
                 m.len() >> 20,
                 WAL_WARN_BYTES >> 20
             ),
         )
-        .action(
+        .action(format!(
             "find and end the long-running reader, then run \
-             `sqlite3 app.db 'PRAGMA wal_checkpoint(TRUNCATE)'`",
-        ),
+             `sqlite3 {} 'PRAGMA wal_checkpoint(TRUNCATE)'`",
+            db.display()
+        )),
         Ok(m) => Finding::ok(CHECK, format!("the WAL file is {} KiB", m.len() >> 10)),
     }
 }
@@ -412,4 +436,44 @@ fn write_text(out: &mut impl Write, findings: &[Finding]) -> std::io::Result<()>
         "{}: {errors} errors, {warnings} warnings",
         if errors == 0 { "healthy" } else { "unhealthy" }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_wal_file_is_a_warning_that_says_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("app.db");
+        assert_eq!(wal_size(&db).severity, Severity::Ok, "no WAL file");
+        let wal = std::fs::File::create(dir.path().join("app.db-wal")).unwrap();
+        wal.set_len(WAL_WARN_BYTES).unwrap(); // sparse: costs no disk
+        assert_eq!(wal_size(&db).severity, Severity::Ok, "at the bound");
+        wal.set_len(WAL_WARN_BYTES + (1 << 20)).unwrap();
+        let f = wal_size(&db);
+        assert_eq!(f.severity, Severity::Warning);
+        assert!(f.message.contains("65 MiB"), "{}", f.message);
+        assert!(
+            f.message.contains("a reader is holding a snapshot"),
+            "{}",
+            f.message
+        );
+        let action = f.action.unwrap();
+        assert!(action.contains("wal_checkpoint(TRUNCATE)"), "{action}");
+        assert!(action.contains("app.db"), "{action}");
+    }
+
+    #[test]
+    fn integrity_messages_fit_on_one_line() {
+        let rows: Vec<String> =
+            std::iter::once("*** in database main ***\nTree 3 page 3: bad".into())
+                .chain((0..9).map(|i| format!("Page {i}: never used")))
+                .collect();
+        assert_eq!(
+            summary(&rows),
+            "Tree 3 page 3: bad; Page 0: never used; Page 1: never used; \
+             Page 2: never used; Page 3: never used; and 5 more"
+        );
+    }
 }
