@@ -449,6 +449,20 @@ fn purge_dry_run_counts_and_purge_deletes() {
         INPUT,
         "--dedup-ttl",
     );
+    // A retention so long it would wrap around into the future is refused.
+    fails(
+        &db.path,
+        &[
+            "purge",
+            "--delivered-retention",
+            "200000000000d",
+            "--dedup-ttl",
+            "200000000000d",
+        ],
+        INPUT,
+        "100 years",
+    );
+    assert_eq!(db.count("status = 'delivered'"), 3);
     // A longer retention alone raises the default dedup window with it.
     let out = expect(&db.path, &["purge", "--delivered-retention", "30d"], OK);
     assert!(out.contains("dedup entries (over 30d ago)"), "{out}");

@@ -83,6 +83,22 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 /// The library's defaults, with the flags given on top; checked here so the
 /// message names the flags.
 fn policy(args: &Args) -> Result<PurgePolicy> {
+    // The library subtracts a retention from now in i64 milliseconds; one
+    // past i64::MAX would wrap into a cutoff in the future and purge every
+    // finished row. Nothing sensible is longer than a century.
+    const LONGEST: Duration = Duration::from_secs(100 * 365 * 86_400);
+    for (flag, d) in [
+        ("--delivered-retention", args.delivered_retention),
+        ("--dedup-ttl", args.dedup_ttl),
+        ("--dead-retention", args.dead_retention),
+    ] {
+        if d.is_some_and(|d| d > LONGEST) {
+            return Err(Failure::input(format!(
+                "{flag} is longer than 100 years (36500d); give a shorter duration"
+            ))
+            .into());
+        }
+    }
     let mut policy = PurgePolicy::default();
     if let Some(d) = args.delivered_retention {
         policy.delivered_retention = d;
