@@ -10,9 +10,15 @@ use rusqlite::Connection;
 
 use crate::exit::{Exit, Failure};
 
+pub mod dead;
+pub mod doctor;
 pub mod enqueue;
+pub mod intents;
 pub mod migrate;
+pub mod purge;
+pub mod replay;
 pub mod status;
+pub mod support;
 
 /// Options every command shares.
 #[derive(Debug, Clone)]
@@ -34,6 +40,22 @@ pub enum Command {
     /// Show what is waiting, delivered and dead, and how old the oldest due event is.
     #[command(after_help = status::EXAMPLES)]
     Status(status::Args),
+
+    /// Inspect dead letters, and requeue or discard them.
+    #[command(subcommand, after_help = dead::EXAMPLES)]
+    Dead(dead::Args),
+    /// Deliver events again to one consumer that already had them.
+    #[command(after_help = replay::EXAMPLES)]
+    Replay(replay::Args),
+    /// Delete delivered events, old dedup entries and (optionally) dead letters.
+    #[command(after_help = purge::EXAMPLES)]
+    Purge(purge::Args),
+    /// Check the database's health and say what to do about each problem.
+    #[command(after_help = doctor::EXAMPLES)]
+    Doctor(doctor::Args),
+    /// List open publish intents, or purge completed ones.
+    #[command(subcommand, after_help = intents::EXAMPLES)]
+    Intents(intents::Args),
 }
 
 impl Command {
@@ -43,6 +65,11 @@ impl Command {
             Command::Migrate(args) => migrate::exec(global, args),
             Command::Enqueue(args) => enqueue::exec(global, args),
             Command::Status(args) => status::exec(global, args),
+            Command::Dead(args) => dead::exec(global, args),
+            Command::Replay(args) => replay::exec(global, args),
+            Command::Purge(args) => purge::exec(global, args),
+            Command::Doctor(args) => doctor::exec(global, args),
+            Command::Intents(args) => intents::exec(global, args),
         }
     }
 }

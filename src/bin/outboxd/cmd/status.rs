@@ -1,4 +1,5 @@
-//! `outboxd status`: what is waiting, delivered and dead.
+//! `outboxd status`: what is waiting, delivered and dead, and whether that
+//! crosses the thresholds a monitor alerts on.
 
 use std::io::Write;
 use std::time::Duration;
@@ -6,8 +7,11 @@ use std::time::Duration;
 use anyhow::Result;
 use outboxd::status::Status;
 use outboxd::Timestamp;
+use serde::Serialize;
 
+use super::support::human;
 use super::Global;
+use crate::args::parse_duration;
 use crate::exit::Exit;
 
 /// Shown under `outboxd status --help`.
@@ -16,30 +20,96 @@ Opens the database read-only, so it works on a file you may not write.
 \"Oldest due\" is how long the oldest event that is due (not delayed on
 purpose) has waited: the measure of a stuck relay.
 
+Exits 0 when healthy and 1 when a threshold is crossed: the oldest due event
+has waited longer than --stale-after, or there are more dead letters than
+--max-dead. The output names the threshold crossed, so the command fits cron
+jobs and monitoring checks as it is.
+
 Examples:
   outboxd --db app.db status
-  outboxd --db app.db status --json | jq .counts.pending_due";
+  outboxd --db app.db status --stale-after 1m --max-dead 10 || page-someone
+  outboxd --db app.db status --json | jq '.healthy, .problems'";
 
 /// Options of `outboxd status`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Print one JSON object instead of text.
+    /// Print one JSON object instead of text (with "healthy" and "problems").
     #[arg(long)]
     json: bool,
+    /// Unhealthy when the oldest due event has waited longer than this:
+    /// 500ms, 30s, 5m, 2h or 1d.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5m")]
+    stale_after: Duration,
+    /// Unhealthy when there are more dead letters than this.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    max_dead: u64,
 }
 
-/// Prints a snapshot of the outbox.
+/// A crossed threshold.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+struct Problem {
+    /// Which threshold: "stale-after" or "max-dead".
+    threshold: &'static str,
+    /// What was found and what to do.
+    message: String,
+}
+
+/// Prints a snapshot of the outbox; exit 1 when a threshold is crossed.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let conn = outboxd::connection::open_read_only(&global.db)?;
     let status = outboxd::status::status(&conn, Timestamp::now())?;
+    let problems = problems(&status, args);
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer(&mut out, &status)?;
+        let mut value = serde_json::to_value(&status)?;
+        if let Some(map) = value.as_object_mut() {
+            map.insert("healthy".into(), problems.is_empty().into());
+            map.insert("problems".into(), serde_json::to_value(&problems)?);
+        }
+        serde_json::to_writer(&mut out, &value)?;
         writeln!(out)?;
     } else {
         write_text(&mut out, &global.db.display().to_string(), &status)?;
+        if problems.is_empty() {
+            writeln!(out, "health:           ok")?;
+        } else {
+            writeln!(out, "health:           PROBLEMS")?;
+            for p in &problems {
+                writeln!(out, "  {}: {}", p.threshold, p.message)?;
+            }
+        }
     }
-    Ok(Exit::Ok)
+    Ok(if problems.is_empty() {
+        Exit::Ok
+    } else {
+        Exit::Problems
+    })
+}
+
+fn problems(s: &Status, args: &Args) -> Vec<Problem> {
+    let mut found = Vec::new();
+    if let Some(age) = s.oldest_due_age.filter(|age| *age > args.stale_after) {
+        found.push(Problem {
+            threshold: "stale-after",
+            message: format!(
+                "the oldest due event has waited {} (more than {}); is `outboxd run` \
+                 running and able to deliver? `outboxd doctor` checks for expired leases",
+                human(age),
+                human(args.stale_after)
+            ),
+        });
+    }
+    if s.counts.dead > args.max_dead {
+        found.push(Problem {
+            threshold: "max-dead",
+            message: format!(
+                "{} dead letters (more than {}); see them with `outboxd dead list`, then \
+                 `outboxd dead requeue` or `outboxd dead discard`",
+                s.counts.dead, args.max_dead
+            ),
+        });
+    }
+    found
 }
 
 fn write_text(out: &mut impl Write, db: &str, s: &Status) -> std::io::Result<()> {
@@ -65,37 +135,4 @@ fn write_text(out: &mut impl Write, db: &str, s: &Status) -> std::io::Result<()>
         }
     }
     Ok(())
-}
-
-/// A duration for people: `850ms`, `42s`, `5m 3s`, `2h 10m`, `3d 4h`.
-fn human(d: Duration) -> String {
-    let ms = d.as_millis();
-    let s = ms / 1000;
-    let (m, h, days) = (s / 60, s / 3600, s / 86_400);
-    match () {
-        _ if s == 0 => format!("{ms}ms"),
-        _ if m == 0 => format!("{s}s"),
-        _ if h == 0 => format!("{m}m {}s", s % 60),
-        _ if days == 0 => format!("{h}h {}m", m % 60),
-        _ => format!("{days}d {}h", h % 24),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn human_durations() {
-        let cases = [
-            (850, "850ms"),
-            (42_000, "42s"),
-            (303_000, "5m 3s"),
-            (7_800_000, "2h 10m"),
-            (273_600_000, "3d 4h"),
-        ];
-        for (ms, want) in cases {
-            assert_eq!(human(Duration::from_millis(ms)), want);
-        }
-    }
 }

@@ -1,0 +1,479 @@
+//! `outboxd doctor`: inspect a database and say what to do about what is
+//! wrong with it.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+use outboxd::intents::{self, IntentStatus};
+use outboxd::schema::LATEST_VERSION;
+use outboxd::Timestamp;
+use rusqlite::Connection;
+use serde::Serialize;
+
+use super::support::human;
+use super::Global;
+use crate::args::parse_duration;
+use crate::exit::Exit;
+
+/// Shown under `outboxd doctor --help`.
+pub const EXAMPLES: &str = "\
+Checks: file integrity (PRAGMA integrity_check, or quick_check with --quick),
+the schema version against this binary, the journal mode (must be WAL), the
+WAL file's size, the synchronous setting, expired leases, stale due events,
+dead letters and open publish intents. Every finding says what to do.
+
+Opens the database read-only and changes nothing, so it is safe on a file
+that is in use, damaged, or not yours to write. Exits 0 when no finding is
+an error (warnings and notes allowed), 1 otherwise.
+
+Examples:
+  outboxd --db app.db doctor
+  outboxd --db app.db doctor --json | jq '.findings[] | select(.severity != \"ok\")'";
+
+/// Above this the WAL file is reported: a reader holding a snapshot keeps
+/// checkpoints from resetting it. The same bound outboxd's connections set
+/// as `journal_size_limit`.
+const WAL_WARN_BYTES: u64 = outboxd::connection::DEFAULT_JOURNAL_SIZE_LIMIT as u64;
+
+/// Options of `outboxd doctor`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Use PRAGMA quick_check, faster on a large file, instead of the full
+    /// integrity_check.
+    #[arg(long)]
+    quick: bool,
+    /// Warn when the oldest due event has waited longer than this.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5m")]
+    stale_after: Duration,
+}
+
+/// How bad a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Severity {
+    /// The check passed.
+    Ok,
+    /// Worth knowing; nothing to fix.
+    Note,
+    /// Needs a look, but outboxd works.
+    Warning,
+    /// outboxd cannot work correctly until it is fixed.
+    Error,
+}
+
+impl Severity {
+    fn label(self) -> &'static str {
+        match self {
+            Severity::Ok => "ok",
+            Severity::Note => "note",
+            Severity::Warning => "warning",
+            Severity::Error => "ERROR",
+        }
+    }
+}
+
+/// The result of one check.
+#[derive(Debug, Clone, Serialize)]
+struct Finding {
+    /// Which check ("integrity", "journal-mode"…).
+    check: &'static str,
+    severity: Severity,
+    /// What was found.
+    message: String,
+    /// What to do about it, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    action: Option<String>,
+}
+
+impl Finding {
+    fn new(check: &'static str, severity: Severity, message: impl Into<String>) -> Finding {
+        Finding {
+            check,
+            severity,
+            message: message.into(),
+            action: None,
+        }
+    }
+
+    fn action(mut self, action: impl Into<String>) -> Finding {
+        self.action = Some(action.into());
+        self
+    }
+
+    fn ok(check: &'static str, message: impl Into<String>) -> Finding {
+        Finding::new(check, Severity::Ok, message)
+    }
+
+    /// A check that could not run: an error, since nothing is known.
+    fn failed(check: &'static str, what: &str, e: impl std::fmt::Display) -> Finding {
+        Finding::new(check, Severity::Error, format!("cannot {what}: {e}")).action(
+            "run `outboxd doctor` again; if this persists, the file may be damaged \
+             (see the integrity finding)",
+        )
+    }
+}
+
+/// Runs every check and prints the findings.
+pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+    let conn = outboxd::connection::open_read_only(&global.db)?;
+    let findings = examine(&conn, &global.db, args, Timestamp::now());
+    let healthy = findings.iter().all(|f| f.severity < Severity::Error);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let value = serde_json::json!({
+            "database": global.db.display().to_string(),
+            "healthy": healthy,
+            "findings": findings,
+        });
+        serde_json::to_writer(&mut out, &value)?;
+        writeln!(out)?;
+    } else {
+        write_text(&mut out, &findings)?;
+    }
+    Ok(if healthy { Exit::Ok } else { Exit::Problems })
+}
+
+fn examine(conn: &Connection, db: &Path, args: &Args, now: Timestamp) -> Vec<Finding> {
+    let mut findings = vec![
+        integrity(conn, args.quick, db),
+        journal_mode(conn),
+        wal_size(db),
+        synchronous(),
+    ];
+    let schema = schema(conn);
+    let current = schema.severity == Severity::Ok;
+    findings.insert(1, schema);
+    if current {
+        findings.extend(outbox(conn, args.stale_after, now));
+        findings.push(open_intents(conn, now));
+    }
+    findings
+}
+
+fn integrity(conn: &Connection, quick: bool, db: &Path) -> Finding {
+    const CHECK: &str = "integrity";
+    let pragma = if quick {
+        "quick_check"
+    } else {
+        "integrity_check"
+    };
+    // At most 20 messages: enough to judge the damage, short enough to read.
+    let rows = conn
+        .prepare(&format!("PRAGMA {pragma}(20)"))
+        .and_then(|mut s| {
+            s.query_map([], |r| r.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        });
+    let damaged = |detail: String| {
+        Finding::new(
+            CHECK,
+            Severity::Error,
+            format!("the database file is damaged (PRAGMA {pragma}): {detail}"),
+        )
+        .action(format!(
+            "stop the application and outboxd, keep a copy of the file, then restore the \
+             latest backup, or salvage what is readable with \
+             `sqlite3 {} .recover | sqlite3 recovered.db`",
+            db.display()
+        ))
+    };
+    match rows {
+        Ok(rows) if rows.len() == 1 && rows[0] == "ok" => {
+            Finding::ok(CHECK, format!("no damage found (PRAGMA {pragma})"))
+        }
+        Ok(rows) => damaged(summary(&rows)),
+        Err(e) => damaged(e.to_string()),
+    }
+}
+
+/// The first few of SQLite's integrity messages on one line (a message may
+/// span lines; "*** in database main ***" is only a heading).
+fn summary(rows: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let lines: Vec<&str> = rows
+        .iter()
+        .flat_map(|r| r.lines())
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("***"))
+        .collect();
+    let mut text = lines
+        .iter()
+        .take(SHOWN)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if lines.len() > SHOWN {
+        text.push_str(&format!("; and {} more", lines.len() - SHOWN));
+    }
+    text
+}
+
+fn schema(conn: &Connection) -> Finding {
+    const CHECK: &str = "schema";
+    match outboxd::schema::version(conn) {
+        Err(e) => Finding::failed(CHECK, "read the schema version", e),
+        Ok(None | Some(0)) => Finding::new(CHECK, Severity::Error, "no outboxd schema")
+            .action("run `outboxd migrate` to create outboxd's tables"),
+        Ok(Some(v)) if v < LATEST_VERSION => Finding::new(
+            CHECK,
+            Severity::Error,
+            format!("schema v{v} is older than this binary's v{LATEST_VERSION}"),
+        )
+        .action("run `outboxd migrate` (with this binary) before starting the relay"),
+        Ok(Some(v)) if v > LATEST_VERSION => Finding::new(
+            CHECK,
+            Severity::Error,
+            format!("schema v{v} is newer than this binary's v{LATEST_VERSION}"),
+        )
+        .action("use the outboxd release that migrated this database, or a newer one"),
+        Ok(Some(v)) => Finding::ok(CHECK, format!("schema v{v}, as this binary expects")),
+    }
+}
+
+fn journal_mode(conn: &Connection) -> Finding {
+    const CHECK: &str = "journal-mode";
+    match conn.query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0)) {
+        Err(e) => Finding::failed(CHECK, "read the journal mode", e),
+        Ok(mode) if mode.eq_ignore_ascii_case("wal") => Finding::ok(CHECK, "WAL"),
+        Ok(mode) => Finding::new(
+            CHECK,
+            Severity::Error,
+            format!(
+                "journal mode is {mode}; outboxd needs WAL so the relay and the application \
+                 do not block each other"
+            ),
+        )
+        .action(
+            "run `outboxd migrate` (it switches the file to WAL); if the mode stays, the file \
+             system does not support WAL (a network share?), so move the database to a local \
+             disk; make sure the application does not set another journal_mode",
+        ),
+    }
+}
+
+fn wal_size(db: &Path) -> Finding {
+    const CHECK: &str = "wal-size";
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    match std::fs::metadata(&wal) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Finding::ok(
+            CHECK,
+            "no WAL file (nothing written since the last checkpoint)",
+        ),
+        Err(e) => Finding::failed(CHECK, "read the WAL file's size", e),
+        Ok(m) if m.len() > WAL_WARN_BYTES => Finding::new(
+            CHECK,
+            Severity::Warning,
+            format!(
+                "the WAL file is {} MiB, above {} MiB: checkpoints cannot reset it; usually \
+                 a reader is holding a snapshot (a long read transaction)",
+                m.len() >> 20,
+                WAL_WARN_BYTES >> 20
+            ),
+        )
+        .action(format!(
+            "find and end the long-running reader, then run \
+             `sqlite3 {} 'PRAGMA wal_checkpoint(TRUNCATE)'`",
+            db.display()
+        )),
+        Ok(m) => Finding::ok(CHECK, format!("the WAL file is {} KiB", m.len() >> 10)),
+    }
+}
+
+/// `synchronous` belongs to each connection, not to the file, so doctor
+/// cannot read the application's; it reminds instead.
+fn synchronous() -> Finding {
+    Finding::new(
+        "synchronous",
+        Severity::Note,
+        "synchronous is set per connection, so it cannot be read from the file: outboxd's \
+         connections use FULL; in WAL mode NORMAL can lose commits already acknowledged on \
+         power loss",
+    )
+    .action(
+        "on the application's connection that enqueues, run `PRAGMA synchronous = FULL` \
+         (or call outboxd::connection::configure)",
+    )
+}
+
+fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Finding> {
+    let s = match outboxd::status::status(conn, now) {
+        Ok(s) => s,
+        Err(e) => return vec![Finding::failed("outbox", "read the outbox", e)],
+    };
+    let mut found = Vec::new();
+    found.push(if s.expired_leases > 0 {
+        Finding::new(
+            "expired-leases",
+            Severity::Warning,
+            format!(
+                "{} {} claimed by a relay whose lease has expired",
+                s.expired_leases,
+                if s.expired_leases == 1 {
+                    "event is"
+                } else {
+                    "events are"
+                }
+            ),
+        )
+        .action(
+            "a relay died or stalled; they will be claimed again by a running relay; \
+             check that `outboxd run` is running and look at its logs",
+        )
+    } else {
+        Finding::ok(
+            "expired-leases",
+            format!("no expired leases ({} live)", s.leases_held),
+        )
+    });
+    found.push(match s.oldest_due_age {
+        Some(age) if age > stale_after => Finding::new(
+            "stale-events",
+            Severity::Warning,
+            format!(
+                "{} due; the oldest has waited {} (more than {})",
+                events(s.counts.pending_due),
+                human(age),
+                human(stale_after)
+            ),
+        )
+        .action("check that `outboxd run` is running and its consumers are reachable"),
+        Some(age) => Finding::ok(
+            "stale-events",
+            format!(
+                "{} due; the oldest has waited {}",
+                events(s.counts.pending_due),
+                human(age)
+            ),
+        ),
+        None => Finding::ok("stale-events", "no event is waiting"),
+    });
+    found.push(if s.counts.dead > 0 {
+        Finding::new(
+            "dead-letters",
+            Severity::Warning,
+            format!("{} dead letters", s.counts.dead),
+        )
+        .action(
+            "see why with `outboxd dead list` and `outboxd dead show ID`; fix the cause, then \
+             `outboxd dead requeue` them, or `outboxd dead discard` them",
+        )
+    } else {
+        Finding::ok("dead-letters", "no dead letters")
+    });
+    found
+}
+
+fn events(n: u64) -> String {
+    format!("{n} {}", if n == 1 { "event" } else { "events" })
+}
+
+fn open_intents(conn: &Connection, now: Timestamp) -> Finding {
+    const CHECK: &str = "publish-intents";
+    let open = match intents::list_open(conn) {
+        Ok(open) => open,
+        Err(e) => return Finding::failed(CHECK, "list publish intents", e),
+    };
+    let failed = open
+        .iter()
+        .filter(|i| i.status == IntentStatus::Failed)
+        .count();
+    let abandoned = open
+        .iter()
+        .filter(|i| {
+            i.claimed_until(intents::DEFAULT_LEASE)
+                .is_some_and(|until| until <= now)
+        })
+        .count();
+    if failed + abandoned > 0 {
+        Finding::new(
+            CHECK,
+            Severity::Warning,
+            format!(
+                "{} open publish intents: {failed} failed, {abandoned} whose sender stopped \
+                 mid-send",
+                open.len()
+            ),
+        )
+        .action(
+            "see them with `outboxd intents list`; their consumers' retries complete them \
+             (looking for the output by marker first); a dead-lettered event's intent waits \
+             for `outboxd dead requeue`",
+        )
+    } else if !open.is_empty() {
+        Finding::new(
+            CHECK,
+            Severity::Note,
+            format!("{} publish intents recorded or being sent", open.len()),
+        )
+    } else {
+        Finding::ok(CHECK, "no open publish intents")
+    }
+}
+
+fn write_text(out: &mut impl Write, findings: &[Finding]) -> std::io::Result<()> {
+    for f in findings {
+        writeln!(
+            out,
+            "{:<8} {:<16} {}",
+            f.severity.label(),
+            f.check,
+            f.message
+        )?;
+        if let Some(action) = &f.action {
+            writeln!(out, "{:<8} {:<16} -> {action}", "", "")?;
+        }
+    }
+    let count = |s| findings.iter().filter(|f| f.severity == s).count();
+    let (errors, warnings) = (count(Severity::Error), count(Severity::Warning));
+    writeln!(
+        out,
+        "{}: {errors} errors, {warnings} warnings",
+        if errors == 0 { "healthy" } else { "unhealthy" }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_wal_file_is_a_warning_that_says_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("app.db");
+        assert_eq!(wal_size(&db).severity, Severity::Ok, "no WAL file");
+        let wal = std::fs::File::create(dir.path().join("app.db-wal")).unwrap();
+        wal.set_len(WAL_WARN_BYTES).unwrap(); // sparse: costs no disk
+        assert_eq!(wal_size(&db).severity, Severity::Ok, "at the bound");
+        wal.set_len(WAL_WARN_BYTES + (1 << 20)).unwrap();
+        let f = wal_size(&db);
+        assert_eq!(f.severity, Severity::Warning);
+        assert!(f.message.contains("65 MiB"), "{}", f.message);
+        assert!(
+            f.message.contains("a reader is holding a snapshot"),
+            "{}",
+            f.message
+        );
+        let action = f.action.unwrap();
+        assert!(action.contains("wal_checkpoint(TRUNCATE)"), "{action}");
+        assert!(action.contains("app.db"), "{action}");
+    }
+
+    #[test]
+    fn integrity_messages_fit_on_one_line() {
+        let rows: Vec<String> =
+            std::iter::once("*** in database main ***\nTree 3 page 3: bad".into())
+                .chain((0..9).map(|i| format!("Page {i}: never used")))
+                .collect();
+        assert_eq!(
+            summary(&rows),
+            "Tree 3 page 3: bad; Page 0: never used; Page 1: never used; \
+             Page 2: never used; Page 3: never used; and 5 more"
+        );
+    }
+}

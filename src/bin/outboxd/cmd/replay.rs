@@ -1,0 +1,93 @@
+//! `outboxd replay`: deliver events again to one consumer.
+
+use std::io::Write;
+
+use anyhow::Result;
+use outboxd::replay::{replay_with_progress, ReplayFilter};
+use outboxd::router::Pattern;
+use outboxd::{EventId, Timestamp};
+
+use super::support::{bar, open_migrated, Progress};
+use super::Global;
+use crate::exit::{Exit, Failure};
+
+/// Shown under `outboxd replay --help`.
+pub const EXAMPLES: &str = "\
+Forgets that the consumer had the selected events and puts them back in the
+queue, due now; a running relay then delivers them to that consumer only
+(the other consumers still remember them). Only events the consumer had
+delivered, and whose rows are not purged, can be replayed. Filters combine
+with AND; name at least one, or --all for everything the consumer had.
+Prints how many events were put back. Shows a progress bar on a terminal.
+
+Examples:
+  outboxd --db app.db replay --consumer search-index --type 'article.*.v1' \\
+      --since 2026-11-29T00:00:00Z --until 2026-11-30T00:00:00Z
+  outboxd --db app.db replay --consumer billing --id 01JDQ7X6ZB5N4Q2W8V1K3M9T0R
+  outboxd --db app.db replay --consumer audit-log --all";
+
+/// Options of `outboxd replay`. The `events` group makes clap refuse a
+/// replay that names no filter and not --all (a usage error).
+#[derive(Debug, clap::Args)]
+#[command(group(
+    clap::ArgGroup::new("events")
+        .required(true)
+        .multiple(true)
+        .args(["event_type", "since", "until", "ids", "all"])
+))]
+pub struct Args {
+    /// The consumer to deliver to again (its name in the configuration).
+    #[arg(long, value_name = "NAME")]
+    consumer: String,
+    /// Only event types matching this pattern, such as article.*.v1.
+    #[arg(long = "type", value_name = "PATTERN", value_parser = Pattern::parse)]
+    event_type: Option<Pattern>,
+    /// Only events that occurred at or after this time (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    since: Option<Timestamp>,
+    /// Only events that occurred before this time (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    until: Option<Timestamp>,
+    /// Only these event ids (repeat the flag for several).
+    #[arg(long = "id", value_name = "ID", value_parser = parse_event_id)]
+    ids: Vec<EventId>,
+    /// Replay every event delivered to the consumer.
+    #[arg(long, conflicts_with_all = ["event_type", "since", "until", "ids"])]
+    all: bool,
+}
+
+fn parse_event_id(s: &str) -> Result<EventId, outboxd::EnvelopeError> {
+    EventId::parse(s)
+}
+
+/// Replays the selected events and prints how many were put back.
+pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+    if let (Some(since), Some(until)) = (args.since, args.until) {
+        if since >= until {
+            return Err(Failure::input(format!(
+                "--since {since} is not before --until {until}; nothing could match"
+            ))
+            .into());
+        }
+    }
+    let filter = ReplayFilter {
+        consumer: args.consumer.clone(),
+        ids: args.ids.clone(),
+        event_type: args.event_type.clone(),
+        since: args.since,
+        until: args.until,
+    };
+    let mut conn = open_migrated(&global.db)?;
+    let mut progress = Progress::stderr();
+    let n = replay_with_progress(&mut conn, &filter, Timestamp::now(), |done, total| {
+        progress.show(&format!("replaying {}", bar(done, total)));
+    })?;
+    progress.finish();
+    writeln!(
+        std::io::stdout().lock(),
+        "replayed {n} {} to consumer {}",
+        if n == 1 { "event" } else { "events" },
+        args.consumer
+    )?;
+    Ok(Exit::Ok)
+}

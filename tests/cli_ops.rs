@@ -1,0 +1,822 @@
+//! Runs the real `outboxd` binary's operator commands (status thresholds,
+//! dead, replay, purge, doctor, intents) against states made with the
+//! library, and checks their output, exit codes and effect on the database.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{event, wait_until, TestDb};
+use outboxd::intents::{self, IntentKey};
+use outboxd::{Delivery, Outcome, Relay, Timestamp};
+use rusqlite::{params, Connection};
+
+const OK: i32 = 0;
+const PROBLEMS: i32 = 1;
+const USAGE: i32 = 2;
+const INPUT: i32 = 5;
+
+const LONG: Duration = Duration::from_secs(30);
+const MINUTE_MS: i64 = 60_000;
+const DAY_MS: i64 = 86_400_000;
+
+/// Runs `outboxd --db DB ARGS` with stdin, stdout and stderr not terminals.
+fn run(db: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .env_remove("OUTBOXD_DB")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// Runs, checks the exit code and that nothing panicked; returns stdout.
+fn expect(db: &Path, args: &[&str], code: i32) -> String {
+    let out = run(db, args);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "outboxd {args:?}: wrong exit code\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "outboxd {args:?}: {stderr}");
+    stdout
+}
+
+/// Runs, expects `code`, and returns stderr (one line naming the problem).
+fn fails(db: &Path, args: &[&str], code: i32, needle: &str) -> String {
+    let out = run(db, args);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(code), "outboxd {args:?}: {stderr}");
+    assert!(stderr.contains(needle), "outboxd {args:?}: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    stderr
+}
+
+fn json(db: &Path, args: &[&str], code: i32) -> serde_json::Value {
+    serde_json::from_str(&expect(db, args, code)).unwrap()
+}
+
+fn now_ms() -> i64 {
+    Timestamp::now().as_millis()
+}
+
+/// Makes every pending row of these types dead, as the relay would.
+fn kill(db: &TestDb, sql_where: &str) {
+    db.conn()
+        .execute(
+            &format!(
+                "UPDATE event_outbox SET status = 'dead', attempts = 3,
+                        last_error = 'poison: bad payload', finished_at = ?1
+                  WHERE status = 'pending' AND {sql_where}"
+            ),
+            [now_ms()],
+        )
+        .unwrap();
+}
+
+/// Runs a relay with two consumers until every event is delivered.
+fn deliver_all(db: &TestDb) {
+    let total = db.count("1 = 1");
+    let relay = Relay::builder(&db.path)
+        .consumer("indexer", ["*"], |_: &Delivery| Outcome::Delivered)
+        .consumer("audit", ["*"], |_: &Delivery| Outcome::Delivered)
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    wait_until("every event delivered", LONG, || {
+        db.count("status = 'delivered'") == total
+    });
+    relay.shutdown(LONG).unwrap();
+}
+
+fn ledger(db: &TestDb, consumer: &str) -> i64 {
+    db.conn()
+        .query_row(
+            "SELECT count(*) FROM delivered_events WHERE consumer = ?1",
+            [consumer],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+#[test]
+fn status_exits_1_over_the_stale_threshold_and_0_under_it() {
+    let db = TestDb::new();
+    let ten_minutes_ago = Timestamp::from_millis(now_ms() - 10 * MINUTE_MS);
+    db.enqueue(&[event("order.paid.v1", 1).available_at(ten_minutes_ago)]);
+
+    let text = expect(&db.path, &["status"], PROBLEMS);
+    assert!(text.contains("stale-after"), "{text}");
+    assert!(text.contains("more than 5m"), "{text}");
+    let s = json(&db.path, &["status", "--json"], PROBLEMS);
+    assert_eq!(s["healthy"], false, "{s}");
+    assert_eq!(s["problems"][0]["threshold"], "stale-after", "{s}");
+    assert_eq!(s["counts"]["pending_due"], 1, "{s}");
+
+    let text = expect(&db.path, &["status", "--stale-after", "1h"], OK);
+    assert!(text.contains("health:           ok"), "{text}");
+    let s = json(&db.path, &["status", "--json", "--stale-after", "1h"], OK);
+    assert_eq!(s["healthy"], true, "{s}");
+    assert_eq!(s["problems"], serde_json::json!([]), "{s}");
+
+    fails(
+        &db.path,
+        &["status", "--stale-after", "5 minutes"],
+        USAGE,
+        "5m",
+    );
+}
+
+#[test]
+fn status_exits_1_when_dead_letters_exceed_the_maximum() {
+    let db = TestDb::new();
+    db.enqueue(&[event("order.paid.v1", 1), event("order.paid.v1", 2)]);
+    kill(&db, "1 = 1");
+
+    let text = expect(&db.path, &["status"], PROBLEMS);
+    assert!(text.contains("max-dead: 2 dead letters"), "{text}");
+    assert!(!text.contains("stale-after"), "{text}");
+    expect(&db.path, &["status", "--max-dead", "1"], PROBLEMS);
+    let s = json(&db.path, &["status", "--json", "--max-dead", "2"], OK);
+    assert_eq!(s["healthy"], true, "{s}");
+}
+
+#[test]
+fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
+    let db = TestDb::new();
+    let ids = db.enqueue(&[event("order.paid.v1", 1), event("user.deleted.v1", 2)]);
+    let relay = Relay::builder(&db.path)
+        .consumer("strict", ["*"], |_: &Delivery| {
+            Outcome::poison("the payload has no customer")
+        })
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    wait_until("two dead letters", LONG, || {
+        db.count("status = 'dead'") == 2
+    });
+    relay.shutdown(LONG).unwrap();
+
+    let text = expect(&db.path, &["dead", "list"], OK);
+    assert!(text.contains("order.paid.v1"), "{text}");
+    assert!(text.contains("user.deleted.v1"), "{text}");
+    assert!(text.contains("the payload has no customer"), "{text}");
+    let list = json(&db.path, &["dead", "list", "--json", "--limit", "1"], OK);
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+
+    // By event id and by row id: reason, attempts and payload.
+    let text = expect(&db.path, &["dead", "show", &ids[0].to_string()], OK);
+    assert!(text.contains("the payload has no customer"), "{text}");
+    assert!(text.contains("attempts:"), "{text}");
+    assert!(text.contains(r#"{"n":1}"#), "{text}");
+    let row_id: i64 = db.scalar(&format!(
+        "SELECT id FROM event_outbox WHERE event_id = '{}'",
+        ids[1]
+    ));
+    let one = json(
+        &db.path,
+        &["dead", "show", &row_id.to_string(), "--json"],
+        OK,
+    );
+    assert_eq!(one["event_id"], ids[1].to_string(), "{one}");
+    assert_eq!(one["payload"], r#"{"n":2}"#, "{one}");
+    assert!(one["reason"].as_str().unwrap().contains("no customer"));
+
+    // Not found: a clear message and exit code 5.
+    fails(&db.path, &["dead", "show", "999"], INPUT, "not found");
+    fails(&db.path, &["dead", "show", "not-an-id"], INPUT, "not-an-id");
+}
+
+#[test]
+fn dead_requeue_by_id_type_and_all() {
+    let db = TestDb::new();
+    let ids = db.enqueue(&[
+        event("order.paid.v1", 1),
+        event("order.paid.v1", 2),
+        event("order.refunded.v1", 3),
+        event("user.deleted.v1", 4),
+        event("user.deleted.v1", 5),
+    ]);
+    kill(&db, "1 = 1");
+
+    let out = expect(&db.path, &["dead", "requeue", &ids[3].to_string()], OK);
+    assert_eq!(out, "requeued 1 dead letter\n");
+    assert_eq!(
+        db.count("status = 'pending' AND attempts = 0 AND finished_at IS NULL"),
+        1
+    );
+    let out = expect(&db.path, &["dead", "requeue", "--type", "order.*.v1"], OK);
+    assert_eq!(out, "requeued 3 dead letters\n");
+    assert_eq!(db.count("status = 'dead'"), 1);
+    fails(&db.path, &["dead", "requeue", "424242"], INPUT, "not found");
+    fails(&db.path, &["dead", "requeue"], USAGE, "--all");
+    fails(
+        &db.path,
+        &["dead", "requeue", "--type", "Order.*"],
+        USAGE,
+        "Order.*",
+    );
+    let out = expect(&db.path, &["dead", "requeue", "--all"], OK);
+    assert_eq!(out, "requeued 1 dead letter\n");
+    assert_eq!(db.count("status = 'pending'"), 5);
+}
+
+#[test]
+fn dead_discard_of_several_rows_needs_yes() {
+    let db = TestDb::new();
+    let ids = db.enqueue(&[
+        event("order.paid.v1", 1),
+        event("order.paid.v1", 2),
+        event("user.deleted.v1", 3),
+        event("user.deleted.v1", 4),
+        event("audit.logged.v1", 5),
+    ]);
+    kill(&db, "1 = 1");
+
+    // One row by id needs no confirmation.
+    let out = expect(&db.path, &["dead", "discard", &ids[0].to_string()], OK);
+    assert_eq!(out, "discarded 1 dead letter\n");
+    assert_eq!(db.count("1 = 1"), 4);
+
+    // Several rows without --yes: refused, nothing deleted.
+    let err = fails(
+        &db.path,
+        &["dead", "discard", "--type", "user.*"],
+        INPUT,
+        "--yes",
+    );
+    assert!(err.contains("2 dead letters"), "{err}");
+    fails(&db.path, &["dead", "discard", "--all"], INPUT, "--yes");
+    assert_eq!(db.count("status = 'dead'"), 4);
+
+    // A pattern matching one row goes through without --yes.
+    let out = expect(&db.path, &["dead", "discard", "--type", "audit.*"], OK);
+    assert_eq!(out, "discarded 1 dead letter\n");
+    let out = expect(
+        &db.path,
+        &["dead", "discard", "--type", "user.*", "--yes"],
+        OK,
+    );
+    assert_eq!(out, "discarded 2 dead letters\n");
+    fails(&db.path, &["dead", "discard", "77777"], INPUT, "not found");
+    let out = expect(&db.path, &["dead", "discard", "--all", "--yes"], OK);
+    assert_eq!(out, "discarded 1 dead letter\n");
+    assert_eq!(db.count("1 = 1"), 0);
+}
+
+#[test]
+fn replay_by_type_time_range_id_and_all() {
+    let db = TestDb::new();
+    let at = |s: &str| s.parse::<Timestamp>().unwrap();
+    let ids = db.enqueue(&[
+        event("article.created.v1", 1).occurred_at(at("2026-01-01T00:00:00Z")),
+        event("article.created.v1", 2).occurred_at(at("2026-02-01T00:00:00Z")),
+        event("article.deleted.v1", 3).occurred_at(at("2026-03-01T00:00:00Z")),
+        event("user.created.v1", 4).occurred_at(at("2026-04-01T00:00:00Z")),
+        event("user.created.v1", 5).occurred_at(at("2026-05-01T00:00:00Z")),
+        event("user.created.v1", 6).occurred_at(at("2026-06-01T00:00:00Z")),
+    ]);
+    deliver_all(&db);
+    assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (6, 6));
+
+    // A time range: only February's event.
+    let out = run(
+        &db.path,
+        &[
+            "replay",
+            "--consumer",
+            "indexer",
+            "--type",
+            "article.*.v1",
+            "--since",
+            "2026-01-15T00:00:00Z",
+            "--until",
+            "2026-02-15T00:00:00Z",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(OK), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "replayed 1 event to consumer indexer\n"
+    );
+    assert!(out.stderr.is_empty(), "no progress bar off a terminal");
+    let row_of = |i: usize| -> String {
+        db.scalar(&format!(
+            "SELECT status FROM event_outbox WHERE event_id = '{}'",
+            ids[i]
+        ))
+    };
+    assert_eq!(row_of(1), "pending");
+    assert_eq!(db.count("status = 'pending'"), 1);
+    assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (5, 6));
+
+    // By type: the two other article events.
+    let out = expect(
+        &db.path,
+        &["replay", "--consumer", "indexer", "--type", "article.*.v1"],
+        OK,
+    );
+    assert_eq!(out, "replayed 2 events to consumer indexer\n");
+
+    // By id, repeated.
+    let out = expect(
+        &db.path,
+        &[
+            "replay",
+            "--consumer",
+            "indexer",
+            "--id",
+            &ids[3].to_string(),
+            "--id",
+            &ids[4].to_string(),
+        ],
+        OK,
+    );
+    assert_eq!(out, "replayed 2 events to consumer indexer\n");
+    assert_eq!(db.count("status = 'pending'"), 5);
+
+    // Everything delivered to audit.
+    let out = expect(&db.path, &["replay", "--consumer", "audit", "--all"], OK);
+    assert_eq!(out, "replayed 6 events to consumer audit\n");
+    assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (1, 0));
+
+    // No filter and no --all, a bad id, a bad time, an empty range.
+    fails(&db.path, &["replay", "--consumer", "audit"], USAGE, "--all");
+    fails(
+        &db.path,
+        &["replay", "--consumer", "audit", "--all", "--type", "a.b.v1"],
+        USAGE,
+        "--all",
+    );
+    fails(
+        &db.path,
+        &["replay", "--consumer", "audit", "--id", "nope"],
+        USAGE,
+        "nope",
+    );
+    fails(
+        &db.path,
+        &["replay", "--consumer", "audit", "--since", "yesterday"],
+        USAGE,
+        "RFC 3339",
+    );
+    fails(
+        &db.path,
+        &[
+            "replay",
+            "--consumer",
+            "audit",
+            "--since",
+            "2026-02-01T00:00:00Z",
+            "--until",
+            "2026-01-01T00:00:00Z",
+        ],
+        INPUT,
+        "not before",
+    );
+}
+
+#[test]
+fn purge_dry_run_counts_and_purge_deletes() {
+    let db = TestDb::new();
+    db.enqueue(
+        &(0..6)
+            .map(|i| event("order.paid.v1", i))
+            .collect::<Vec<_>>(),
+    );
+    deliver_all(&db);
+    // Age three rows and their ledger entries past the default retentions,
+    // and dead-letter one old pending row.
+    db.enqueue(&[event("order.paid.v1", 99)]);
+    kill(&db, "1 = 1");
+    let old = now_ms() - 20 * DAY_MS;
+    let conn = db.conn();
+    conn.execute(
+        "UPDATE event_outbox SET finished_at = ?1 WHERE id IN (1, 2, 3) OR status = 'dead'",
+        [old],
+    )
+    .unwrap();
+    conn.execute(
+        "UPDATE delivered_events SET delivered_at = ?1 WHERE outbox_id IN (1, 2, 3)",
+        [old],
+    )
+    .unwrap();
+    drop(conn);
+
+    let before = db.count("1 = 1");
+    let out = expect(&db.path, &["purge", "--dry-run"], OK);
+    assert!(out.contains("would delete 3 delivered events"), "{out}");
+    assert!(out.contains("would delete 6 dedup entries"), "{out}");
+    assert!(out.contains("kept every dead letter"), "{out}");
+    let r = json(
+        &db.path,
+        &["purge", "--dry-run", "--json", "--dead-retention", "10d"],
+        OK,
+    );
+    assert_eq!(
+        (&r["delivered"], &r["dead"], &r["dedup_entries"]),
+        (&3.into(), &1.into(), &6.into()),
+        "{r}"
+    );
+    assert_eq!(db.count("1 = 1"), before, "a dry run deletes nothing");
+
+    let out = run(&db.path, &["purge"]);
+    assert_eq!(out.status.code(), Some(OK), "{out:?}");
+    assert!(out.stderr.is_empty(), "no progress bar off a terminal");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("deleted 3 delivered events"), "{text}");
+    assert_eq!(db.count("status = 'delivered'"), 3);
+    assert_eq!(db.count("status = 'dead'"), 1, "dead letters are kept");
+    assert_eq!(ledger(&db, "indexer") + ledger(&db, "audit"), 6);
+
+    let out = expect(&db.path, &["purge", "--dead-retention", "10d"], OK);
+    assert!(out.contains("deleted 1 dead letters"), "{out}");
+    assert_eq!(db.count("status = 'dead'"), 0);
+
+    // A dedup window shorter than the retention is refused, naming the flags.
+    fails(
+        &db.path,
+        &["purge", "--delivered-retention", "2d", "--dedup-ttl", "1d"],
+        INPUT,
+        "--dedup-ttl",
+    );
+    // A retention so long it would wrap around into the future is refused.
+    fails(
+        &db.path,
+        &[
+            "purge",
+            "--delivered-retention",
+            "200000000000d",
+            "--dedup-ttl",
+            "200000000000d",
+        ],
+        INPUT,
+        "100 years",
+    );
+    assert_eq!(db.count("status = 'delivered'"), 3);
+    // A longer retention alone raises the default dedup window with it.
+    let out = expect(&db.path, &["purge", "--delivered-retention", "30d"], OK);
+    assert!(out.contains("dedup entries (over 30d ago)"), "{out}");
+}
+
+/// Every finding of `doctor --json`, by check name.
+fn findings(v: &serde_json::Value) -> std::collections::BTreeMap<String, serde_json::Value> {
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["check"].as_str().unwrap().to_string(), f.clone()))
+        .collect()
+}
+
+#[test]
+fn doctor_on_a_healthy_database_exits_0() {
+    let db = TestDb::new();
+    db.enqueue(&[event("order.paid.v1", 1)]);
+    let text = expect(&db.path, &["doctor"], OK);
+    assert!(text.contains("healthy: 0 errors, 0 warnings"), "{text}");
+    let v = json(&db.path, &["doctor", "--json"], OK);
+    assert_eq!(v["healthy"], true, "{v}");
+    let f = findings(&v);
+    for check in [
+        "integrity",
+        "schema",
+        "journal-mode",
+        "wal-size",
+        "expired-leases",
+        "stale-events",
+        "dead-letters",
+        "publish-intents",
+    ] {
+        assert_eq!(f[check]["severity"], "ok", "{check}: {v}");
+    }
+    assert_eq!(f["synchronous"]["severity"], "note", "{v}");
+    expect(&db.path, &["doctor", "--quick"], OK);
+}
+
+#[test]
+fn doctor_reports_expired_leases_dead_letters_and_open_intents() {
+    let db = TestDb::new();
+    db.enqueue(&[event("order.paid.v1", 1), event("order.paid.v1", 2)]);
+    kill(&db, "id = 2");
+    let expired = now_ms() - 10 * MINUTE_MS;
+    db.conn()
+        .execute(
+            "UPDATE event_outbox SET claim_token = 'dead-relay', lease_until = ?1,
+                    available_at = ?1 WHERE id = 1",
+            [expired],
+        )
+        .unwrap();
+    let conn = db.conn();
+    let failed = IntentKey::system("mail/1").unwrap();
+    let _ = intents::send(
+        &conn,
+        &failed,
+        |_| Ok::<_, String>(None),
+        |_| Err("smtp said no".to_string()),
+    );
+    drop(conn);
+
+    // Warnings only: exit 0, and each finding says what to do.
+    let before = std::fs::read(&db.path).unwrap();
+    let v = json(&db.path, &["doctor", "--json"], OK);
+    let f = findings(&v);
+    let leases = &f["expired-leases"];
+    assert_eq!(leases["severity"], "warning", "{v}");
+    assert!(leases["message"].as_str().unwrap().starts_with("1 event"));
+    assert!(leases["action"].as_str().unwrap().contains("claimed again"));
+    assert_eq!(f["stale-events"]["severity"], "warning", "{v}");
+    assert_eq!(f["dead-letters"]["severity"], "warning", "{v}");
+    assert!(f["dead-letters"]["action"]
+        .as_str()
+        .unwrap()
+        .contains("outboxd dead list"));
+    assert_eq!(f["publish-intents"]["severity"], "warning", "{v}");
+    let text = expect(&db.path, &["doctor"], OK);
+    assert!(text.contains("-> a relay died"), "{text}");
+    assert_eq!(
+        std::fs::read(&db.path).unwrap(),
+        before,
+        "doctor reads only"
+    );
+}
+
+#[test]
+fn doctor_reports_a_database_not_in_wal_mode() {
+    let db = TestDb::new();
+    let conn = Connection::open(&db.path).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = DELETE", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
+    drop(conn);
+
+    let v = json(&db.path, &["doctor", "--json"], PROBLEMS);
+    assert_eq!(v["healthy"], false, "{v}");
+    let f = findings(&v);
+    assert_eq!(f["journal-mode"]["severity"], "error", "{v}");
+    assert!(f["journal-mode"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("delete"));
+    assert!(f["journal-mode"]["action"]
+        .as_str()
+        .unwrap()
+        .contains("outboxd migrate"));
+    // Doctor did not switch it back: it only reads.
+    let conn = Connection::open(&db.path).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
+}
+
+#[test]
+fn doctor_reports_an_unmigrated_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("host.db");
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch("CREATE TABLE articles (id INTEGER PRIMARY KEY)")
+        .unwrap();
+    let v = json(&path, &["doctor", "--json"], PROBLEMS);
+    let f = findings(&v);
+    assert_eq!(f["schema"]["severity"], "error", "{v}");
+    assert!(f["schema"]["action"]
+        .as_str()
+        .unwrap()
+        .contains("outboxd migrate"));
+    assert!(
+        !f.contains_key("dead-letters"),
+        "outbox checks need the schema"
+    );
+}
+
+#[test]
+fn doctor_reports_a_corrupt_database_without_panicking() {
+    let db = TestDb::new();
+    let events: Vec<_> = (0..2000)
+        .map(|i| {
+            outboxd::Event::new(
+                "order.paid.v1",
+                &serde_json::json!({ "n": i, "pad": "x".repeat(100) }),
+            )
+            .unwrap()
+        })
+        .collect();
+    db.enqueue(&events);
+    // Fold the WAL into the main file, so a copy of the file alone is whole.
+    let conn = db.conn();
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    let (root, page_size): (i64, i64) = (
+        conn.query_row(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'event_outbox'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap(),
+        conn.query_row("PRAGMA page_size", [], |r| r.get(0))
+            .unwrap(),
+    );
+    drop(conn);
+    let copy = db.dir.path().join("corrupt.db");
+    let mut bytes = std::fs::read(&db.path).unwrap();
+    // The table's root page: an invalid page type and garbage cell pointers.
+    let start = ((root - 1) * page_size) as usize;
+    for b in &mut bytes[start..start + 64] {
+        *b ^= 0xA5;
+    }
+    std::fs::write(&copy, &bytes).unwrap();
+
+    let v = json(&copy, &["doctor", "--json"], PROBLEMS);
+    let f = findings(&v);
+    assert_eq!(f["integrity"]["severity"], "error", "{v}");
+    let message = f["integrity"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("damaged") && !message.contains('\n'),
+        "{v}"
+    );
+    assert!(f["integrity"]["action"]
+        .as_str()
+        .unwrap()
+        .contains("backup"));
+    let text = expect(&copy, &["doctor"], PROBLEMS);
+    assert!(text.contains("damaged"), "{text}");
+    assert!(text.contains("unhealthy"), "{text}");
+}
+
+#[test]
+fn intents_list_shows_open_intents_and_purge_deletes_old_completed_ones() {
+    let db = TestDb::new();
+    let conn = db.conn();
+    let pending = IntentKey::tenant("acme", "ticket/7").unwrap();
+    intents::record(&conn, &pending).unwrap();
+    let failed = IntentKey::system("mail/1").unwrap();
+    let e = intents::send(
+        &conn,
+        &failed,
+        |_| Ok::<_, String>(None),
+        |_| Err("smtp said no".to_string()),
+    );
+    assert!(e.is_err());
+    for k in ["comment/1", "comment/2"] {
+        let key = IntentKey::system(k).unwrap();
+        intents::send(
+            &conn,
+            &key,
+            |_| Ok::<_, String>(None),
+            |_| Ok("posted".to_string()),
+        )
+        .unwrap();
+    }
+    // One completed intent is old.
+    conn.execute(
+        "UPDATE publish_intents SET completed_at = ?1 WHERE idempotency_key = 'comment/1'",
+        params![now_ms() - 40 * DAY_MS],
+    )
+    .unwrap();
+    drop(conn);
+
+    let text = expect(&db.path, &["intents", "list"], OK);
+    assert!(text.contains("ticket/7"), "{text}");
+    assert!(text.contains("acme"), "{text}");
+    assert!(text.contains("smtp said no"), "{text}");
+    assert!(
+        !text.contains("comment/"),
+        "completed ones are not open: {text}"
+    );
+    let list = json(&db.path, &["intents", "list", "--json"], OK);
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 2);
+    let statuses: Vec<_> = list.iter().map(|i| i["status"].clone()).collect();
+    assert!(statuses.contains(&"pending".into()), "{list:?}");
+    assert!(statuses.contains(&"failed".into()), "{list:?}");
+    assert!(list[0]["marker"]
+        .as_str()
+        .unwrap()
+        .starts_with(intents::MARKER_PREFIX));
+
+    let out = expect(&db.path, &["intents", "purge", "--older-than", "30d"], OK);
+    assert!(out.starts_with("deleted 1 completed intent "), "{out}");
+    let left: i64 = db.scalar("SELECT count(*) FROM publish_intents");
+    assert_eq!(left, 3, "pending, failed and the recent completed one stay");
+    fails(&db.path, &["intents", "purge"], USAGE, "--older-than");
+}
+
+#[test]
+fn commands_refuse_an_unmigrated_database_and_a_missing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.db");
+    for args in [
+        &["dead", "list"][..],
+        &["dead", "requeue", "--all"],
+        &["replay", "--consumer", "c", "--all"],
+        &["purge"],
+        &["doctor"],
+        &["intents", "list"],
+    ] {
+        fails(&missing, args, 3, "missing.db");
+        assert!(!missing.exists(), "{args:?} created the file");
+    }
+    let host = dir.path().join("host.db");
+    Connection::open(&host)
+        .unwrap()
+        .execute_batch("CREATE TABLE articles (id INTEGER PRIMARY KEY)")
+        .unwrap();
+    for args in [
+        &["dead", "list"][..],
+        &["dead", "discard", "--all", "--yes"],
+        &["replay", "--consumer", "c", "--all"],
+        &["purge"],
+        &["purge", "--dry-run"],
+        &["intents", "list"],
+        &["intents", "purge", "--older-than", "1d"],
+    ] {
+        fails(&host, args, 4, "outboxd migrate");
+    }
+    // Nothing switched the host's file to WAL.
+    let mode: String = Connection::open(&host)
+        .unwrap()
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
+}
+
+#[test]
+fn every_operator_command_has_help_with_an_example() {
+    let db = TestDb::new();
+    for cmd in [
+        &["status"][..],
+        &["dead"],
+        &["dead", "list"],
+        &["dead", "show"],
+        &["dead", "requeue"],
+        &["dead", "discard"],
+        &["replay"],
+        &["purge"],
+        &["doctor"],
+        &["intents"],
+        &["intents", "list"],
+        &["intents", "purge"],
+    ] {
+        let mut args = cmd.to_vec();
+        args.push("--help");
+        let help = expect(&db.path, &args, OK);
+        assert!(help.contains("Example"), "{cmd:?} --help has no example");
+        assert!(help.contains("outboxd --db app.db"), "{cmd:?} --help");
+    }
+    let help = expect(&db.path, &["dead", "discard", "--help"], OK);
+    assert!(help.contains("--yes"), "{help}");
+    assert!(help.contains("Exit code 5"), "{help}");
+    let help = expect(&db.path, &["status", "--help"], OK);
+    assert!(help.contains("Exits 0 when healthy and 1"), "{help}");
+}
+
+/// On a terminal, purge draws a progress line on stderr (`\r`-redrawn and
+/// erased at the end). Runs under util-linux `script` for a pseudo-terminal;
+/// skipped where it is not installed.
+#[test]
+fn purge_shows_progress_on_a_terminal() {
+    let probe = Command::new("script")
+        .args(["-qc", "true", "/dev/null"])
+        .output();
+    if !matches!(probe, Ok(ref o) if o.status.success()) {
+        eprintln!("skipped: no `script` to make a pseudo-terminal");
+        return;
+    }
+    let db = TestDb::new();
+    let conn = db.conn();
+    conn.execute_batch(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2500)
+         INSERT INTO event_outbox (event_type, status, finished_at)
+         SELECT 'order.paid.v1', 'delivered', 1000 FROM n",
+    )
+    .unwrap();
+    drop(conn);
+    let line = format!(
+        "{} --db {} purge",
+        env!("CARGO_BIN_EXE_outboxd"),
+        db.path.display()
+    );
+    let out = Command::new("script")
+        .args(["-qc", &line, "/dev/null"])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("\rpurging: 1000 delivered"), "{text:?}");
+    assert!(text.contains("\r\x1b[K"), "the line is erased: {text:?}");
+    assert!(text.contains("deleted 2500 delivered events"), "{text:?}");
+    assert_eq!(db.count("1 = 1"), 0);
+}
