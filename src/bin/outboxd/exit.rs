@@ -10,8 +10,8 @@ use std::process::ExitCode;
 pub enum Exit {
     /// Success.
     Ok = 0,
-    /// The command ran and found problems (e.g. `status` over a threshold).
-    #[allow(dead_code)] // reserved for status thresholds and doctor
+    /// The command ran and found problems (`status` over a threshold,
+    /// `doctor` found an error).
     Problems = 1,
     /// The command line is wrong (clap uses 2 for usage errors).
     Usage = 2,
@@ -19,7 +19,8 @@ pub enum Exit {
     Database = 3,
     /// The outboxd schema is missing, older or newer than this binary.
     Schema = 4,
-    /// The input is invalid: bad JSON, bad event type, payload too large.
+    /// The input is invalid: bad JSON, bad event type, payload too large,
+    /// an id that is not found.
     Input = 5,
 }
 
@@ -33,12 +34,13 @@ impl From<Exit> for ExitCode {
 pub const HELP: &str = "\
 Exit codes:
   0  success
-  1  problems found (reserved for checks such as status thresholds)
+  1  problems found: status over a threshold, doctor found an error
   2  usage error: unknown flag, missing or malformed argument
   3  database error: cannot open, read or write the database file
   4  schema error: no outboxd schema (run `outboxd migrate`), or a schema
      older or newer than this binary
-  5  invalid input: bad JSON, invalid event type, payload too large";
+  5  invalid input: bad JSON, invalid event type, payload too large, an id
+     that is not found, a discard of several rows without --yes";
 
 /// An error the binary raises itself, tagged with its exit code. Library
 /// errors ([`outboxd::Error`]) are classified by [`classify`] instead.
@@ -88,9 +90,11 @@ fn library(e: &outboxd::Error) -> Exit {
         return Exit::Schema;
     }
     match e {
-        E::Envelope(_) | E::PayloadTooLarge { .. } | E::Payload(_) | E::InvalidSetting { .. } => {
-            Exit::Input
-        }
+        E::Envelope(_)
+        | E::PayloadTooLarge { .. }
+        | E::Payload(_)
+        | E::InvalidSetting { .. }
+        | E::NotFound { .. } => Exit::Input,
         _ => Exit::Database,
     }
 }
