@@ -10,8 +10,10 @@ use rusqlite::Connection;
 
 use crate::exit::{Exit, Failure};
 
+pub mod check_config;
 pub mod enqueue;
 pub mod migrate;
+pub mod run;
 pub mod status;
 
 /// Options every command shares.
@@ -19,6 +21,11 @@ pub mod status;
 pub struct Global {
     /// The database file.
     pub db: PathBuf,
+    /// True when the database was given with --db or OUTBOXD_DB rather than
+    /// taken from the default; it then wins over a config file's `database`.
+    pub db_explicit: bool,
+    /// The logging flags (`run` sets up logging itself, after its config).
+    pub log: crate::LogOptions,
 }
 
 /// The subcommands.
@@ -34,6 +41,14 @@ pub enum Command {
     /// Show what is waiting, delivered and dead, and how old the oldest due event is.
     #[command(after_help = status::EXAMPLES)]
     Status(status::Args),
+
+    /// Deliver events: run the relay with the configured consumers (or, without
+    /// --config, print every event as a JSON line on stdout) until SIGINT/SIGTERM.
+    #[command(after_help = run::EXAMPLES)]
+    Run(run::Args),
+    /// Check a config file (sinks included) without running anything.
+    #[command(after_help = check_config::EXAMPLES)]
+    CheckConfig(check_config::Args),
 }
 
 impl Command {
@@ -43,6 +58,8 @@ impl Command {
             Command::Migrate(args) => migrate::exec(global, args),
             Command::Enqueue(args) => enqueue::exec(global, args),
             Command::Status(args) => status::exec(global, args),
+            Command::Run(args) => run::exec(global, args),
+            Command::CheckConfig(args) => check_config::exec(global, args),
         }
     }
 }
