@@ -119,7 +119,12 @@ pub struct Alerts {
 #[derive(Debug)]
 pub enum Sink {
     /// JSON lines to stdout or a file.
-    Jsonl(JsonlSink),
+    Jsonl {
+        /// The sink.
+        sink: JsonlSink,
+        /// `stdout`, or the file and whether it is synced, for logs.
+        target: String,
+    },
     /// A child program per event.
     Command(CommandSink),
     /// A signed HTTP POST per event.
@@ -130,7 +135,7 @@ impl Sink {
     /// The longest one delivery may take, if the sink bounds it.
     pub fn time_limit(&self) -> Option<Duration> {
         match self {
-            Sink::Jsonl(_) => None,
+            Sink::Jsonl { .. } => None,
             Sink::Command(c) => Some(c.time_limit()),
             Sink::Webhook(w) => Some(w.timeout()),
         }
@@ -139,7 +144,7 @@ impl Sink {
     /// A one-line description without secrets, for logs and check-config.
     pub fn describe(&self) -> String {
         match self {
-            Sink::Jsonl(j) => format!("jsonl {j:?}"),
+            Sink::Jsonl { target, .. } => format!("jsonl {target}"),
             Sink::Command(c) => format!(
                 "command {} (timeout {:?}, poison exit code {})",
                 c.program().display(),
@@ -159,7 +164,7 @@ impl Sink {
 impl Consumer for Sink {
     fn deliver(&self, delivery: &Delivery) -> Outcome {
         match self {
-            Sink::Jsonl(s) => s.deliver(delivery),
+            Sink::Jsonl { sink, .. } => sink.deliver(delivery),
             Sink::Command(s) => s.deliver(delivery),
             Sink::Webhook(s) => s.deliver(delivery),
         }
@@ -229,7 +234,10 @@ impl Config {
                 name: "stdout".into(),
                 types: vec!["*".into()],
                 retry: RetryPolicy::default(),
-                sink: Sink::Jsonl(JsonlSink::stdout()),
+                sink: Sink::Jsonl {
+                    sink: JsonlSink::stdout(),
+                    target: "stdout".into(),
+                },
             }],
         }
     }
@@ -841,11 +849,17 @@ fn build_sink(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigErro
                         "cannot sync stdout; use fsync only with a file path",
                     ));
                 }
-                return Ok(Sink::Jsonl(JsonlSink::stdout()));
+                return Ok(Sink::Jsonl {
+                    sink: JsonlSink::stdout(),
+                    target: "stdout".into(),
+                });
             }
-            let sink = JsonlSink::file(c.resolve(path), s.fsync.unwrap_or(false))
+            let file = c.resolve(path);
+            let fsync = s.fsync.unwrap_or(false);
+            let sink = JsonlSink::file(&file, fsync)
                 .map_err(|e| c.err(format!("{at}.path"), e.to_string()))?;
-            Ok(Sink::Jsonl(sink))
+            let target = format!("{}{}", file.display(), if fsync { " (fsync)" } else { "" });
+            Ok(Sink::Jsonl { sink, target })
         }
         SinkKind::Command => {
             let program = s.program.as_ref().ok_or_else(|| {
@@ -889,7 +903,9 @@ fn build_sink(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigErro
                 )
             })?;
             let mut b = WebhookSink::builder(url.clone());
-            let mut any_secret = false;
+            // Where each secret came from, in the order given to the builder,
+            // so a malformed one is reported by its source, never its value.
+            let mut sources: Vec<(String, String)> = Vec::new();
             let mut vars: Vec<(String, &String)> = Vec::new();
             if let Some(v) = &s.secret_env {
                 vars.push((format!("{at}.secret_env"), v));
@@ -918,26 +934,24 @@ fn build_sink(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigErro
                     ));
                 }
                 b = b.secret(value);
-                any_secret = true;
+                sources.push((field, format!("environment variable {var}")));
             }
             if let Some(p) = &s.secret_file {
                 let path = c.resolve(p);
+                let field = format!("{at}.secret_file");
                 let value = std::fs::read_to_string(&path).map_err(|e| {
                     c.err(
-                        format!("{at}.secret_file"),
+                        &field,
                         format!("cannot read secret file {}: {e}", path.display()),
                     )
                 })?;
                 if value.trim().is_empty() {
-                    return Err(c.err(
-                        format!("{at}.secret_file"),
-                        format!("secret file {} is empty", path.display()),
-                    ));
+                    return Err(c.err(&field, format!("secret file {} is empty", path.display())));
                 }
                 b = b.secret(value.trim().to_string());
-                any_secret = true;
+                sources.push((field, format!("secret file {}", path.display())));
             }
-            if !any_secret {
+            if sources.is_empty() {
                 return Err(c.err(
                     format!("{at}.secret_env"),
                     "a webhook sink needs a signing secret: secret_env = \"VAR\", \
@@ -967,24 +981,24 @@ fn build_sink(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigErro
             }
             let sink = b.build().map_err(|e| {
                 use outboxd::sinks::WebhookError as W;
-                let field = match &e {
-                    W::InvalidUrl { .. } | W::UrlScheme { .. } | W::UrlHost { .. } => "url",
-                    W::Header { .. } => "headers",
-                    W::Zero { .. } => "timeout",
-                    _ => "secret_env",
+                let (field, source) = match &e {
+                    W::InvalidUrl { .. } | W::UrlScheme { .. } | W::UrlHost { .. } => {
+                        (format!("{at}.url"), None)
+                    }
+                    W::Header { .. } => (format!("{at}.headers"), None),
+                    W::SecretPrefix { index }
+                    | W::SecretBase64 { index }
+                    | W::SecretLength { index, .. } => match sources.get(index - 1) {
+                        Some((field, source)) => (field.clone(), Some(source.clone())),
+                        None => (format!("{at}.secret_env"), None),
+                    },
+                    _ => (at.to_string(), None),
                 };
-                let field = match (&e, field) {
-                    (
-                        W::SecretPrefix { .. } | W::SecretBase64 { .. } | W::SecretLength { .. },
-                        _,
-                    ) if s.secret_env.is_none() && s.secrets_env.is_some() => "secrets_env",
-                    (
-                        W::SecretPrefix { .. } | W::SecretBase64 { .. } | W::SecretLength { .. },
-                        _,
-                    ) if s.secret_env.is_none() && s.secret_file.is_some() => "secret_file",
-                    (_, f) => f,
+                let message = match source {
+                    Some(source) => format!("the secret in {source}: {e}"),
+                    None => e.to_string(),
                 };
-                c.err(format!("{at}.{field}"), e.to_string())
+                c.err(field, message)
             })?;
             Ok(Sink::Webhook(sink))
         }
