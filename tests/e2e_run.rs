@@ -464,16 +464,25 @@ fn webhook_deliveries_are_signed_retried_and_dead_lettered_by_status() {
             r#"
 [[consumer]]
 name = "hook"
-types = ["*"]
+types = ["order.*.v1"]
 retry = {{ initial = "100ms", max_delay = "200ms", max_attempts = 4, jitter = 0.0 }}
 [consumer.sink]
 kind = "webhook"
-url = "{}"
+url = "{url}"
 secrets_env = ["HOOK_SECRET_NEW", "HOOK_SECRET_OLD"]
 timeout = "1s"
 connect_timeout = "1s"
+
+[[consumer]]
+name = "guarded"
+types = ["tenant.*.v1"]
+[consumer.sink]
+kind = "webhook"
+url = "{url}"
+secret_env = "HOOK_SECRET_NEW"
+deny_private_addresses = true
 "#,
-            rx.url()
+            url = rx.url()
         ),
     );
     let mut cmd = sb.outboxd(&["run", "--config", config.to_str().unwrap()]);
@@ -489,9 +498,11 @@ connect_timeout = "1s"
         .collect();
     let ids = sb.enqueue(&events);
     let id = |mode: &str| ids[modes.iter().position(|m| *m == mode).unwrap()];
+    // deny_private_addresses refuses 127.0.0.1 without sending anything.
+    let guarded = sb.enqueue(&[event("tenant.hooked.v1", Value::Null)])[0];
 
     wait_until("every event to be finished", WAIT, || {
-        sb.count("status IN ('delivered', 'dead')") == 5
+        sb.count("status IN ('delivered', 'dead')") == 6
     });
     let status = run.stop();
     assert!(status.success(), "{status}: {}", run.stderr());
@@ -519,6 +530,9 @@ connect_timeout = "1s"
     assert_eq!(st, "dead");
     assert!(err.unwrap().contains("410"));
     assert_eq!(rx.requests_for(id("gone")).len(), 1, "410 is not retried");
+    let (st, _, err) = sb.row(guarded);
+    assert_eq!(st, "dead", "{err:?}");
+    assert!(rx.requests_for(guarded).is_empty());
 
     // Every request carried a signature per secret (rotation), and the id
     // stayed the event id across retries.

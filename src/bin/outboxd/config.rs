@@ -1053,6 +1053,22 @@ mod tests {
     }
 
     #[test]
+    fn a_webhook_without_retry_table_retries_for_days_and_its_timeout_fits_the_lease() {
+        std::env::set_var(
+            "CONFIG_UNIT_SECRET",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        );
+        let hook = "[[consumer]]\nname = \"h\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"webhook\"\nurl = \"https://example.com/\"\nsecret_env = \"CONFIG_UNIT_SECRET\"\n";
+        let c = parse(&format!("[retry]\nmax_attempts = 3\n{hook}")).unwrap();
+        assert_eq!(c.consumers[0].retry, RetryPolicy::webhook());
+        let c = parse(&format!("{hook}[consumer.retry]\nmax_attempts = 3\n")).unwrap();
+        assert_eq!(c.consumers[0].retry, RetryPolicy::webhook().max_attempts(3));
+        let e = parse(&format!("[relay]\nlease = \"5s\"\n{hook}")).unwrap_err();
+        assert_eq!(e.field, "consumer[0].sink.timeout");
+        assert!(e.message.contains("30s") && e.message.contains("5s"), "{e}");
+    }
+
+    #[test]
     fn relative_paths_follow_the_config_file() {
         let dir = tempfile::tempdir().unwrap();
         let text = "database = \"app.db\"\n[[consumer]]\nname = \"f\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"out.jsonl\"\n";
