@@ -2,6 +2,7 @@
 # Builds the fully static x86_64 Linux binary with the shipping profile and
 # checks that it is static. musl first; glibc with crt-static as the fallback.
 #   scripts/build-static.sh            # -> target/x86_64-unknown-linux-musl/dist/outboxd
+# (under $CARGO_TARGET_DIR instead of target/ when that is set)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=x86_64-unknown-linux-musl
@@ -15,7 +16,7 @@ else
     target=x86_64-unknown-linux-gnu
     RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked --profile dist --target "$target"
 fi
-bin="target/$target/dist/outboxd"
+bin="${CARGO_TARGET_DIR:-target}/$target/dist/outboxd"
 if ldd "$bin" 2>&1 | grep -Eq 'not a dynamic executable|statically linked'; then
     echo "static: $bin ($(stat -c %s "$bin") bytes)"
 else

@@ -22,6 +22,10 @@ pub enum Exit {
     /// The input is invalid: bad JSON, bad event type, payload too large,
     /// an id that is not found.
     Input = 5,
+    /// The configuration is invalid or cannot be used: a config file error,
+    /// a sink that cannot be built, a metrics address in use. Raised before
+    /// any event is claimed.
+    Config = 6,
 }
 
 impl From<Exit> for ExitCode {
@@ -40,7 +44,11 @@ Exit codes:
   4  schema error: no outboxd schema (run `outboxd migrate`), or a schema
      older or newer than this binary
   5  invalid input: bad JSON, invalid event type, payload too large, an id
-     that is not found, a discard of several rows without --yes";
+     that is not found, a discard of several rows without --yes
+  6  configuration error: a config file field is wrong, a sink cannot be
+     built (missing program, bad URL, missing secret), the metrics address
+     is in use; found at start-up, before any event is claimed
+  130  `run` stopped by a second SIGINT/SIGTERM during its graceful shutdown";
 
 /// An error the binary raises itself, tagged with its exit code. Library
 /// errors ([`outboxd::Error`]) are classified by [`classify`] instead.
@@ -57,6 +65,14 @@ impl Failure {
     pub fn input(message: impl Into<String>) -> Failure {
         Failure {
             exit: Exit::Input,
+            message: message.into(),
+        }
+    }
+
+    /// The configuration cannot be used (exit 6).
+    pub fn config(message: impl Into<String>) -> Failure {
+        Failure {
+            exit: Exit::Config,
             message: message.into(),
         }
     }

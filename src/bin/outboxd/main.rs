@@ -4,12 +4,15 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
 mod args;
 mod cmd;
+mod config;
 mod exit;
+mod metrics;
 
+use config::{LogFormat, LogSettings};
 use exit::Exit;
 
 /// A transactional outbox for applications that keep their data in SQLite.
@@ -26,17 +29,47 @@ struct Cli {
     )]
     db: PathBuf,
 
+    /// Log format on stderr [default: text, or the config's log.format].
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
+
+    /// Log level or filter (error, warn, info, debug, trace, or directives such
+    /// as info,outboxd=debug); wins over RUST_LOG, which wins over the config's
+    /// log.level [default: info for run, warn otherwise].
+    #[arg(long, global = true, value_name = "LEVEL", value_parser = parse_log_level)]
+    log_level: Option<String>,
+
     #[command(subcommand)]
     command: cmd::Command,
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
+    let (cli, matches) = match parsed {
+        Ok(p) => p,
         Err(e) => return usage_error(e),
     };
-    init_logging();
-    let global = cmd::Global { db: cli.db };
+    // Given on the command line or in OUTBOXD_DB, the database wins over a
+    // config file's `database`; the built-in default does not.
+    let db_explicit = !matches!(
+        matches.value_source("db"),
+        None | Some(clap::parser::ValueSource::DefaultValue)
+    );
+    let log = LogOptions {
+        format: cli.log_format,
+        level: cli.log_level,
+    };
+    // `run` sets up logging itself once it has read its config's [log].
+    if !matches!(cli.command, cmd::Command::Run(_)) {
+        init_logging(&log, &LogSettings::default(), "warn");
+    }
+    let global = cmd::Global {
+        db: cli.db,
+        db_explicit,
+        log,
+    };
     match cli.command.exec(&global) {
         Ok(code) => code.into(),
         Err(e) if exit::is_broken_pipe(&e) => Exit::Ok.into(),
@@ -77,16 +110,49 @@ fn usage_error(e: clap::Error) -> ExitCode {
     Exit::Usage.into()
 }
 
-/// Logs to stderr at the level RUST_LOG names (default: warn). The one place
-/// logging is set up, so a `--log-format` can replace it later.
-fn init_logging() {
+/// The logging flags of the command line.
+#[derive(Debug, Clone, Default)]
+pub struct LogOptions {
+    /// `--log-format`.
+    pub format: Option<LogFormat>,
+    /// `--log-level`.
+    pub level: Option<String>,
+}
+
+fn parse_log_level(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| {
+            format!("{e}; expected error, warn, info, debug, trace or directives such as info,outboxd=debug")
+        })
+}
+
+/// Sets up logging to stderr, once. The level comes from `--log-level`, else
+/// RUST_LOG, else the config's `log.level`, else `default_level`; the format
+/// from `--log-format`, else the config's `log.format`, else text.
+pub fn init_logging(flags: &LogOptions, config: &LogSettings, default_level: &str) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
+    let from_env = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .and_then(|v| EnvFilter::try_new(v).ok());
+    let filter = match (&flags.level, from_env, &config.level) {
+        (Some(level), _, _) => EnvFilter::new(level),
+        (None, Some(env), _) => env,
+        (None, None, Some(level)) => EnvFilter::new(level),
+        (None, None, None) => EnvFilter::new(default_level),
+    };
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(std::io::stderr);
+    let format = flags.format.or(config.format).unwrap_or(LogFormat::Text);
+    // Errors only if logging was set up already, which is then kept.
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
         // Colour codes only for a person at a terminal, not for journald or a file.
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+    };
 }

@@ -10,6 +10,7 @@ use rusqlite::Connection;
 
 use crate::exit::{Exit, Failure};
 
+pub mod check_config;
 pub mod dead;
 pub mod doctor;
 pub mod enqueue;
@@ -17,6 +18,7 @@ pub mod intents;
 pub mod migrate;
 pub mod purge;
 pub mod replay;
+pub mod run;
 pub mod status;
 pub mod support;
 
@@ -25,6 +27,11 @@ pub mod support;
 pub struct Global {
     /// The database file.
     pub db: PathBuf,
+    /// True when the database was given with --db or OUTBOXD_DB rather than
+    /// taken from the default; it then wins over a config file's `database`.
+    pub db_explicit: bool,
+    /// The logging flags (`run` sets up logging itself, after its config).
+    pub log: crate::LogOptions,
 }
 
 /// The subcommands.
@@ -56,6 +63,13 @@ pub enum Command {
     /// List open publish intents, or purge completed ones.
     #[command(subcommand, after_help = intents::EXAMPLES)]
     Intents(intents::Args),
+    /// Deliver events: run the relay with the configured consumers (or, without
+    /// --config, print every event as a JSON line on stdout) until SIGINT/SIGTERM.
+    #[command(after_help = run::EXAMPLES)]
+    Run(run::Args),
+    /// Check a config file (sinks included) without running anything.
+    #[command(after_help = check_config::EXAMPLES)]
+    CheckConfig(check_config::Args),
 }
 
 impl Command {
@@ -70,6 +84,8 @@ impl Command {
             Command::Purge(args) => purge::exec(global, args),
             Command::Doctor(args) => doctor::exec(global, args),
             Command::Intents(args) => intents::exec(global, args),
+            Command::Run(args) => run::exec(global, args),
+            Command::CheckConfig(args) => check_config::exec(global, args),
         }
     }
 }

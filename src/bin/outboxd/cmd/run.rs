@@ -1,0 +1,220 @@
+//! `outboxd run`: the relay, until SIGINT or SIGTERM.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use outboxd::schema::LATEST_VERSION;
+use outboxd::Timestamp;
+
+use super::{open_for_writing, Global};
+use crate::args::parse_duration;
+use crate::config::{resolve_listen, Config};
+use crate::exit::{Exit, Failure};
+
+/// Shown under `outboxd run --help`.
+pub const EXAMPLES: &str = "\
+Without --config, one consumer named `stdout` takes every event and writes it
+as one JSON line (the envelope) to stdout; logs go to stderr. The database
+(--db, OUTBOXD_DB, else ./outboxd.db) is created and migrated if needed.
+
+With --config, the file's consumers, sinks and settings are used (see
+packaging/outboxd.example.toml). --db or OUTBOXD_DB, when given, wins over
+the config's `database`. Every config error is reported before any event is
+claimed, with exit code 6.
+
+The first SIGINT or SIGTERM stops claiming, lets deliveries in flight finish
+within the shutdown grace (default 30s), releases the rest and exits 0; a
+second one exits at once with code 130.
+
+Examples:
+  outboxd run                                   # terminal 1
+  outboxd enqueue --type article.created.v1 --payload '{\"id\": 7}'   # terminal 2
+  outboxd run --config /etc/outboxd/outboxd.toml --metrics 127.0.0.1:9464";
+
+/// How often the main thread checks that the relay is alive.
+const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How often the dead-letter threshold is checked.
+const ALERT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Options of `outboxd run`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The config file (outboxd.toml); without it, every event goes to stdout.
+    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address (such as 127.0.0.1:9464);
+    /// wins over the config's metrics.listen.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
+    /// How long deliveries in flight may finish after SIGINT/SIGTERM: 500ms,
+    /// 30s, 5m; wins over the config's relay.shutdown_grace [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    shutdown_grace: Option<Duration>,
+}
+
+/// Validates everything, migrates, starts the relay and waits for a signal.
+pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+    let config = match &args.config {
+        Some(file) => Config::load(file).map_err(|e| Failure::config(e.to_string()))?,
+        None => Config::stdout_default(),
+    };
+    crate::init_logging(&global.log, &config.log, "info");
+
+    let db = match &config.database {
+        Some(path) if !global.db_explicit => path.clone(),
+        _ => global.db.clone(),
+    };
+    let grace = args.shutdown_grace.unwrap_or(config.relay.shutdown_grace);
+    let metrics_addr = match &args.metrics {
+        Some(a) => Some(resolve_listen(a).map_err(|m| Failure::config(format!("--metrics: {m}")))?),
+        None => config.metrics,
+    };
+    let listener = match metrics_addr {
+        Some(addr) => Some(TcpListener::bind(addr).map_err(|e| {
+            Failure::config(format!(
+                "cannot serve metrics on {addr}: {e}; choose a free address with --metrics or \
+                 metrics.listen"
+            ))
+        })?),
+        None => None,
+    };
+    let signals = install_signal_handler()?;
+
+    migrate(&db)?;
+    let max_dead = config.alerts.max_dead;
+    let config_file = config
+        .file
+        .as_ref()
+        .map_or("none (every event to stdout)".to_string(), |f| {
+            f.display().to_string()
+        });
+    let consumers: Vec<String> = config
+        .consumers
+        .iter()
+        .map(|c| {
+            format!(
+                "{} <- {} via {}",
+                c.name,
+                c.types.join(","),
+                c.sink.describe()
+            )
+        })
+        .collect();
+    let relay = config
+        .relay_builder(&db)
+        .build()
+        .map_err(|e| Failure::config(format!("invalid relay setting: {e}")))?
+        .start()
+        .with_context(|| format!("cannot start the relay on {}", db.display()))?;
+    if let Some(listener) = listener {
+        let addr = listener.local_addr().ok();
+        crate::metrics::spawn(listener, relay.metrics_source(), db.clone())
+            .context("cannot start the metrics thread")?;
+        tracing::info!(address = ?addr, "serving Prometheus metrics at /metrics");
+    }
+    for c in &consumers {
+        tracing::info!(consumer = %c, "consumer registered");
+    }
+    tracing::info!(database = %db.display(), config = %config_file, "outboxd running; SIGINT or SIGTERM stops it");
+
+    let mut last_alert_check = Instant::now();
+    let mut dead_alert = false;
+    loop {
+        match signals.recv_timeout(LIVENESS_INTERVAL) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if relay.is_finished() {
+            relay.join().context("the relay stopped")?;
+            anyhow::bail!("the relay stopped without being asked to");
+        }
+        if let Some(max) = max_dead {
+            if last_alert_check.elapsed() >= ALERT_INTERVAL {
+                last_alert_check = Instant::now();
+                dead_alert = check_dead_letters(&db, max, dead_alert);
+            }
+        }
+    }
+    tracing::info!(
+        grace_ms = grace.as_millis() as u64,
+        "signal received; finishing deliveries in flight (a second signal exits at once)"
+    );
+    relay
+        .shutdown(grace)
+        .context("cannot shut the relay down cleanly")?;
+    tracing::info!("outboxd stopped");
+    Ok(Exit::Ok)
+}
+
+/// The first SIGINT/SIGTERM/SIGHUP is sent on the channel; a second one
+/// exits the process at once with 130.
+fn install_signal_handler() -> Result<Receiver<()>> {
+    static SIGNALS: AtomicUsize = AtomicUsize::new(0);
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    ctrlc::set_handler(move || {
+        if SIGNALS.fetch_add(1, Ordering::SeqCst) == 0 {
+            let _ = tx.try_send(());
+        } else {
+            eprintln!("outboxd: second signal; exiting without waiting for deliveries in flight (their leases expire)");
+            std::process::exit(130);
+        }
+    })
+    .context("cannot install the SIGINT/SIGTERM handler")?;
+    Ok(rx)
+}
+
+/// Creates or upgrades the schema, refusing a newer one before opening the
+/// file for writing (as `outboxd migrate` does).
+fn migrate(db: &Path) -> Result<()> {
+    if db.is_file() {
+        let found = outboxd::schema::version(&outboxd::connection::open_read_only(db)?)?;
+        if let Some(found) = found.filter(|v| *v > LATEST_VERSION) {
+            return Err(outboxd::Error::SchemaTooNew {
+                found,
+                supported: LATEST_VERSION,
+            }
+            .into());
+        }
+    }
+    let mut conn = open_for_writing(db)?;
+    let report = outboxd::schema::migrate(&mut conn)?;
+    if !report.was_current() {
+        tracing::info!(from = report.from, to = report.to, "migrated the database");
+    }
+    Ok(())
+}
+
+/// Logs when the dead letters cross `max` (and when they fall back); returns
+/// whether they are over it now.
+fn check_dead_letters(db: &Path, max: u64, was_over: bool) -> bool {
+    let status = outboxd::connection::open_read_only(db)
+        .and_then(|conn| outboxd::status::status(&conn, Timestamp::now()));
+    match status {
+        Ok(s) => {
+            let over = s.counts.dead > max;
+            if over && !was_over {
+                tracing::warn!(
+                    dead = s.counts.dead,
+                    max_dead = max,
+                    "dead letters over alerts.max_dead; inspect them with `outboxd dead list`"
+                );
+            } else if !over && was_over {
+                tracing::info!(
+                    dead = s.counts.dead,
+                    max_dead = max,
+                    "dead letters back under alerts.max_dead"
+                );
+            }
+            over
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the outbox status for the dead-letter alert");
+            was_over
+        }
+    }
+}

@@ -1,0 +1,1138 @@
+//! `outboxd run` end to end: the real binary, real sinks (a local HTTP
+//! receiver that checks signatures, real child programs, files, stdout),
+//! signals, foreign producers writing while it delivers, and every config
+//! mistake refused before anything is claimed.
+//!
+//! Synchronisation is by bounded polling of the database, the output or the
+//! receiver's log; never by fixed sleeps.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use outboxd::sinks::webhook::{verify, WebhookSecret};
+use outboxd::{Event, EventId};
+use rusqlite::Connection;
+use serde_json::Value;
+
+const CONFIG: i32 = 6;
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const OLD_SECRET: &str = "whsec_dGhpcyBpcyB0aGUgb2xkIHNlY3JldCBrZXkgISE=";
+const WAIT: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+/// A temp dir with a migrated `app.db`.
+struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        let sb = Sandbox {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        let mut conn = outboxd::connection::open(sb.db()).unwrap();
+        outboxd::schema::migrate(&mut conn).unwrap();
+        sb
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn db(&self) -> PathBuf {
+        self.path("app.db")
+    }
+
+    fn conn(&self) -> Connection {
+        outboxd::connection::open(self.db()).unwrap()
+    }
+
+    fn enqueue(&self, events: &[Event]) -> Vec<EventId> {
+        let mut conn = self.conn();
+        let tx = conn.transaction().unwrap();
+        let ids = outboxd::enqueue_many(&tx, events)
+            .unwrap()
+            .iter()
+            .map(|e| e.event_id())
+            .collect();
+        tx.commit().unwrap();
+        ids
+    }
+
+    fn count(&self, sql_where: &str) -> i64 {
+        self.conn()
+            .query_row(
+                &format!("SELECT count(*) FROM event_outbox WHERE {sql_where}"),
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    }
+
+    /// (status, attempts, last_error) of one event.
+    fn row(&self, id: EventId) -> (String, i64, Option<String>) {
+        self.conn()
+            .query_row(
+                "SELECT status, attempts, last_error FROM event_outbox WHERE event_id = ?",
+                [id.to_string()],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap()
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// A shell script, made executable.
+    fn script(&self, name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.write(name, &format!("#!/bin/sh\n{body}\n"));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+
+    /// `outboxd --db app.db ARGS`, in the sandbox, with a clean environment.
+    fn outboxd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
+        cmd.current_dir(self.dir.path())
+            .env_remove("OUTBOXD_DB")
+            .env_remove("OUTBOXD_CONFIG")
+            .env_remove("RUST_LOG")
+            .arg("--db")
+            .arg(self.db())
+            .args(args);
+        cmd
+    }
+
+    fn spawn(&self, mut cmd: Command) -> Running {
+        Running::spawn(&mut cmd)
+    }
+
+    fn output(&self, args: &[&str]) -> Output {
+        self.outboxd(args).stdin(Stdio::null()).output().unwrap()
+    }
+}
+
+fn event(ty: &str, payload: Value) -> Event {
+    Event::new(ty, &payload).unwrap()
+}
+
+/// Polls `cond` until it holds or `timeout` passes; panics with `what`.
+fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A running `outboxd`, its stdout and stderr collected by threads.
+struct Running {
+    child: Child,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Running {
+    fn spawn(cmd: &mut Command) -> Running {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let collect = |mut r: Box<dyn Read + Send>| {
+            let buf = Arc::new(Mutex::new(Vec::new()));
+            let b = buf.clone();
+            thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = r.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    b.lock().unwrap().extend_from_slice(&chunk[..n]);
+                }
+            });
+            buf
+        };
+        let stdout = collect(Box::new(child.stdout.take().unwrap()));
+        let stderr = collect(Box::new(child.stderr.take().unwrap()));
+        Running {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.stdout.lock().unwrap()).into_owned()
+    }
+
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+
+    /// Waits for the process to end, at most `timeout`.
+    fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "outboxd did not exit within {timeout:?}; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGTERM, and the exit status.
+    fn stop(&mut self) -> ExitStatus {
+        self.signal("-TERM");
+        self.wait(WAIT)
+    }
+
+    /// Waits until stderr says the relay runs (its consumers registered).
+    fn wait_started(&mut self) {
+        wait_until("outboxd to start", WAIT, || {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("outboxd exited early ({status}):\n{}", self.stderr());
+            }
+            self.stderr().contains("outboxd running")
+        });
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Nothing may be left leased once outboxd has exited.
+fn assert_nothing_leased(sb: &Sandbox) {
+    assert_eq!(
+        sb.count("claim_token IS NOT NULL OR lease_until IS NOT NULL"),
+        0,
+        "rows left leased"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Default run: JSON lines on stdout.
+
+#[test]
+fn default_run_writes_each_event_as_a_json_line_to_stdout() {
+    // No --db: ./outboxd.db in the working directory is created and migrated.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    cmd.current_dir(dir.path())
+        .env_remove("OUTBOXD_DB")
+        .env_remove("RUST_LOG")
+        .args(["--log-format", "json", "run"]);
+    let mut run = Running::spawn(&mut cmd);
+    run.wait_started();
+    let db = dir.path().join("outboxd.db");
+    assert!(db.is_file());
+
+    let mut conn = outboxd::connection::open(&db).unwrap();
+    let tx = conn.transaction().unwrap();
+    let ids: Vec<EventId> = outboxd::enqueue_many(
+        &tx,
+        &[
+            event("article.created.v1", serde_json::json!({"id": 1})),
+            event(
+                "article.updated.v2",
+                serde_json::json!({"id": 2, "text": "café"}),
+            ),
+            event("user.signed_up.v1", Value::Null),
+        ],
+    )
+    .unwrap()
+    .iter()
+    .map(|e| e.event_id())
+    .collect();
+    tx.commit().unwrap();
+
+    wait_until("3 lines on stdout", WAIT, || {
+        run.stdout().lines().count() >= 3
+    });
+    let status = run.stop();
+    assert!(status.success(), "{status}: {}", run.stderr());
+
+    let lines: Vec<Value> = run
+        .stdout()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    let seen: Vec<String> = lines
+        .iter()
+        .map(|v| v["event_id"].as_str().unwrap().to_string())
+        .collect();
+    for id in &ids {
+        assert!(seen.contains(&id.to_string()), "{id} not in {seen:?}");
+    }
+    let updated = lines
+        .iter()
+        .find(|v| v["event_type"] == "article.updated.v2")
+        .unwrap();
+    assert_eq!(updated["payload"]["text"], "café");
+    // --log-format json: every stderr line is a JSON object.
+    for line in run.stderr().lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v.get("level").is_some(), "{line}");
+    }
+    let delivered: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM event_outbox WHERE status = 'delivered' AND claim_token IS NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(delivered, 3);
+}
+
+// ---------------------------------------------------------------------------
+// Webhooks against a local receiver.
+
+/// What the receiver saw of one request.
+#[derive(Debug, Clone)]
+struct Seen {
+    id: String,
+    mode: String,
+    signed_new: bool,
+    signed_old: bool,
+    at: Instant,
+}
+
+/// An HTTP receiver on 127.0.0.1:0. The payload's `mode` decides the
+/// answer: `ok` 200; `fail_once` 500 then 200; `retry_after` 429 with
+/// Retry-After: 1 then 200; `gone` 410; `slow_once` answers the first
+/// request after 3 s (past the sink's timeout), then 200.
+struct Receiver {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::<Seen>::new()));
+        let log = seen.clone();
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let log = log.clone();
+                thread::spawn(move || {
+                    let _ = handle(stream, &log);
+                });
+            }
+        });
+        Receiver { addr, seen }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hooks", self.addr)
+    }
+
+    fn requests_for(&self, id: EventId) -> Vec<Seen> {
+        let id = id.to_string();
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.id == id)
+            .cloned()
+            .collect()
+    }
+}
+
+fn handle(stream: TcpStream, log: &Mutex<Vec<Seen>>) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut headers = HashMap::new();
+    let mut line = String::new();
+    reader.read_line(&mut line)?; // request line
+    loop {
+        line.clear();
+        reader.read_line(&mut line)?;
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+    }
+    let len: usize = headers
+        .get("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body)?;
+    let id = headers.get("webhook-id").cloned().unwrap_or_default();
+    let ts: i64 = headers
+        .get("webhook-timestamp")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let sig = headers
+        .get("webhook-signature")
+        .cloned()
+        .unwrap_or_default();
+    let check = |s: &str| {
+        verify(
+            WebhookSecret::parse(s).unwrap().as_bytes(),
+            &id,
+            ts,
+            &body,
+            &sig,
+        )
+        .is_ok()
+    };
+    let envelope: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mode = envelope["payload"]["mode"]
+        .as_str()
+        .unwrap_or("ok")
+        .to_string();
+    let earlier = {
+        let mut log = log.lock().unwrap();
+        let earlier = log.iter().filter(|s| s.id == id).count();
+        log.push(Seen {
+            id: id.clone(),
+            mode: mode.clone(),
+            signed_new: check(SECRET),
+            signed_old: check(OLD_SECRET),
+            at: Instant::now(),
+        });
+        earlier
+    };
+    let first = earlier == 0;
+    let (status, extra) = match mode.as_str() {
+        "fail_once" if first => ("500 Internal Server Error", ""),
+        "retry_after" if first => ("429 Too Many Requests", "Retry-After: 1\r\n"),
+        "gone" => ("410 Gone", ""),
+        "slow_once" if first => {
+            thread::sleep(Duration::from_secs(3));
+            ("200 OK", "")
+        }
+        _ => ("200 OK", ""),
+    };
+    let mut stream = stream;
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\n{extra}Content-Length: 2\r\nConnection: close\r\n\r\nok"
+    )?;
+    stream.flush()
+}
+
+#[test]
+fn webhook_deliveries_are_signed_retried_and_dead_lettered_by_status() {
+    let sb = Sandbox::new();
+    let rx = Receiver::start();
+    let config = sb.write(
+        "outboxd.toml",
+        &format!(
+            r#"
+[[consumer]]
+name = "hook"
+types = ["order.*.v1"]
+retry = {{ initial = "100ms", max_delay = "200ms", max_attempts = 4, jitter = 0.0 }}
+[consumer.sink]
+kind = "webhook"
+url = "{url}"
+secrets_env = ["HOOK_SECRET_NEW", "HOOK_SECRET_OLD"]
+timeout = "1s"
+connect_timeout = "1s"
+
+[[consumer]]
+name = "guarded"
+types = ["tenant.*.v1"]
+[consumer.sink]
+kind = "webhook"
+url = "{url}"
+secret_env = "HOOK_SECRET_NEW"
+deny_private_addresses = true
+"#,
+            url = rx.url()
+        ),
+    );
+    let mut cmd = sb.outboxd(&["run", "--config", config.to_str().unwrap()]);
+    cmd.env("HOOK_SECRET_NEW", SECRET)
+        .env("HOOK_SECRET_OLD", OLD_SECRET);
+    let mut run = sb.spawn(cmd);
+    run.wait_started();
+
+    let modes = ["ok", "fail_once", "retry_after", "gone", "slow_once"];
+    let events: Vec<Event> = modes
+        .iter()
+        .map(|m| event("order.placed.v1", serde_json::json!({ "mode": m })))
+        .collect();
+    let ids = sb.enqueue(&events);
+    let id = |mode: &str| ids[modes.iter().position(|m| *m == mode).unwrap()];
+    // deny_private_addresses refuses 127.0.0.1 without sending anything.
+    let guarded = sb.enqueue(&[event("tenant.hooked.v1", Value::Null)])[0];
+
+    wait_until("every event to be finished", WAIT, || {
+        sb.count("status IN ('delivered', 'dead')") == 6
+    });
+    let status = run.stop();
+    assert!(status.success(), "{status}: {}", run.stderr());
+    assert_nothing_leased(&sb);
+
+    for m in ["ok", "fail_once", "retry_after", "slow_once"] {
+        let (st, _, err) = sb.row(id(m));
+        assert_eq!(st, "delivered", "{m}: {err:?}");
+    }
+    assert_eq!(rx.requests_for(id("ok")).len(), 1);
+    assert_eq!(rx.requests_for(id("fail_once")).len(), 2, "500 is retried");
+    assert_eq!(
+        rx.requests_for(id("slow_once")).len(),
+        2,
+        "a timeout is retried"
+    );
+    let ra = rx.requests_for(id("retry_after"));
+    assert_eq!(ra.len(), 2, "429 is retried");
+    assert!(
+        ra[1].at.duration_since(ra[0].at) >= Duration::from_millis(950),
+        "Retry-After: 1 is honoured over the 100ms backoff: {:?}",
+        ra[1].at.duration_since(ra[0].at)
+    );
+    let (st, _, err) = sb.row(id("gone"));
+    assert_eq!(st, "dead");
+    assert!(err.unwrap().contains("410"));
+    assert_eq!(rx.requests_for(id("gone")).len(), 1, "410 is not retried");
+    let (st, _, err) = sb.row(guarded);
+    assert_eq!(st, "dead", "{err:?}");
+    assert!(rx.requests_for(guarded).is_empty());
+
+    // Every request carried a signature per secret (rotation), and the id
+    // stayed the event id across retries.
+    let seen = rx.seen.lock().unwrap();
+    assert_eq!(seen.len(), 1 + 2 + 2 + 1 + 2);
+    for s in seen.iter() {
+        assert!(s.signed_new && s.signed_old, "{s:?}");
+        assert!(modes.contains(&s.mode.as_str()));
+    }
+    assert!(!run.stderr().contains(SECRET) && !run.stderr().contains(OLD_SECRET));
+}
+
+// ---------------------------------------------------------------------------
+// Child programs.
+
+#[test]
+fn command_sink_runs_programs_and_reads_their_exit_codes() {
+    let sb = Sandbox::new();
+    let out = sb.path("received");
+    std::fs::create_dir(&out).unwrap();
+    sb.script(
+        "ok.sh",
+        &format!(
+            "cat > '{}'/\"$OUTBOXD_EVENT_ID.json\"\necho \"$OUTBOXD_EVENT_TYPE $OUTBOXD_ATTEMPT $GREETING\" > '{}'/\"$OUTBOXD_EVENT_ID.env\"",
+            out.display(),
+            out.display()
+        ),
+    );
+    sb.script("fail.sh", "echo 'boom: the index is down' >&2\nexit 3");
+    sb.script("hang.sh", "exec sleep 30");
+    sb.script("poison.sh", "echo 'not an order' >&2\nexit 65");
+    let consumer = |name: &str, ty: &str, extra: &str| {
+        format!(
+            r#"
+[[consumer]]
+name = "{name}"
+types = ["{ty}"]
+[consumer.sink]
+kind = "command"
+program = "./{name}.sh"
+timeout = "500ms"
+{extra}
+"#
+        )
+    };
+    let config = sb.write(
+        "outboxd.toml",
+        &format!(
+            "[retry]\ninitial = \"100ms\"\nmax_delay = \"100ms\"\nmax_attempts = 2\njitter = 0.0\n{}{}{}{}",
+            consumer("ok", "job.ok.v1", "env = { GREETING = \"hello\" }"),
+            consumer("fail", "job.fail.v1", ""),
+            consumer("hang", "job.hang.v1", ""),
+            consumer("poison", "job.poison.v1", "poison_exit_code = 65"),
+        ),
+    );
+    let mut run = sb.spawn(sb.outboxd(&["run", "--config", config.to_str().unwrap()]));
+    run.wait_started();
+    let ids = sb.enqueue(&[
+        event("job.ok.v1", serde_json::json!({"n": 1})),
+        event("job.fail.v1", serde_json::json!({"n": 2})),
+        event("job.hang.v1", serde_json::json!({"n": 3})),
+        event("job.poison.v1", serde_json::json!({"n": 4})),
+    ]);
+    wait_until("every event to be finished", WAIT, || {
+        sb.count("status IN ('delivered', 'dead')") == 4
+    });
+    let status = run.stop();
+    assert!(status.success(), "{status}: {}", run.stderr());
+    assert_nothing_leased(&sb);
+
+    let (st, _, _) = sb.row(ids[0]);
+    assert_eq!(st, "delivered");
+    let stdin: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join(format!("{}.json", ids[0]))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(stdin["event_id"], ids[0].to_string());
+    assert_eq!(stdin["payload"]["n"], 1);
+    let env = std::fs::read_to_string(out.join(format!("{}.env", ids[0]))).unwrap();
+    assert_eq!(env.trim(), "job.ok.v1 1 hello");
+
+    let (st, attempts, err) = sb.row(ids[1]);
+    assert_eq!(
+        (st.as_str(), attempts),
+        ("dead", 2),
+        "failing program: {err:?}"
+    );
+    assert!(err.unwrap().contains("boom: the index is down"));
+
+    let (st, attempts, err) = sb.row(ids[2]);
+    assert_eq!(
+        (st.as_str(), attempts),
+        ("dead", 2),
+        "hanging program: {err:?}"
+    );
+    assert!(err.unwrap().contains("500ms"), "the timeout is the reason");
+
+    let (st, _, err) = sb.row(ids[3]);
+    assert_eq!(st, "dead", "poison: {err:?}");
+    let err = err.unwrap();
+    assert!(err.contains("65") && err.contains("not an order"), "{err}");
+}
+
+#[test]
+fn jsonl_file_sink_appends_one_line_per_event() {
+    let sb = Sandbox::new();
+    let config = sb.write(
+        "outboxd.toml",
+        r#"
+[[consumer]]
+name = "archive"
+types = ["article.*.v1"]
+[consumer.sink]
+kind = "jsonl"
+path = "events.jsonl"
+fsync = true
+"#,
+    );
+    let mut run = sb.spawn(sb.outboxd(&["run", "--config", config.to_str().unwrap()]));
+    run.wait_started();
+    let events: Vec<Event> = (0..5)
+        .map(|n| event("article.created.v1", serde_json::json!({ "n": n })))
+        .collect();
+    let ids = sb.enqueue(&events);
+    let file = sb.path("events.jsonl");
+    let lines = || {
+        std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    wait_until("5 lines in events.jsonl", WAIT, || lines().len() == 5);
+    wait_until("5 delivered", WAIT, || {
+        sb.count("status = 'delivered'") == 5
+    });
+    assert!(run.stop().success());
+    // Workers run in parallel: without an ordering key, lines may come in
+    // any order, but each event is there exactly once.
+    let mut got: Vec<String> = lines()
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["event_id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    want.sort();
+    assert_eq!(got, want);
+    assert!(
+        run.stdout().is_empty(),
+        "nothing on stdout with a file sink"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Signals.
+
+#[test]
+fn sigterm_mid_run_finishes_in_flight_work_and_leaves_nothing_leased() {
+    let sb = Sandbox::new();
+    sb.script("slow.sh", "sleep 0.3");
+    let config = sb.write(
+        "outboxd.toml",
+        r#"
+[relay]
+workers = 2
+[[consumer]]
+name = "slow"
+types = ["*"]
+[consumer.sink]
+kind = "command"
+program = "./slow.sh"
+"#,
+    );
+    let mut run = sb.spawn(sb.outboxd(&["run", "--config", config.to_str().unwrap()]));
+    run.wait_started();
+    let events: Vec<Event> = (0..20)
+        .map(|n| event("job.run.v1", serde_json::json!({ "n": n })))
+        .collect();
+    sb.enqueue(&events);
+    wait_until("a first delivery", WAIT, || {
+        sb.count("status = 'delivered'") >= 1
+    });
+    let status = run.stop();
+    assert_eq!(status.code(), Some(0), "{}", run.stderr());
+    assert_nothing_leased(&sb);
+    let delivered = sb.count("status = 'delivered'");
+    assert!(
+        delivered < 20,
+        "stopped mid-run, yet all {delivered} were delivered"
+    );
+    assert_eq!(sb.count("status = 'pending'"), 20 - delivered);
+    assert_eq!(sb.count("status = 'dead'"), 0);
+}
+
+#[test]
+fn a_second_signal_exits_at_once() {
+    let sb = Sandbox::new();
+    let started = sb.path("started");
+    sb.script(
+        "hang.sh",
+        &format!("touch '{}'\nexec sleep 60", started.display()),
+    );
+    let config = sb.write(
+        "outboxd.toml",
+        r#"
+[relay]
+lease = "2m"
+shutdown_grace = "50s"
+[[consumer]]
+name = "hang"
+types = ["*"]
+[consumer.sink]
+kind = "command"
+program = "./hang.sh"
+timeout = "90s"
+"#,
+    );
+    let mut run = sb.spawn(sb.outboxd(&["run", "--config", config.to_str().unwrap()]));
+    run.wait_started();
+    sb.enqueue(&[event("job.run.v1", Value::Null)]);
+    wait_until("the program to start", WAIT, || started.exists());
+    run.signal("-TERM");
+    wait_until("the shutdown to begin", WAIT, || {
+        run.stderr().contains("signal received")
+    });
+    let t = Instant::now();
+    run.signal("-INT");
+    let status = run.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(130), "{}", run.stderr());
+    assert!(t.elapsed() < Duration::from_secs(10));
+}
+
+// ---------------------------------------------------------------------------
+// Foreign producers.
+
+/// Whether an interpreter can run here; outside CI a missing one skips.
+fn available(program: &str, probe: &[&str]) -> bool {
+    let found = Command::new(program)
+        .args(probe)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{program} is not usable, and CI=true requires this test to run");
+        }
+        eprintln!("SKIPPED: {program} is not installed (python3, php-cli, php-sqlite3); set CI=true to make this a failure");
+    }
+    found
+}
+
+#[test]
+fn python_and_php_producers_write_while_run_delivers() {
+    let sb = Sandbox::new();
+    sb.conn()
+        .execute_batch(
+            "CREATE TABLE orders (id INTEGER PRIMARY KEY, ref TEXT NOT NULL UNIQUE, total_cents INTEGER NOT NULL)",
+        )
+        .unwrap();
+    let mut run = sb.spawn(sb.outboxd(&["run"]));
+    run.wait_started();
+    let contract = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/contract");
+    let mut expected = 0;
+    let mut producers = Vec::new();
+    if available("python3", &["-c", "import sqlite3"]) {
+        producers.push(("python3", contract.join("producer.py")));
+        // And a stream of small transactions while the relay drains.
+        let loop_script = sb.write(
+            "loop.py",
+            r#"
+import json, sqlite3, sys
+c = sqlite3.connect(sys.argv[1], timeout=10.0, isolation_level=None)
+c.execute("PRAGMA busy_timeout = 10000")
+for n in range(40):
+    c.execute("BEGIN IMMEDIATE")
+    c.execute("INSERT INTO event_outbox (event_type, payload) VALUES (?, ?)",
+              ("loop.tick.v1", json.dumps({"n": n})))
+    c.execute("COMMIT")
+"#,
+        );
+        producers.push(("python3", loop_script));
+        expected += 3 + 40;
+    }
+    if available(
+        "php",
+        &[
+            "-r",
+            "exit(class_exists('PDO') && in_array('sqlite', PDO::getAvailableDrivers()) ? 0 : 1);",
+        ],
+    ) {
+        producers.push(("php", contract.join("producer.php")));
+        expected += 3;
+    }
+    let handles: Vec<_> = producers
+        .into_iter()
+        .map(|(program, script)| {
+            let db = sb.db();
+            thread::spawn(move || {
+                let out = Command::new(program)
+                    .arg(&script)
+                    .arg(&db)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{program} {}: {}",
+                    script.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    wait_until("every produced event on stdout", WAIT, || {
+        run.stdout().lines().count() >= expected
+    });
+    assert!(run.stop().success());
+    assert_nothing_leased(&sb);
+    assert_eq!(sb.count("status = 'delivered'") as usize, expected);
+    for line in run.stdout().lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        assert!(v["event_type"].is_string(), "{line}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Bad configuration, refused before anything is claimed.
+
+const BASE_CONSUMER: &str = "[[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n";
+
+/// Runs `outboxd run --config` and `check-config` on `toml`; both must exit
+/// 6 naming `field`, and the pending event must stay unclaimed.
+fn assert_refused(sb: &Sandbox, case: &str, toml: &str, field: &str, extra_env: &[(&str, &str)]) {
+    let config = sb.write("bad.toml", toml);
+    let c = config.to_str().unwrap();
+    for args in [
+        vec!["run", "--config", c],
+        vec!["check-config", "--config", c],
+    ] {
+        let mut cmd = sb.outboxd(&args);
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let out = cmd.stdin(Stdio::null()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(CONFIG),
+            "{case} ({}): {stderr}",
+            args[0]
+        );
+        assert!(
+            stderr.contains(&format!(": {field}: ")) && stderr.contains("bad.toml"),
+            "{case} ({}): expected the field {field} in: {stderr}",
+            args[0]
+        );
+        assert_eq!(stderr.lines().count(), 1, "{case}: one line: {stderr}");
+        assert!(out.stdout.is_empty(), "{case}: nothing on stdout");
+    }
+    assert_eq!(
+        sb.count("status = 'pending' AND attempts = 0 AND claim_token IS NULL"),
+        1,
+        "{case}: the event was touched"
+    );
+}
+
+#[test]
+fn every_config_mistake_names_its_field_and_claims_nothing() {
+    let sb = Sandbox::new();
+    sb.enqueue(&[event("order.placed.v1", Value::Null)]);
+    sb.script("ok.sh", "exit 0");
+    sb.write("not-executable.sh", "#!/bin/sh\nexit 0\n");
+    let section = |s: &str| format!("{s}\n{BASE_CONSUMER}");
+    let sink = |body: &str| {
+        format!("[[consumer]]\nname = \"c\"\ntypes = [\"*\"]\n[consumer.sink]\n{body}\n")
+    };
+    let hook = |extra: &str| {
+        sink(&format!(
+            "kind = \"webhook\"\nurl = \"https://example.com/h\"\nsecret_env = \"E2E_SECRET\"\n{extra}"
+        ))
+    };
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("database of the wrong type", section("database = 7"), "database"),
+        ("unknown top-level key", section("databse = \"x.db\""), "databse"),
+        ("workers zero", section("[relay]\nworkers = 0"), "relay.workers"),
+        ("workers text", section("[relay]\nworkers = \"two\""), "relay.workers"),
+        ("batch size too big", section("[relay]\nbatch_size = 20000"), "relay.batch_size"),
+        ("lease too short", section("[relay]\nlease = \"500ms\""), "relay.lease"),
+        ("lease without unit", section("[relay]\nlease = \"30\""), "relay.lease"),
+        ("poll interval too long", section("[relay]\npoll_interval = \"2m\""), "relay.poll_interval"),
+        ("unrouted policy", section("[relay]\nunrouted = \"drop\""), "relay.unrouted"),
+        ("shutdown grace", section("[relay]\nshutdown_grace = \"2h\""), "relay.shutdown_grace"),
+        ("unknown relay key", section("[relay]\nworkerz = 2"), "relay.workerz"),
+        ("retry initial zero", section("[retry]\ninitial = \"0s\""), "retry.initial"),
+        ("retry max delay short", section("[retry]\ninitial = \"1m\"\nmax_delay = \"30s\""), "retry.max_delay"),
+        ("retry attempts zero", section("[retry]\nmax_attempts = 0"), "retry.max_attempts"),
+        ("retry attempts negative", section("[retry]\nmax_attempts = -1"), "retry.max_attempts"),
+        ("retry jitter", section("[retry]\njitter = 2.0"), "retry.jitter"),
+        ("purge enabled", section("[purge]\nenabled = \"yes\""), "purge.enabled"),
+        ("purge dedup ttl", section("[purge]\ndelivered_retention = \"30d\"\ndedup_ttl = \"1d\""), "purge.dedup_ttl"),
+        ("purge batch", section("[purge]\nbatch_size = 0"), "purge.batch_size"),
+        ("purge dead retention", section("[purge]\ndead_retention = \"forever\""), "purge.dead_retention"),
+        ("stale after zero", section("[alerts]\nstale_after = \"0s\""), "alerts.stale_after"),
+        ("max dead negative", section("[alerts]\nmax_dead = -1"), "alerts.max_dead"),
+        ("log level", section("[log]\nlevel = \"lo=ud=\""), "log.level"),
+        ("log format", section("[log]\nformat = \"xml\""), "log.format"),
+        ("metrics address", section("[metrics]\nlisten = \"nowhere\""), "metrics.listen"),
+        ("no consumer", "[relay]\nworkers = 1\n".into(), "consumer"),
+        ("consumer name", sink("kind = \"jsonl\"\npath = \"-\"").replace("\"c\"", "\"bad name\""), "consumer[0].name"),
+        ("duplicate name", format!("{BASE_CONSUMER}{BASE_CONSUMER}"), "consumer[1].name"),
+        ("no types", sink("kind = \"jsonl\"\npath = \"-\"").replace("[\"*\"]", "[]"), "consumer[0].types"),
+        ("bad pattern", sink("kind = \"jsonl\"\npath = \"-\"").replace("[\"*\"]", "[\"ok.v1\", \"Bad..Type\"]"), "consumer[0].types[1]"),
+        ("consumer retry", sink("kind = \"jsonl\"\npath = \"-\"").replace("[consumer.sink]", "retry = { max_attempts = 0 }\n[consumer.sink]"), "consumer[0].retry.max_attempts"),
+        ("missing sink", "[[consumer]]\nname = \"c\"\ntypes = [\"*\"]\n".into(), "consumer[0]"),
+        ("sink kind", sink("kind = \"kafka\""), "consumer[0].sink.kind"),
+        ("unknown sink key", sink("kind = \"jsonl\"\npath = \"-\"\nrotate = true"), "consumer[0].sink.rotate"),
+        ("key of another kind", sink("kind = \"jsonl\"\npath = \"-\"\nurl = \"http://x\""), "consumer[0].sink.url"),
+        ("jsonl without path", sink("kind = \"jsonl\""), "consumer[0].sink.path"),
+        ("fsync on stdout", sink("kind = \"jsonl\"\npath = \"-\"\nfsync = true"), "consumer[0].sink.fsync"),
+        ("jsonl in a missing directory", sink("kind = \"jsonl\"\npath = \"no/such/dir/e.jsonl\""), "consumer[0].sink.path"),
+        ("command without program", sink("kind = \"command\""), "consumer[0].sink.program"),
+        ("missing program", sink("kind = \"command\"\nprogram = \"./no-such-program\""), "consumer[0].sink.program"),
+        ("program not in PATH", sink("kind = \"command\"\nprogram = \"no-such-program-e2e\""), "consumer[0].sink.program"),
+        ("program not executable", sink("kind = \"command\"\nprogram = \"./not-executable.sh\""), "consumer[0].sink.program"),
+        ("command timeout zero", sink("kind = \"command\"\nprogram = \"./ok.sh\"\ntimeout = \"0s\""), "consumer[0].sink.timeout"),
+        ("poison code range", sink("kind = \"command\"\nprogram = \"./ok.sh\"\npoison_exit_code = 300"), "consumer[0].sink.poison_exit_code"),
+        ("env key", sink("kind = \"command\"\nprogram = \"./ok.sh\"\nenv = { \"A=B\" = \"x\" }"), "consumer[0].sink.env.A=B"),
+        ("timeout past the lease", format!("[relay]\nlease = \"10s\"\n{}", sink("kind = \"command\"\nprogram = \"./ok.sh\"\ntimeout = \"1m\"")), "consumer[0].sink.timeout"),
+        ("webhook without url", sink("kind = \"webhook\"\nsecret_env = \"E2E_SECRET\""), "consumer[0].sink.url"),
+        ("bad url", sink("kind = \"webhook\"\nurl = \"http://exa mple.com\"\nsecret_env = \"E2E_SECRET\""), "consumer[0].sink.url"),
+        ("url scheme", sink("kind = \"webhook\"\nurl = \"ftp://example.com/h\"\nsecret_env = \"E2E_SECRET\""), "consumer[0].sink.url"),
+        ("no secret", sink("kind = \"webhook\"\nurl = \"https://example.com/h\""), "consumer[0].sink.secret_env"),
+        ("missing secret variable", hook("").replace("E2E_SECRET", "E2E_UNSET_SECRET"), "consumer[0].sink.secret_env"),
+        ("missing rotated secret", sink("kind = \"webhook\"\nurl = \"https://example.com/h\"\nsecrets_env = [\"E2E_SECRET\", \"E2E_UNSET_SECRET\"]"), "consumer[0].sink.secrets_env[1]"),
+        ("missing secret file", sink("kind = \"webhook\"\nurl = \"https://example.com/h\"\nsecret_file = \"no-such.secret\""), "consumer[0].sink.secret_file"),
+        ("webhook timeout past the lease", hook("timeout = \"31s\""), "consumer[0].sink.timeout"),
+        ("webhook connect timeout", hook("connect_timeout = \"0s\""), "consumer[0].sink.connect_timeout"),
+        ("reserved header", hook("headers = { \"webhook-id\" = \"x\" }"), "consumer[0].sink.headers"),
+        ("response bound", hook("max_response_bytes = 0"), "consumer[0].sink.max_response_bytes"),
+        ("deny private type", hook("deny_private_addresses = \"yes\""), "consumer[0].sink.deny_private_addresses"),
+    ];
+    for (case, toml, field) in &cases {
+        assert_refused(&sb, case, toml, field, &[("E2E_SECRET", SECRET)]);
+    }
+
+    // A malformed secret is named by its variable, never shown.
+    let leaky = "whsec_SUPERSECRETVALUE!!";
+    assert_refused(
+        &sb,
+        "malformed secret",
+        &hook(""),
+        "consumer[0].sink.secret_env",
+        &[("E2E_SECRET", leaky)],
+    );
+    assert_refused(
+        &sb,
+        "malformed rotated secret",
+        &sink("kind = \"webhook\"\nurl = \"https://example.com/h\"\nsecrets_env = [\"E2E_SECRET\", \"E2E_LEAKY\"]"),
+        "consumer[0].sink.secrets_env[1]",
+        &[("E2E_SECRET", SECRET), ("E2E_LEAKY", leaky)],
+    );
+    let out = sb
+        .outboxd(&[
+            "check-config",
+            "--config",
+            sb.path("bad.toml").to_str().unwrap(),
+        ])
+        .env("E2E_SECRET", SECRET)
+        .env("E2E_LEAKY", leaky)
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("SUPERSECRET"));
+
+    // A TOML syntax error names the line.
+    let config = sb.write("bad.toml", "[relay\nworkers = 1\n");
+    let out = sb.output(&["run", "--config", config.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(CONFIG));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("line 1"),
+        "{out:?}"
+    );
+    // A missing file.
+    let out = sb.output(&["run", "--config", "no-such.toml"]);
+    assert_eq!(out.status.code(), Some(CONFIG));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such.toml"));
+}
+
+#[test]
+fn check_config_summarises_a_good_file_and_db_overrides_the_config() {
+    let sb = Sandbox::new();
+    let config = sb.write(
+        "outboxd.toml",
+        &format!("database = \"from-config.db\"\n{BASE_CONSUMER}"),
+    );
+    let c = config.to_str().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
+    cmd.env_remove("OUTBOXD_DB")
+        .args(["check-config", "--config", c]);
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ok"), "{text}");
+    assert!(
+        text.contains(&sb.path("from-config.db").display().to_string()),
+        "the config's database, relative to the config: {text}"
+    );
+    assert!(text.contains("consumer out <- *: jsonl stdout"), "{text}");
+    // --db given: it wins.
+    let out = sb.output(&["check-config", "--config", c]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&sb.db().display().to_string()), "{text}");
+    assert!(!text.contains("from-config.db"), "{text}");
+}
+
+// ---------------------------------------------------------------------------
+// Metrics.
+
+#[test]
+fn a_metrics_address_in_use_is_a_config_error() {
+    let sb = Sandbox::new();
+    sb.enqueue(&[event("order.placed.v1", Value::Null)]);
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = sb.output(&["run", "--metrics", &addr]);
+    assert_eq!(out.status.code(), Some(CONFIG), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("cannot serve metrics on {addr}")),
+        "{stderr}"
+    );
+    assert_eq!(
+        sb.count("status = 'pending' AND attempts = 0 AND claim_token IS NULL"),
+        1
+    );
+}
+
+fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+#[test]
+fn the_metrics_endpoint_serves_prometheus_text() {
+    let sb = Sandbox::new();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let config = sb.write(
+        "outboxd.toml",
+        &format!("[metrics]\nlisten = \"{addr}\"\n{BASE_CONSUMER}"),
+    );
+    let mut run = sb.spawn(sb.outboxd(&["run", "--config", config.to_str().unwrap()]));
+    run.wait_started();
+    sb.enqueue(&[
+        event("order.placed.v1", Value::Null),
+        event("order.placed.v1", Value::Null),
+    ]);
+    wait_until("2 delivered", WAIT, || {
+        sb.count("status = 'delivered'") == 2
+    });
+    let mut body = String::new();
+    wait_until("the metrics to count both deliveries", WAIT, || {
+        body = http_get(&addr, "/metrics").unwrap_or_default();
+        body.contains("outboxd_deliveries_total{consumer=\"out\",result=\"delivered\"} 2")
+    });
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+    assert!(body.contains("text/plain; version=0.0.4"), "{body}");
+    for name in [
+        "outboxd_events{status=\"delivered\"} 2",
+        "outboxd_events{status=\"pending_due\"} 0",
+        "outboxd_events{status=\"dead\"} 0",
+        "outboxd_status_up 1",
+        "outboxd_oldest_due_age_seconds 0",
+        "outboxd_deliveries_total{consumer=\"out\",result=\"retry\"} 0",
+        "outboxd_events_delivered_total 2",
+        "# TYPE outboxd_retries_total counter",
+        "# TYPE outboxd_dead_letters_total counter",
+        "# TYPE outboxd_claim_seconds_total counter",
+        "# TYPE outboxd_commit_seconds_total counter",
+        "# TYPE outboxd_commits_total counter",
+        "# TYPE outboxd_leases_expired gauge",
+    ] {
+        assert!(body.contains(name), "{name} missing in:\n{body}");
+    }
+    let missing = http_get(&addr, "/nope").unwrap();
+    assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+    assert!(run.stop().success());
+}
