@@ -97,7 +97,7 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
         envelope,
         tenant_id: lenient_text(r.get_ref(4)?),
         ordering_key: lenient_text(r.get_ref(5)?),
-        attempts: r.get::<_, i64>(11)?.clamp(0, u32::MAX as i64) as u32,
+        attempts: lenient_count(r.get_ref(11)?),
     })
 }
 
@@ -121,6 +121,22 @@ fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, Envelop
             expected: "INTEGER milliseconds since the Unix epoch",
         }),
     }
+}
+
+/// The attempts column as a count. A foreign producer may have written
+/// anything there; failing the read would fail the whole claim and stop
+/// every delivery, so a value that is not a number counts as 0.
+fn lenient_count(v: ValueRef<'_>) -> u32 {
+    let n = match v {
+        ValueRef::Integer(i) => i,
+        ValueRef::Real(f) if f.is_finite() => f as i64,
+        ValueRef::Text(t) => std::str::from_utf8(t)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    };
+    n.clamp(0, u32::MAX as i64) as u32
 }
 
 /// Routing columns are informational: text as is, numbers as their text.
@@ -340,6 +356,24 @@ mod tests {
         assert!(!extend(&conn, id, "T1", later).unwrap());
         assert!(!release(&conn, id, "T1", later).unwrap());
         assert!(finish_delivered(&conn, id, "T2", later).unwrap());
+    }
+
+    /// Regression (found by fuzz/foreign_row): one foreign row with text in
+    /// `attempts` made every claim fail, so no event was delivered at all.
+    #[test]
+    fn a_foreign_row_with_text_attempts_does_not_block_claims() {
+        let (_d, conn) = db();
+        conn.execute(
+            "INSERT INTO event_outbox (event_id, event_type, attempts)
+             VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a.b.v1', 'many')",
+            [],
+        )
+        .unwrap();
+        put(&conn, "a.b.v1", None);
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let got = claim(&conn, "T", now, now, 10).unwrap();
+        assert_eq!(got.len(), 2, "both rows are claimed");
+        assert_eq!(got[0].attempts, 0);
     }
 
     #[test]
