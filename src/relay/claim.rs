@@ -287,11 +287,20 @@ pub(crate) fn next_due_after(
     conn: &Connection,
     now: Timestamp,
 ) -> rusqlite::Result<Option<Timestamp>> {
+    // Only numbers: a foreign row's text would win min() (text sorts after
+    // numbers) and a REAL would fail an i64 read, and either would fail
+    // the claim transaction this runs in.
     conn.prepare_cached(
-        "SELECT min(available_at) FROM event_outbox WHERE status = 'pending' AND available_at > ?1",
+        "SELECT min(available_at) FROM event_outbox WHERE status = 'pending' AND available_at > ?1
+            AND typeof(available_at) IN ('integer', 'real')",
     )?
-    .query_row([now.as_millis()], |r| r.get::<_, Option<i64>>(0))
-    .map(|v| v.map(Timestamp::from_millis))
+    .query_row([now.as_millis()], |r| {
+        Ok(match r.get_ref(0)? {
+            ValueRef::Integer(ms) => Some(Timestamp::from_millis(ms)),
+            ValueRef::Real(ms) => Some(Timestamp::from_millis(ms.ceil() as i64)),
+            _ => None,
+        })
+    })
 }
 
 fn fenced(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<bool> {
@@ -374,6 +383,30 @@ mod tests {
         let got = claim(&conn, "T", now, now, 10).unwrap();
         assert_eq!(got.len(), 2, "both rows are claimed");
         assert_eq!(got[0].attempts, 0);
+    }
+
+    /// Regression (found by fuzz/foreign_row): a foreign row with a REAL
+    /// (or text) available_at in the future failed next_due_after, and with
+    /// it every claim transaction that ran it.
+    #[test]
+    fn next_due_after_reads_real_and_skips_text_available_at() {
+        let (_d, conn) = db();
+        conn.execute_batch(
+            "INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', 'soon');
+             INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', 5000.5);",
+        )
+        .unwrap();
+        let next = next_due_after(&conn, Timestamp::from_millis(1000)).unwrap();
+        assert_eq!(next, Some(Timestamp::from_millis(5001)));
+        conn.execute(
+            "DELETE FROM event_outbox WHERE typeof(available_at) = 'real'",
+            [],
+        )
+        .unwrap();
+        assert_eq!(
+            next_due_after(&conn, Timestamp::from_millis(1000)).unwrap(),
+            None
+        );
     }
 
     #[test]
