@@ -104,7 +104,18 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
 /// A timestamp column: INTEGER milliseconds, or RFC 3339 text from a
 /// producer that wrote one.
 fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, EnvelopeError> {
+    // The times an envelope can carry as RFC 3339 text: years 1 to 9999.
+    // Anything else would be delivered as a wrong time (1970), not refused.
+    const EARLIEST: i64 = -62_135_596_800_000; // 0001-01-01T00:00:00Z
+    const LATEST: i64 = 253_402_300_799_999; // 9999-12-31T23:59:59.999Z
+    let out_of_range = EnvelopeError::ColumnType {
+        column,
+        found: "a time outside the years 1 to 9999",
+        expected: "INTEGER milliseconds since the Unix epoch",
+    };
     match v {
+        ValueRef::Integer(ms) if !(EARLIEST..=LATEST).contains(&ms) => Err(out_of_range),
+        ValueRef::Real(f) if !(EARLIEST as f64..=LATEST as f64).contains(&f) => Err(out_of_range),
         ValueRef::Integer(ms) => Ok(Timestamp::from_millis(ms)),
         ValueRef::Text(t) => std::str::from_utf8(t)
             .ok()
@@ -367,7 +378,7 @@ mod tests {
         assert!(finish_delivered(&conn, id, "T2", later).unwrap());
     }
 
-    /// Regression (found by fuzz/foreign_row): one foreign row with text in
+    /// Regression (found while writing fuzz/foreign_row): one foreign row with text in
     /// `attempts` made every claim fail, so no event was delivered at all.
     #[test]
     fn a_foreign_row_with_text_attempts_does_not_block_claims() {
@@ -385,7 +396,7 @@ mod tests {
         assert_eq!(got[0].attempts, 0);
     }
 
-    /// Regression (found by fuzz/foreign_row): a foreign row with a REAL
+    /// Regression (found while writing fuzz/foreign_row): a foreign row with a REAL
     /// (or text) available_at in the future failed next_due_after, and with
     /// it every claim transaction that ran it.
     #[test]
@@ -407,6 +418,28 @@ mod tests {
             next_due_after(&conn, Timestamp::from_millis(1000)).unwrap(),
             None
         );
+    }
+
+    /// Regression (found while writing fuzz/foreign_row): an occurred_at past year
+    /// 9999 was delivered as 1970-01-01, silently; now the row is invalid
+    /// (and so dead-lettered with the reason).
+    #[test]
+    fn a_time_outside_years_1_to_9999_makes_the_row_invalid() {
+        let (_d, conn) = db();
+        conn.execute_batch(&format!(
+            "INSERT INTO event_outbox (event_id, event_type, occurred_at)
+             VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a.b.v1', {});
+             INSERT INTO event_outbox (event_id, event_type, occurred_at)
+             VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5S', 'a.b.v1', 253402300799999);",
+            i64::MAX
+        ))
+        .unwrap();
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let got = claim(&conn, "T", now, now, 10).unwrap();
+        let e = got[0].envelope.as_ref().unwrap_err();
+        assert!(e.to_string().contains("occurred_at"), "{e}");
+        let env = got[1].envelope.as_ref().unwrap();
+        assert_eq!(env.occurred_at.to_string(), "9999-12-31T23:59:59.999Z");
     }
 
     #[test]
