@@ -8,7 +8,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::clock::Timestamp;
-use crate::envelope::{Envelope, EnvelopeError, RawRow};
+use crate::envelope::{check_time, Envelope, EnvelopeError, RawRow};
 
 /// One claimed row, validated.
 #[derive(Debug)]
@@ -104,19 +104,9 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
 /// A timestamp column: INTEGER milliseconds, or RFC 3339 text from a
 /// producer that wrote one.
 fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, EnvelopeError> {
-    // The times an envelope can carry as RFC 3339 text: years 1 to 9999.
-    // Anything else would be delivered as a wrong time (1970), not refused.
-    const EARLIEST: i64 = -62_135_596_800_000; // 0001-01-01T00:00:00Z
-    const LATEST: i64 = 253_402_300_799_999; // 9999-12-31T23:59:59.999Z
-    let out_of_range = EnvelopeError::ColumnType {
-        column,
-        found: "a time outside the years 1 to 9999",
-        expected: "INTEGER milliseconds since the Unix epoch",
-    };
+    // Only the times an envelope can carry (see check_time).
     match v {
-        ValueRef::Integer(ms) if !(EARLIEST..=LATEST).contains(&ms) => Err(out_of_range),
-        ValueRef::Real(f) if !(EARLIEST as f64..=LATEST as f64).contains(&f) => Err(out_of_range),
-        ValueRef::Integer(ms) => Ok(Timestamp::from_millis(ms)),
+        ValueRef::Integer(ms) => check_time(ms, column),
         ValueRef::Text(t) => std::str::from_utf8(t)
             .ok()
             .and_then(|s| s.parse().ok())
@@ -125,7 +115,7 @@ fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, Envelop
                 found: "text that is not an RFC 3339 time",
                 expected: "INTEGER milliseconds since the Unix epoch",
             }),
-        ValueRef::Real(f) if f.is_finite() => Ok(Timestamp::from_millis(f as i64)),
+        ValueRef::Real(f) if f.is_finite() => check_time(f as i64, column),
         _ => Err(EnvelopeError::ColumnType {
             column,
             found: "a value that is not a time",
