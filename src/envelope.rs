@@ -387,8 +387,25 @@ impl Envelope {
             event_version,
             causation_id: text(row.causation_id, "causation_id")?.map(str::to_string),
             correlation_id: text(row.correlation_id, "correlation_id")?.map(str::to_string),
-            occurred_at: row.occurred_at,
+            occurred_at: check_time(row.occurred_at.as_millis(), "occurred_at")?,
             payload,
+        })
+    }
+}
+
+/// A time in milliseconds an envelope can carry: RFC 3339 text holds the
+/// years 1 to 9999 only, and a time outside them would be delivered as a
+/// wrong time (Timestamp's text falls back to 1970), not refused.
+pub(crate) fn check_time(ms: i64, column: &'static str) -> Result<Timestamp, EnvelopeError> {
+    const EARLIEST: i64 = -62_135_596_800_000; // 0001-01-01T00:00:00Z
+    const LATEST: i64 = 253_402_300_799_999; // 9999-12-31T23:59:59.999Z
+    if (EARLIEST..=LATEST).contains(&ms) {
+        Ok(Timestamp::from_millis(ms))
+    } else {
+        Err(EnvelopeError::ColumnType {
+            column,
+            found: "a time outside the years 1 to 9999",
+            expected: "INTEGER milliseconds since the Unix epoch",
         })
     }
 }
@@ -514,6 +531,20 @@ mod tests {
             r#"{{"event_id":"{good}","event_type":"a.b.v1","event_version":1,"causation_id":null,"correlation_id":null,"occurred_at":"2026-01-01T00:00:00Z","payload":1,"extra":2}}"#
         );
         assert!(serde_json::from_str::<Envelope>(&unknown).is_err());
+    }
+
+    /// Regression (found by fuzz/foreign_row): from_row took any
+    /// occurred_at, and one past year 9999 came out of to_json as 1970.
+    #[test]
+    fn from_row_refuses_a_time_an_envelope_cannot_carry() {
+        let mut r = row("a.b.v1", ValueRef::Null, b"{}");
+        r.occurred_at = Timestamp::from_millis(i64::MAX);
+        let e = Envelope::from_row(r).unwrap_err();
+        assert!(e.to_string().contains("occurred_at"), "{e}");
+        r.occurred_at = Timestamp::from_millis(253_402_300_799_999);
+        let env = Envelope::from_row(r).unwrap();
+        let back: Envelope = serde_json::from_str(&env.to_json()).unwrap();
+        assert_eq!(back, env);
     }
 
     #[test]

@@ -31,7 +31,8 @@ pub const DEFAULT_PURGE_BATCH: usize = 1000;
 pub struct PurgePolicy {
     /// Delivered rows older than this (since delivery) are deleted.
     pub delivered_retention: Duration,
-    /// `delivered_events` entries older than this are deleted; never shorter
+    /// `delivered_events` entries older than this are deleted, except those
+    /// of rows still pending or dead (they are those rows' progress); never shorter
     /// than `delivered_retention`, or a retried duplicate could be delivered
     /// again while its first row is still kept.
     pub dedup_ttl: Duration,
@@ -124,6 +125,11 @@ pub fn purge_with_progress(
     }
 }
 
+/// The condition on a `delivered_events d` entry that its row is not
+/// still pending or dead.
+const UNFINISHED_ROW_GONE: &str = "NOT EXISTS (SELECT 1 FROM event_outbox o
+      WHERE o.id = d.outbox_id AND o.status <> 'delivered')";
+
 /// One bounded transaction: at most `batch_size` rows of each kind. The
 /// relay calls this from its housekeeping tick.
 pub fn purge_batch(
@@ -154,12 +160,15 @@ pub fn purge_batch(
         report.dead = delete_rows("dead", r)?;
     }
     let cutoff = now.as_millis() - policy.dedup_ttl.as_millis() as i64;
+    // An entry is also the progress of its row: while the row is pending
+    // (a retry may be due) or dead (it may be requeued), deleting it would
+    // run a consumer that already succeeded again.
     report.dedup_entries = tx
-        .prepare_cached(
+        .prepare_cached(&format!(
             "DELETE FROM delivered_events WHERE (event_key, consumer) IN (
-                 SELECT event_key, consumer FROM delivered_events
-                  WHERE delivered_at < ?1 LIMIT ?2)",
-        )
+                 SELECT event_key, consumer FROM delivered_events d
+                  WHERE delivered_at < ?1 AND {UNFINISHED_ROW_GONE} LIMIT ?2)"
+        ))
         .and_then(|mut s| s.execute(params![cutoff, limit]))
         .map_err(Error::db("purge the dedup ledger"))? as u64;
     tx.commit().map_err(Error::db("commit a purge"))?;
@@ -192,8 +201,57 @@ pub fn purge_dry_run(
             None => 0,
         },
         dedup_entries: count(
-            "SELECT count(*) FROM delivered_events WHERE delivered_at < ?1",
+            &format!(
+                "SELECT count(*) FROM delivered_events d
+                  WHERE delivered_at < ?1 AND {UNFINISHED_ROW_GONE}"
+            ),
             ms(policy.dedup_ttl),
         )?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (found by tests/model.rs): a purge deleted the ledger
+    /// entry of a consumer that had succeeded for a row still waiting for
+    /// another consumer's retry, so the retry ran that consumer again.
+    #[test]
+    fn the_ledger_of_a_pending_or_dead_row_outlives_its_ttl() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::connection::open(dir.path().join("a.db")).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        conn.execute_batch(
+            "INSERT INTO event_outbox (id, event_id, event_type) VALUES (1, 'e1', 'a.b.v1');
+             INSERT INTO event_outbox (id, event_id, event_type, status, finished_at)
+                  VALUES (2, 'e2', 'a.b.v1', 'dead', 5), (3, 'e3', 'a.b.v1', 'delivered', 5);
+             INSERT INTO delivered_events VALUES ('e1', 'a', 1, 5), ('e2', 'a', 2, 5),
+                  ('e3', 'a', 3, 5), ('e4', 'a', 4, 5);",
+        )
+        .unwrap();
+        let policy = PurgePolicy {
+            delivered_retention: Duration::from_secs(1),
+            dedup_ttl: Duration::from_secs(1),
+            ..PurgePolicy::default()
+        };
+        let now = Timestamp::from_millis(1_000_000);
+        let dry = purge_dry_run(&conn, &policy, now).unwrap();
+        let report = purge(&mut conn, &policy, now).unwrap();
+        assert_eq!(report, dry);
+        // Row 3's entry goes with row 3; row 4 is long gone.
+        assert_eq!((report.delivered, report.dedup_entries), (1, 2));
+        let kept: Vec<String> = conn
+            .prepare("SELECT event_key FROM delivered_events ORDER BY 1")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            kept,
+            ["e1", "e2"],
+            "the pending and the dead row keep theirs"
+        );
+    }
 }

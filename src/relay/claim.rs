@@ -8,7 +8,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection};
 
 use crate::clock::Timestamp;
-use crate::envelope::{Envelope, EnvelopeError, RawRow};
+use crate::envelope::{check_time, Envelope, EnvelopeError, RawRow};
 
 /// One claimed row, validated.
 #[derive(Debug)]
@@ -97,21 +97,38 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
         envelope,
         tenant_id: lenient_text(r.get_ref(4)?),
         ordering_key: lenient_text(r.get_ref(5)?),
-        attempts: r.get::<_, i64>(11)?.clamp(0, u32::MAX as i64) as u32,
+        attempts: lenient_count(r.get_ref(11)?),
     })
 }
 
 /// A timestamp column. The schema's CHECK keeps these INTEGER milliseconds;
 /// anything else is reported rather than trusted.
 fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, EnvelopeError> {
+    // Only the times an envelope can carry (see check_time).
     match v {
-        ValueRef::Integer(ms) => Ok(Timestamp::from_millis(ms)),
+        ValueRef::Integer(ms) => check_time(ms, column),
         _ => Err(EnvelopeError::ColumnType {
             column,
             found: "a value that is not an integer",
             expected: "INTEGER milliseconds since the Unix epoch",
         }),
     }
+}
+
+/// The attempts column as a count. A foreign producer may have written
+/// anything there; failing the read would fail the whole claim and stop
+/// every delivery, so a value that is not a number counts as 0.
+fn lenient_count(v: ValueRef<'_>) -> u32 {
+    let n = match v {
+        ValueRef::Integer(i) => i,
+        ValueRef::Real(f) if f.is_finite() => f as i64,
+        ValueRef::Text(t) => std::str::from_utf8(t)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    };
+    n.clamp(0, u32::MAX as i64) as u32
 }
 
 /// Routing columns are informational: text as is, numbers as their text.
@@ -247,6 +264,7 @@ pub(crate) fn release(
 /// The next time after `now` that a pending row becomes due (a delayed
 /// event, a retry, or a lease running out). Rows due now but not claimed
 /// wait for an ordering-key predecessor, whose outcome wakes the writer.
+/// (The schema's CHECK keeps available_at an integer.)
 pub(crate) fn next_due_after(
     conn: &Connection,
     now: Timestamp,
@@ -320,6 +338,63 @@ mod tests {
         assert!(!extend(&conn, id, "T1", later).unwrap());
         assert!(!release(&conn, id, "T1", later).unwrap());
         assert!(finish_delivered(&conn, id, "T2", later).unwrap());
+    }
+
+    /// Regression (found while writing fuzz/foreign_row): one foreign row with text in
+    /// `attempts` made every claim fail, so no event was delivered at all.
+    #[test]
+    fn a_foreign_row_with_text_attempts_does_not_block_claims() {
+        let (_d, conn) = db();
+        conn.execute(
+            "INSERT INTO event_outbox (event_id, event_type, attempts)
+             VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a.b.v1', 'many')",
+            [],
+        )
+        .unwrap();
+        put(&conn, "a.b.v1", None);
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let got = claim(&conn, "T", now, now, 10).unwrap();
+        assert_eq!(got.len(), 2, "both rows are claimed");
+        assert_eq!(got[0].attempts, 0);
+    }
+
+    #[test]
+    fn the_schema_refuses_a_time_that_is_not_an_integer() {
+        let (_d, conn) = db();
+        for value in ["1500000000000.5", "'tomorrow'"] {
+            let e = conn
+                .execute(
+                    &format!("INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', {value})"),
+                    [],
+                )
+                .unwrap_err();
+            assert!(
+                e.to_string().contains("event_outbox_times_are_integers"),
+                "{e}"
+            );
+        }
+    }
+
+    /// Regression (found while writing fuzz/foreign_row): an occurred_at past year
+    /// 9999 was delivered as 1970-01-01, silently; now the row is invalid
+    /// (and so dead-lettered with the reason).
+    #[test]
+    fn a_time_outside_years_1_to_9999_makes_the_row_invalid() {
+        let (_d, conn) = db();
+        conn.execute_batch(&format!(
+            "INSERT INTO event_outbox (event_id, event_type, occurred_at)
+             VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a.b.v1', {});
+             INSERT INTO event_outbox (event_id, event_type, occurred_at)
+             VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5S', 'a.b.v1', 253402300799999);",
+            i64::MAX
+        ))
+        .unwrap();
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let got = claim(&conn, "T", now, now, 10).unwrap();
+        let e = got[0].envelope.as_ref().unwrap_err();
+        assert!(e.to_string().contains("occurred_at"), "{e}");
+        let env = got[1].envelope.as_ref().unwrap();
+        assert_eq!(env.occurred_at.to_string(), "9999-12-31T23:59:59.999Z");
     }
 
     #[test]

@@ -1,0 +1,452 @@
+//! A model test: random sequences of enqueue, relay runs (each a restart)
+//! with scripted consumers, crashes of a relay that held leases and may
+//! have run a consumer, clock jumps both ways (lease expiry, retry due
+//! times) and purge, checked after every step against a reference model.
+//!
+//! Invariants: every enqueued event is delivered, pending or dead-lettered
+//! (or purged after delivery), exactly as the model says; and no consumer
+//! succeeds twice for an event, except once more per crash that caught the
+//! event in flight (at-least-once).
+//!
+//! CI runs 32 cases; `OUTBOXD_FULL=1` runs 512.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::TestDb;
+use outboxd::purge::PurgePolicy;
+use outboxd::relay::RetryPolicy;
+use outboxd::{Clock, Delivery, Event, EventId, ManualClock, Outcome, Relay, Timestamp};
+use proptest::prelude::*;
+
+/// How consumer `b` treats an event; consumer `a` takes every event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `b` succeeds.
+    Ok,
+    /// `b` asks for a retry on the first attempt, then succeeds.
+    RetryOnce,
+    /// `b` rejects it as poison: dead at once.
+    Poison,
+    /// `b` always asks for a retry: dead after `MAX_ATTEMPTS` failures.
+    RetryAlways,
+}
+
+impl Kind {
+    fn event_type(self) -> &'static str {
+        match self {
+            Kind::Ok => "m.ok.v1",
+            Kind::RetryOnce => "m.retry_once.v1",
+            Kind::Poison => "m.poison.v1",
+            Kind::RetryAlways => "m.retry_always.v1",
+        }
+    }
+
+    fn of(event_type: &str) -> Kind {
+        match event_type {
+            "m.ok.v1" => Kind::Ok,
+            "m.retry_once.v1" => Kind::RetryOnce,
+            "m.poison.v1" => Kind::Poison,
+            _ => Kind::RetryAlways,
+        }
+    }
+}
+
+const LEASE_MS: i64 = 60_000;
+const RETRY_MS: i64 = 10_000;
+const MAX_ATTEMPTS: u32 = 2;
+/// The token a crashed relay left on the rows it held.
+const DEAD_TOKEN: &str = "crashed-relay";
+
+#[derive(Debug, Clone)]
+enum Op {
+    Enqueue(Vec<Kind>),
+    /// Start a relay, let it finish everything due, stop it.
+    RunRelay,
+    /// A relay claimed up to n due rows, ran consumer `a` on them, and died
+    /// before recording anything.
+    Crash(usize),
+    /// Move the clock by this many seconds (negative: backwards).
+    Jump(i64),
+    /// Purge with this retention (seconds) for delivered rows and the ledger.
+    Purge(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let kind = prop_oneof![
+        3 => Just(Kind::Ok),
+        2 => Just(Kind::RetryOnce),
+        1 => Just(Kind::Poison),
+        1 => Just(Kind::RetryAlways),
+    ];
+    prop_oneof![
+        3 => prop::collection::vec(kind, 1..4).prop_map(Op::Enqueue),
+        3 => Just(Op::RunRelay),
+        1 => (1usize..4).prop_map(Op::Crash),
+        2 => prop_oneof![Just(5i64), Just(11), Just(61), Just(3600), Just(-30), Just(-3600)]
+            .prop_map(Op::Jump),
+        1 => prop_oneof![Just(0u64), Just(20), Just(3600)].prop_map(Op::Purge),
+    ]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Pending,
+    Delivered,
+    Dead,
+    Purged,
+}
+
+/// The model of one event.
+#[derive(Debug)]
+struct ModelEvent {
+    kind: Kind,
+    status: Status,
+    /// Clock time (ms) from which the event may be claimed.
+    due: i64,
+    failures: u32,
+    finished_at: i64,
+    /// Consumers recorded as done, with when: the ledger.
+    done: BTreeMap<&'static str, i64>,
+    /// Crashes that caught this event in flight.
+    crashes: u32,
+}
+
+struct Model {
+    events: BTreeMap<i64, (EventId, ModelEvent)>,
+    now: i64,
+    /// The earliest the clock may go (later than every enqueue's wall time).
+    floor: i64,
+}
+
+impl Model {
+    /// What one relay run at the current time does.
+    fn run_relay(&mut self) {
+        let now = self.now;
+        for (_, e) in self.events.values_mut() {
+            if e.status != Status::Pending || e.due > now {
+                continue;
+            }
+            let attempt = e.failures + 1;
+            let mut retry = false;
+            let mut poison = false;
+            for c in ["a", "b"] {
+                if e.done.contains_key(c) {
+                    continue;
+                }
+                let delivered = c == "a"
+                    || match e.kind {
+                        Kind::Ok => true,
+                        Kind::RetryOnce => attempt > 1,
+                        Kind::Poison => {
+                            poison = true;
+                            false
+                        }
+                        Kind::RetryAlways => false,
+                    };
+                if delivered {
+                    e.done.insert(c, now);
+                } else if !poison {
+                    retry = true;
+                }
+            }
+            if poison {
+                e.status = Status::Dead;
+                e.finished_at = now;
+            } else if !retry {
+                e.status = Status::Delivered;
+                e.finished_at = now;
+            } else {
+                e.failures += 1;
+                if e.failures >= MAX_ATTEMPTS {
+                    e.status = Status::Dead;
+                    e.finished_at = now;
+                } else {
+                    e.due = now + RETRY_MS;
+                }
+            }
+        }
+    }
+
+    /// A dead relay claims the first `n` due rows: they come back when its
+    /// lease ends. Returns their ids.
+    fn crash(&mut self, n: usize) -> Vec<EventId> {
+        let now = self.now;
+        let mut taken = Vec::new();
+        for (id, e) in self.events.values_mut() {
+            if taken.len() == n {
+                break;
+            }
+            if e.status == Status::Pending && e.due <= now {
+                e.due = now + LEASE_MS;
+                e.crashes += 1;
+                taken.push(*id);
+            }
+        }
+        taken
+    }
+
+    fn purge(&mut self, retention_ms: i64) {
+        let cutoff = self.now - retention_ms;
+        for (_, e) in self.events.values_mut() {
+            if e.status == Status::Delivered && e.finished_at < cutoff {
+                e.status = Status::Purged;
+            }
+            e.done.retain(|_, at| *at >= cutoff);
+        }
+    }
+}
+
+/// Every consumer call: (consumer, event, answer), across all relays.
+type Log = Arc<Mutex<Vec<(&'static str, EventId, char)>>>;
+
+fn start_relay(db: &TestDb, clock: &ManualClock, log: &Log) -> outboxd::RelayHandle {
+    let (la, lb) = (log.clone(), log.clone());
+    let policy = RetryPolicy::default()
+        .initial(Duration::from_millis(RETRY_MS as u64))
+        .max_delay(Duration::from_millis(RETRY_MS as u64))
+        .max_attempts(MAX_ATTEMPTS)
+        .jitter(0.0);
+    Relay::builder(&db.path)
+        .consumer("a", ["*"], move |d: &Delivery| {
+            la.lock().unwrap().push(("a", d.envelope.event_id, 'd'));
+            Outcome::Delivered
+        })
+        .consumer("b", ["m.*"], move |d: &Delivery| {
+            let o = match Kind::of(d.envelope.event_type.as_str()) {
+                Kind::Ok => Outcome::Delivered,
+                Kind::RetryOnce if d.attempt > 1 => Outcome::Delivered,
+                Kind::RetryOnce | Kind::RetryAlways => Outcome::retry("scripted"),
+                Kind::Poison => Outcome::poison("scripted"),
+            };
+            let c = match o {
+                Outcome::Delivered => 'd',
+                Outcome::Retry { .. } => 'r',
+                Outcome::Poison { .. } => 'p',
+            };
+            lb.lock().unwrap().push(("b", d.envelope.event_id, c));
+            o
+        })
+        .retry_policy(policy)
+        .workers(2)
+        .lease(Duration::from_millis(LEASE_MS as u64))
+        .poll_interval(Duration::from_millis(2))
+        .flush_interval(Duration::from_millis(1))
+        .purge(None)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+        .start()
+        .unwrap()
+}
+
+/// Starts a relay, waits until nothing due is left and nothing is in its
+/// hands, and stops it: a restart every time.
+fn run_relay(db: &TestDb, clock: &ManualClock, log: &Log) -> Result<(), TestCaseError> {
+    let relay = start_relay(db, clock, log);
+    let now = clock.now().as_millis();
+    let conn = db.conn();
+    let busy = || -> i64 {
+        conn.query_row(
+            "SELECT count(*) FROM event_outbox WHERE status = 'pending'
+               AND (available_at <= ?1 OR (claim_token IS NOT NULL AND claim_token <> ?2))",
+            rusqlite::params![now, DEAD_TOKEN],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while busy() > 0 {
+        prop_assert!(Instant::now() < deadline, "the relay did not finish");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    Ok(())
+}
+
+/// The database and the model agree on every event; no consumer succeeded
+/// twice for an event outside its crash windows.
+fn compare(db: &TestDb, model: &Model, log: &Log) -> Result<(), TestCaseError> {
+    let conn = db.conn();
+    let mut stmt = conn
+        .prepare("SELECT id, status, event_type FROM event_outbox")
+        .unwrap();
+    let rows: HashMap<i64, (String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, (r.get(1)?, r.get(2)?))))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    for (row_id, (id, e)) in &model.events {
+        let got = rows.get(row_id).map(|(s, _)| s.as_str());
+        let want = match e.status {
+            Status::Pending => Some("pending"),
+            Status::Delivered => Some("delivered"),
+            Status::Dead => Some("dead"),
+            Status::Purged => None,
+        };
+        prop_assert_eq!(got, want, "event {} ({:?}): {:?}", id, e.kind, e);
+    }
+    prop_assert_eq!(
+        rows.len(),
+        model
+            .events
+            .values()
+            .filter(|(_, e)| e.status != Status::Purged)
+            .count()
+    );
+    let crashes: HashMap<EventId, u32> = model
+        .events
+        .values()
+        .map(|(id, e)| (*id, e.crashes))
+        .collect();
+    let mut successes: HashMap<(&str, EventId), u32> = HashMap::new();
+    for (c, id, o) in log.lock().unwrap().iter() {
+        if *o == 'd' {
+            *successes.entry((c, *id)).or_default() += 1;
+        }
+    }
+    for ((c, id), n) in successes {
+        let allowed = 1 + crashes.get(&id).copied().unwrap_or(0);
+        prop_assert!(
+            n <= allowed,
+            "consumer {} succeeded {} times for {} (crash windows: {})",
+            c,
+            n,
+            id,
+            allowed - 1
+        );
+    }
+    Ok(())
+}
+
+fn run_case(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let db = TestDb::new();
+    let floor = Timestamp::now().as_millis() + 3_600_000;
+    let clock = ManualClock::new(Timestamp::from_millis(floor));
+    let log: Log = Arc::default();
+    let mut model = Model {
+        events: BTreeMap::new(),
+        now: floor,
+        floor,
+    };
+    for op in ops.iter().chain(&[
+        Op::Jump(86_400),
+        Op::RunRelay,
+        Op::Jump(86_400),
+        Op::RunRelay,
+    ]) {
+        match op {
+            Op::Enqueue(kinds) => {
+                let mut conn = db.conn();
+                let tx = conn.transaction().unwrap();
+                for k in kinds {
+                    let event = Event::new(k.event_type(), &0).unwrap();
+                    outboxd::enqueue(&tx, &event).unwrap();
+                    let row_id = tx.last_insert_rowid();
+                    model.events.insert(
+                        row_id,
+                        (
+                            event.id(),
+                            ModelEvent {
+                                kind: *k,
+                                status: Status::Pending,
+                                due: i64::MIN,
+                                failures: 0,
+                                finished_at: 0,
+                                done: BTreeMap::new(),
+                                crashes: 0,
+                            },
+                        ),
+                    );
+                }
+                tx.commit().unwrap();
+            }
+            Op::RunRelay => {
+                run_relay(&db, &clock, &log)?;
+                model.run_relay();
+            }
+            Op::Crash(n) => {
+                let taken = model.crash(*n);
+                let until = model.now + LEASE_MS;
+                let conn = db.conn();
+                let claimed = conn
+                    .execute(
+                        "UPDATE event_outbox
+                            SET claim_token = ?1, lease_until = ?2, available_at = ?2
+                          WHERE id IN (SELECT id FROM event_outbox
+                                        WHERE status = 'pending' AND available_at <= ?3
+                                        ORDER BY id LIMIT ?4)",
+                        rusqlite::params![DEAD_TOKEN, until, model.now, *n as i64],
+                    )
+                    .unwrap();
+                prop_assert_eq!(
+                    claimed,
+                    taken.len(),
+                    "the model and the table agree on what is due"
+                );
+                // The dead relay ran consumer `a` before it died.
+                let mut l = log.lock().unwrap();
+                for id in taken {
+                    l.push(("a", id, 'd'));
+                }
+            }
+            Op::Jump(s) => {
+                model.now = (model.now + s * 1000).max(model.floor);
+                clock.set(Timestamp::from_millis(model.now));
+            }
+            Op::Purge(r) => {
+                let policy = PurgePolicy {
+                    delivered_retention: Duration::from_secs(*r),
+                    dedup_ttl: Duration::from_secs(*r),
+                    dead_retention: None,
+                    batch_size: 3,
+                };
+                outboxd::purge::purge(&mut db.conn(), &policy, clock.now()).unwrap();
+                model.purge(*r as i64 * 1000);
+            }
+        }
+        compare(&db, &model, &log)?;
+    }
+    // After two day-long jumps and runs, nothing is left pending, and each
+    // event ended where its consumer script sends it.
+    for (id, e) in model.events.values() {
+        let want = match e.kind {
+            Kind::Ok | Kind::RetryOnce => [Status::Delivered, Status::Purged],
+            Kind::Poison | Kind::RetryAlways => [Status::Dead, Status::Dead],
+        };
+        prop_assert!(
+            want.contains(&e.status),
+            "{} {:?} ended {:?}",
+            id,
+            e.kind,
+            e.status
+        );
+    }
+    let ids: HashSet<EventId> = model.events.values().map(|(id, _)| *id).collect();
+    prop_assert_eq!(ids.len(), model.events.len());
+    Ok(())
+}
+
+fn cases() -> u32 {
+    if std::env::var_os("OUTBOXD_FULL").is_some() {
+        512
+    } else {
+        32
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        max_shrink_iters: 200,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_relay_agrees_with_the_model(ops in prop::collection::vec(op(), 1..14)) {
+        run_case(ops)?;
+    }
+}
