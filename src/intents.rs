@@ -618,19 +618,9 @@ impl Intents {
             }
             .into());
         }
-        let limit = i64::try_from(batch).unwrap_or(i64::MAX);
-        let mut stmt = conn
-            .prepare_cached(
-                "DELETE FROM publish_intents WHERE id IN (
-                     SELECT id FROM publish_intents
-                     WHERE status = 'completed' AND completed_at < ?1
-                     ORDER BY completed_at LIMIT ?2)",
-            )
-            .map_err(Error::db("purge completed intents"))?;
         let mut total = 0;
         loop {
-            let n = stmt
-                .execute(params![older_than.as_millis(), limit])
+            let n = purge_completed_batch(conn, older_than, batch)
                 .map_err(Error::db("purge completed intents"))?;
             total += n;
             if n < batch {
@@ -887,6 +877,25 @@ where
 /// sent) and failed, least recently changed first. Reads only.
 pub fn list_open(conn: &Connection) -> Result<Vec<Intent>> {
     Intents::new().list_open(conn)
+}
+
+/// One bounded delete of completed intents older than `older_than`; the
+/// relay's housekeeping runs it inside its purge transaction.
+pub(crate) fn purge_completed_batch(
+    conn: &Connection,
+    older_than: Timestamp,
+    batch: usize,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "DELETE FROM publish_intents WHERE id IN (
+             SELECT id FROM publish_intents
+             WHERE status = 'completed' AND completed_at < ?1
+             ORDER BY completed_at LIMIT ?2)",
+    )?
+    .execute(params![
+        older_than.as_millis(),
+        i64::try_from(batch).unwrap_or(i64::MAX)
+    ])
 }
 
 /// Deletes completed intents that completed before `older_than`, `batch`

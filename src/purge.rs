@@ -25,6 +25,10 @@ pub const DEFAULT_DELIVERED_RETENTION: Duration = Duration::from_secs(7 * 86400)
 pub const DEFAULT_DEDUP_TTL: Duration = Duration::from_secs(14 * 86400);
 /// Rows deleted per transaction by default.
 pub const DEFAULT_PURGE_BATCH: usize = 1000;
+/// How long completed publish intents are kept by default: 30 days. After
+/// that only the send's look-up stops a second post, so keep it longer than
+/// any redelivery of the events that send.
+pub const DEFAULT_INTENT_RETENTION: Duration = Duration::from_secs(30 * 86400);
 
 /// What to purge and when.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +43,8 @@ pub struct PurgePolicy {
     /// Dead letters older than this are deleted; None keeps them until they
     /// are requeued or discarded.
     pub dead_retention: Option<Duration>,
+    /// Completed publish intents older than this are deleted.
+    pub intent_retention: Duration,
     /// Rows deleted per transaction.
     pub batch_size: usize,
 }
@@ -49,6 +55,7 @@ impl Default for PurgePolicy {
             delivered_retention: DEFAULT_DELIVERED_RETENTION,
             dedup_ttl: DEFAULT_DEDUP_TTL,
             dead_retention: None,
+            intent_retention: DEFAULT_INTENT_RETENTION,
             batch_size: DEFAULT_PURGE_BATCH,
         }
     }
@@ -85,18 +92,21 @@ pub struct PurgeReport {
     pub dead: u64,
     /// Entries of delivered_events.
     pub dedup_entries: u64,
+    /// Completed publish intents.
+    pub intents: u64,
 }
 
 impl PurgeReport {
     /// All rows together.
     pub fn total(&self) -> u64 {
-        self.delivered + self.dead + self.dedup_entries
+        self.delivered + self.dead + self.dedup_entries + self.intents
     }
 
     fn add(&mut self, other: PurgeReport) {
         self.delivered += other.delivered;
         self.dead += other.dead;
         self.dedup_entries += other.dedup_entries;
+        self.intents += other.intents;
     }
 }
 
@@ -171,6 +181,10 @@ pub fn purge_batch(
         ))
         .and_then(|mut s| s.execute(params![cutoff, limit]))
         .map_err(Error::db("purge the dedup ledger"))? as u64;
+    let cutoff =
+        Timestamp::from_millis(now.as_millis() - policy.intent_retention.as_millis() as i64);
+    report.intents = crate::intents::purge_completed_batch(&tx, cutoff, policy.batch_size)
+        .map_err(Error::db("purge completed intents"))? as u64;
     tx.commit().map_err(Error::db("commit a purge"))?;
     Ok(report)
 }
@@ -206,6 +220,10 @@ pub fn purge_dry_run(
                   WHERE delivered_at < ?1 AND {UNFINISHED_ROW_GONE}"
             ),
             ms(policy.dedup_ttl),
+        )?,
+        intents: count(
+            "SELECT count(*) FROM publish_intents WHERE status = 'completed' AND completed_at < ?1",
+            ms(policy.intent_retention),
         )?,
     })
 }

@@ -403,6 +403,7 @@ fn run_case(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     dedup_ttl: Duration::from_secs(*r),
                     dead_retention: None,
                     batch_size: 3,
+                    ..PurgePolicy::default()
                 };
                 outboxd::purge::purge(&mut db.conn(), &policy, clock.now()).unwrap();
                 model.purge(*r as i64 * 1000);

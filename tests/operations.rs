@@ -192,3 +192,38 @@ fn purge_removes_only_what_is_past_retention_and_never_pending_or_dead() {
     let e = purge(&mut conn, &policy, Timestamp::now()).unwrap_err();
     assert!(e.to_string().contains("purge.dedup_ttl"), "{e}");
 }
+
+#[test]
+fn purge_removes_completed_intents_past_their_retention_and_keeps_open_ones() {
+    use outboxd::intents::{self, IntentKey};
+    let db = TestDb::new();
+    let conn = db.conn();
+    for key in ["old", "recent"] {
+        let k = IntentKey::system(key).unwrap();
+        intents::send(
+            &conn,
+            &k,
+            |_| Ok::<_, String>(None),
+            |_| Ok("posted".into()),
+        )
+        .unwrap();
+    }
+    intents::record(&conn, &IntentKey::system("open").unwrap()).unwrap();
+    let old = Timestamp::now().as_millis() - 40 * 86_400_000;
+    conn.execute(
+        "UPDATE publish_intents SET completed_at = ?1 WHERE idempotency_key = 'old'",
+        [old],
+    )
+    .unwrap();
+    let mut conn = db.conn();
+    let report = purge(&mut conn, &PurgePolicy::default(), Timestamp::now()).unwrap();
+    assert_eq!(report.intents, 1);
+    let left: Vec<String> = conn
+        .prepare("SELECT idempotency_key FROM publish_intents ORDER BY idempotency_key")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(left, ["open", "recent"]);
+}

@@ -277,6 +277,7 @@ fn workload(db: &Path, normal_sync: bool, persist: bool, clear: impl FnOnce()) -
                 delivered_retention: Duration::ZERO,
                 dedup_ttl: Duration::ZERO,
                 dead_retention: None,
+                intent_retention: Duration::ZERO,
                 batch_size: 2,
             };
             let now = outboxd::Clock::now(&clock).plus(Duration::from_secs(1));

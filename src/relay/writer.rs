@@ -194,6 +194,17 @@ impl Writer {
         }
 
         drop(jobs_tx);
+        // Each worker holds an outcomes sender: the channel disconnects when
+        // the last one has ended. Wait briefly for that; a worker still inside
+        // a consumer after the grace period is left behind, its row already
+        // released (its late outcome would be fenced out anyway).
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while let Ok(late) = outcomes_rx.recv_deadline(deadline) {
+            tracing::debug!(
+                count = late.len(),
+                "outcomes after shutdown; their rows were released"
+            );
+        }
         for w in workers {
             if w.is_finished() {
                 let _ = w.join();

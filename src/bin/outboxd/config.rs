@@ -356,6 +356,7 @@ struct RawPurge {
     delivered_retention: Option<Dur>,
     dedup_ttl: Option<Dur>,
     dead_retention: Option<Dur>,
+    intent_retention: Option<Dur>,
     batch_size: Option<usize>,
 }
 
@@ -660,6 +661,7 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
             delivered_retention: p.delivered_retention.map_or(d.delivered_retention, |x| x.0),
             dedup_ttl: p.dedup_ttl.map_or(d.dedup_ttl, |x| x.0),
             dead_retention: p.dead_retention.map(|x| x.0),
+            intent_retention: p.intent_retention.map_or(d.intent_retention, |x| x.0),
             batch_size,
         };
         policy.validate().map_err(|e| match e {
