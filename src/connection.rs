@@ -84,8 +84,7 @@ pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| open_error(path, e))?;
-    conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)
-        .map_err(Error::db("set the busy timeout"))?;
+    set_busy_handler(&conn)?;
     // Touch the schema so "not a database" shows here, not later.
     conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))
         .map_err(|e| open_error(path, e))?;
@@ -96,8 +95,7 @@ pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
 /// [`Error::NotWal`] if SQLite reports another mode), busy timeout,
 /// `journal_size_limit`, and `synchronous=FULL`.
 pub fn configure(conn: &Connection) -> Result<()> {
-    conn.busy_timeout(DEFAULT_BUSY_TIMEOUT)
-        .map_err(Error::db("set the busy timeout"))?;
+    set_busy_handler(conn)?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
         .map_err(Error::db("set journal_mode=WAL"))?;
@@ -109,6 +107,61 @@ pub fn configure(conn: &Connection) -> Result<()> {
     ))
     .map_err(Error::db("apply connection settings"))?;
     Ok(())
+}
+
+/// Waits for a lock up to [`DEFAULT_BUSY_TIMEOUT`], trying again every
+/// millisecond or so.
+///
+/// SQLite's own busy timeout sleeps longer and longer between tries (up to
+/// 100 ms), so a writer that has waited long polls rarely and keeps losing the
+/// lock to writers that arrived later: under a relay draining at full speed
+/// and three producers, one producer's commit waited 4.96 s against a 5 s
+/// timeout. Short, jittered sleeps keep every waiter in the race.
+fn set_busy_handler(conn: &Connection) -> Result<()> {
+    // rusqlite's safe busy_handler wants `&mut Connection`, but configure()
+    // takes the host's `&Connection`; the C API needs no exclusive access.
+    // SAFETY: the handle is valid for the connection's lifetime, and the
+    // callback is a plain function that ignores its user-data pointer.
+    let rc = unsafe {
+        rusqlite::ffi::sqlite3_busy_handler(
+            conn.handle(),
+            Some(busy_callback),
+            std::ptr::null_mut(),
+        )
+    };
+    if rc != rusqlite::ffi::SQLITE_OK {
+        return Err(Error::Database {
+            op: "set the busy handler",
+            source: rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rc), None),
+        });
+    }
+    Ok(())
+}
+
+extern "C" fn busy_callback(_: *mut std::ffi::c_void, attempt: std::ffi::c_int) -> std::ffi::c_int {
+    std::ffi::c_int::from(busy_wait(attempt))
+}
+
+fn busy_wait(attempt: i32) -> bool {
+    use std::cell::Cell;
+    use std::time::Instant;
+    thread_local! {
+        // When the current wait began. A connection is used by one thread at
+        // a time, and SQLite calls the handler on that thread.
+        static WAIT_STARTED: Cell<Option<Instant>> = const { Cell::new(None) };
+    }
+    let now = Instant::now();
+    let started = WAIT_STARTED.with(|s| {
+        if attempt == 0 || s.get().is_none() {
+            s.set(Some(now));
+        }
+        s.get().unwrap_or(now)
+    });
+    if now.duration_since(started) >= DEFAULT_BUSY_TIMEOUT {
+        return false;
+    }
+    std::thread::sleep(Duration::from_micros(500 + rand::random_range(0..1000)));
+    true
 }
 
 fn check_path(path: &Path) -> Result<()> {
