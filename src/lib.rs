@@ -61,3 +61,8 @@ pub use enqueue::{enqueue, enqueue_many, Enqueued, Enqueuer, Event};
 pub use envelope::{Envelope, EnvelopeError, EventId, EventType};
 pub use error::{Error, Result};
 pub use relay::{Relay, RelayBuilder, RelayHandle, RetryPolicy};
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
