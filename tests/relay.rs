@@ -315,6 +315,59 @@ fn shutdown_finishes_in_flight_deliveries_and_releases_the_rest() {
 }
 
 #[test]
+fn picks_up_a_commit_from_another_process_within_milliseconds() {
+    let Ok(python) = which_python() else {
+        println!("skipped: python3 is not installed");
+        return;
+    };
+    let db = TestDb::new();
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let relay = Relay::builder(&db.path)
+        .consumer("a", ["*"], move |d: &Delivery| {
+            tx.send(d.envelope.event_type.to_string()).unwrap();
+            Outcome::Delivered
+        })
+        .housekeeping_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    let status = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import sqlite3, sys\n\
+             c = sqlite3.connect(sys.argv[1])\n\
+             c.execute(\"INSERT INTO event_outbox (event_type, payload) VALUES ('other.process.v1', '{}')\")\n\
+             c.commit()",
+        ])
+        .arg(&db.path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // The other process has committed and exited: from here only
+    // data_version can tell the relay, which polls it every 5 ms.
+    let committed = std::time::Instant::now();
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+        "other.process.v1"
+    );
+    let took = committed.elapsed();
+    relay.shutdown(LONG).unwrap();
+    assert!(
+        took < Duration::from_millis(500),
+        "picked up after {took:?}"
+    );
+}
+
+fn which_python() -> Result<&'static str, ()> {
+    std::process::Command::new("python3")
+        .arg("--version")
+        .output()
+        .map(|_| "python3")
+        .map_err(|_| ())
+}
+
+#[test]
 fn picks_up_a_commit_from_another_connection_without_notify() {
     let db = TestDb::new();
     let (tx, rx) = crossbeam_channel::unbounded();
