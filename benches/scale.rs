@@ -1,0 +1,201 @@
+//! Scale: does the drain rate hold as the table grows? The relay (default
+//! settings, one no-op consumer) drains
+//!
+//! - a small backlog of due events (the baseline),
+//! - a large backlog of due events,
+//! - the small backlog in a table that also holds millions of delivered rows
+//!   (and their `delivered_events` rows) not yet purged.
+//!
+//!   cargo bench --bench scale        # 10,000 / 1,000,000 due, 5,000,000 delivered, 5 runs
+//!   OUTBOXD_BENCH_SMALL=1000 OUTBOXD_BENCH_LARGE=5000 OUTBOXD_BENCH_DELIVERED=20000 \
+//!   OUTBOXD_BENCH_RUNS=1 cargo bench --bench scale                          # smoke
+//!
+//! The large backlog is enqueued once (through `enqueue_many`) into a template
+//! file that each run copies; the delivered rows are inserted once with plain
+//! SQL in big transactions, and each run adds a fresh small backlog to that
+//! same database. The time from starting the relay until its metrics count
+//! every event delivered is the drain time, as in benches/drain.rs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{bench_dir, env_or, header, migrated, Stats};
+use outboxd::{Delivery, Event, Outcome, Relay};
+
+/// Adds `n` due events through `enqueue_many`, 10,000 per transaction.
+fn enqueue_due(conn: &mut rusqlite::Connection, n: usize) {
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(10_000);
+        let events: Vec<Event> = (i..i + k)
+            .map(|j| Event::new("bench.scaled.v1", &serde_json::json!({ "i": j })).unwrap())
+            .collect();
+        let tx = conn.transaction().unwrap();
+        outboxd::enqueue_many(&tx, &events).unwrap();
+        tx.commit().unwrap();
+        i += k;
+    }
+}
+
+fn new_db(dir: &Path, name: &str) -> (PathBuf, rusqlite::Connection) {
+    let path = dir.join(format!("{name}-{}.db", ulid::Ulid::generate()));
+    let conn = migrated(&path, "NORMAL");
+    (path, conn)
+}
+
+fn checkpoint(conn: &rusqlite::Connection) {
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+}
+
+/// Inserts `n` delivered rows (finished just now, so the relay's purge
+/// leaves them alone) and one `delivered_events` row each, with plain SQL,
+/// 500,000 rows per transaction.
+fn fill_delivered(conn: &mut rusqlite::Connection, n: usize) {
+    let now = outboxd::Timestamp::now().as_millis();
+    let chunk = 500_000;
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(chunk);
+        let tx = conn.transaction().unwrap();
+        let before: i64 = tx
+            .query_row("SELECT coalesce(max(id), 0) FROM event_outbox", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        tx.execute(
+            "WITH RECURSIVE c(x) AS (SELECT ?1 UNION ALL SELECT x + 1 FROM c WHERE x < ?2)
+             INSERT INTO event_outbox (event_id, event_type, event_version, payload,
+                                       occurred_at, created_at, available_at, status, finished_at)
+             SELECT printf('00000000000000%012d', x), 'bench.old.v1', 1, '{\"i\":' || x || '}',
+                    ?3, ?3, ?3, 'delivered', ?3
+               FROM c",
+            rusqlite::params![done as i64 + 1, (done + k) as i64, now],
+        )
+        .unwrap();
+        tx.execute(
+            "INSERT INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
+             SELECT event_id, 'old-consumer', id, finished_at FROM event_outbox WHERE id > ?1",
+            [before],
+        )
+        .unwrap();
+        tx.commit().unwrap();
+        done += k;
+    }
+}
+
+/// Drains every due event with a default relay and one no-op consumer;
+/// returns events per second.
+fn drain(path: &Path, n: usize) -> f64 {
+    let start = Instant::now();
+    let handle = Relay::builder(path)
+        .consumer("c0", ["bench.*"], |_: &Delivery| Outcome::Delivered)
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    common::wait_for("the relay to drain", Duration::from_secs(3600), || {
+        handle.metrics().delivered >= n as u64
+    });
+    let took = start.elapsed();
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let pending: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM event_outbox WHERE status = 'pending'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(pending, 0, "every due event was delivered");
+    n as f64 / took.as_secs_f64()
+}
+
+fn remove_db(path: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
+fn main() {
+    let small = env_or("OUTBOXD_BENCH_SMALL", 10_000);
+    let large = env_or("OUTBOXD_BENCH_LARGE", 1_000_000);
+    let delivered = env_or("OUTBOXD_BENCH_DELIVERED", 5_000_000);
+    let runs = env_or("OUTBOXD_BENCH_RUNS", 5);
+    let dir = bench_dir();
+    header(
+        "scale",
+        dir.path(),
+        &format!("{small} vs {large} due events, and {small} due among {delivered} delivered rows; {runs} runs; relay defaults, 1 no-op consumer"),
+    );
+
+    let t = Instant::now();
+    let (large_template, mut conn) = new_db(dir.path(), "large-template");
+    enqueue_due(&mut conn, large);
+    checkpoint(&conn);
+    drop(conn);
+    let large_fill = t.elapsed();
+
+    let t = Instant::now();
+    let (full_path, mut full) = new_db(dir.path(), "delivered");
+    fill_delivered(&mut full, delivered);
+    checkpoint(&full);
+    let delivered_fill = t.elapsed();
+    let size_mb = std::fs::metadata(&full_path).unwrap().len() as f64 / 1e6;
+    println!(
+        "setup: {large} due events enqueued in {:.1} s; {delivered} delivered rows (+ dedup rows) inserted in {:.1} s, file {size_mb:.0} MB",
+        large_fill.as_secs_f64(),
+        delivered_fill.as_secs_f64()
+    );
+
+    let (mut base, mut big, mut old) = (vec![], vec![], vec![]);
+    let (mut big_ratio, mut old_ratio) = (vec![], vec![]);
+    for _ in 0..runs {
+        let (p, mut c) = new_db(dir.path(), "small");
+        enqueue_due(&mut c, small);
+        checkpoint(&c);
+        drop(c);
+        let b = drain(&p, small);
+        remove_db(&p);
+
+        let p = dir
+            .path()
+            .join(format!("large-{}.db", ulid::Ulid::generate()));
+        std::fs::copy(&large_template, &p).unwrap();
+        let l = drain(&p, large);
+        remove_db(&p);
+
+        enqueue_due(&mut full, small);
+        checkpoint(&full);
+        let o = drain(&full_path, small);
+
+        base.push(b);
+        big.push(l);
+        old.push(o);
+        big_ratio.push(l / b);
+        old_ratio.push(o / b);
+    }
+    println!("| table | median events/s (min–max) | ratio to small backlog, median of paired runs (min–max) |");
+    println!("|---|---|---|");
+    let row = |name: String, r: Vec<f64>, ratio: Option<Vec<f64>>| {
+        let s = Stats::of(r);
+        let ratio = ratio.map_or("1.00".to_string(), |v| {
+            let q = Stats::of(v);
+            format!("**{:.2}** ({:.2}–{:.2})", q.median, q.min, q.max)
+        });
+        println!(
+            "| {name} | {:.0} ({:.0}–{:.0}) | {ratio} |",
+            s.median, s.min, s.max
+        );
+    };
+    row(format!("baseline: {small} due"), base, None);
+    row(format!("{large} due"), big, Some(big_ratio));
+    row(
+        format!("{small} due + {delivered} delivered rows not purged"),
+        old,
+        Some(old_ratio),
+    );
+    println!("load average at end: {}", common::load());
+}
