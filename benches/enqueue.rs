@@ -52,7 +52,9 @@ fn setup(path: &Path, sync: &str) -> Connection {
     conn
 }
 
-/// One host transaction: the business row, then `per_txn` events.
+/// One host transaction: the business row, then `per_txn` events. Never
+/// inlined, so callgrind can collect exactly this (`--toggle-collect`).
+#[inline(never)]
 fn one_txn(conn: &mut Connection, side: Side, seq: i64, per_txn: usize) {
     let tx = conn.transaction().unwrap();
     tx.prepare_cached("INSERT INTO articles (title, body) VALUES (?1, ?2)")

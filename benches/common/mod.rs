@@ -163,3 +163,12 @@ pub fn migrated(path: &Path, synchronous: &str) -> rusqlite::Connection {
         .expect("set synchronous");
     conn
 }
+
+/// The relay's purge policy: the default, or none when
+/// OUTBOXD_BENCH_PURGE=off (to measure what the housekeeping purge costs).
+pub fn purge_policy() -> Option<outboxd::purge::PurgePolicy> {
+    match std::env::var("OUTBOXD_BENCH_PURGE").as_deref() {
+        Ok("off") => None,
+        _ => Some(outboxd::purge::PurgePolicy::default()),
+    }
+}
