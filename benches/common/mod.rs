@@ -1,0 +1,174 @@
+//! Helpers shared by the `harness = false` benches: settings from the
+//! environment, a temp dir on a real disk, run statistics and percentiles.
+//!
+//! Each bench includes this file with `mod common;`; not every bench uses
+//! every helper.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A setting from the environment (so CI can run a tiny smoke size), or
+/// its default.
+pub fn env_or(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?}: expected a whole number")),
+        Err(_) => default,
+    }
+}
+
+/// The filesystem type holding `path`, from /proc/mounts (longest mount
+/// point that is a prefix of the path).
+pub fn fs_type(path: &Path) -> String {
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let mut best: Option<(usize, String)> = None;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 3 || !path.starts_with(f[1]) {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(len, _)| f[1].len() > *len) {
+            best = Some((f[1].len(), f[2].to_string()));
+        }
+    }
+    best.map_or_else(|| "unknown".into(), |(_, t)| t)
+}
+
+/// A temp dir for the databases: under `OUTBOXD_BENCH_DIR` if set, else the
+/// system temp dir unless that is a tmpfs (which never fsyncs and would
+/// flatter every figure), else the current directory.
+pub fn bench_dir() -> tempfile::TempDir {
+    let base: PathBuf = match std::env::var_os("OUTBOXD_BENCH_DIR") {
+        Some(d) => d.into(),
+        None => {
+            let tmp = std::env::temp_dir();
+            if fs_type(&tmp) == "tmpfs" {
+                PathBuf::from(".")
+            } else {
+                tmp
+            }
+        }
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("outboxd-bench-")
+        .tempdir_in(&base)
+        .expect("a temp dir for the bench databases");
+    let fs = fs_type(dir.path());
+    if fs == "tmpfs" {
+        eprintln!(
+            "warning: {} is on tmpfs: figures will not include real fsyncs",
+            dir.path().display()
+        );
+    }
+    dir
+}
+
+/// The 1-minute load average, to record beside each table (other work on
+/// the machine moves every figure).
+pub fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// One line saying where and under what load a table was measured.
+pub fn header(name: &str, dir: &Path, what: &str) {
+    println!(
+        "{name}: {what}; databases in {} ({}), WAL; load average at start {}",
+        dir.display(),
+        fs_type(dir),
+        load()
+    );
+}
+
+/// Median, min and max of a set of runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Stats {
+    /// The statistics of `values` (at least one).
+    pub fn of(mut values: Vec<f64>) -> Stats {
+        assert!(!values.is_empty(), "no runs");
+        values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let n = values.len();
+        let median = if n % 2 == 1 {
+            values[n / 2]
+        } else {
+            (values[n / 2 - 1] + values[n / 2]) / 2.0
+        };
+        Stats {
+            median,
+            min: values[0],
+            max: values[n - 1],
+        }
+    }
+}
+
+/// The `p`-th percentile (0..=100) of sorted durations, nearest rank.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    assert!(!sorted.is_empty(), "no samples");
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Milliseconds with three decimals.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Sleeps until `deadline` (pacing a producer, not synchronising threads).
+pub fn sleep_until(deadline: std::time::Instant) {
+    let now = std::time::Instant::now();
+    if deadline > now {
+        std::thread::sleep(deadline - now);
+    }
+}
+
+/// Microseconds since the Unix epoch by the wall clock, comparable across
+/// processes on one machine.
+pub fn wall_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_micros() as i64
+}
+
+/// Waits until `done()` holds, polling every millisecond, or panics after
+/// `limit` naming `what`.
+pub fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A migrated database at `path`, opened with outboxd's settings, with
+/// `synchronous` set as given ("FULL" or "NORMAL").
+pub fn migrated(path: &Path, synchronous: &str) -> rusqlite::Connection {
+    let mut conn = outboxd::connection::open(path).expect("open the bench database");
+    outboxd::schema::migrate(&mut conn).expect("migrate the bench database");
+    conn.execute_batch(&format!("PRAGMA synchronous = {synchronous}"))
+        .expect("set synchronous");
+    conn
+}
+
+/// The relay's purge policy: the default, or none when
+/// OUTBOXD_BENCH_PURGE=off (to measure what the housekeeping purge costs).
+pub fn purge_policy() -> Option<outboxd::purge::PurgePolicy> {
+    match std::env::var("OUTBOXD_BENCH_PURGE").as_deref() {
+        Ok("off") => None,
+        _ => Some(outboxd::purge::PurgePolicy::default()),
+    }
+}

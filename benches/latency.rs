@@ -1,0 +1,280 @@
+//! Latency from commit to consumer start: p50, p99 and max over N events
+//! produced at a steady rate, with the producer in the same process (it
+//! calls `RelayHandle::notify` after each commit) and in another process
+//! (this bench binary re-executed as the producer; the relay sees its
+//! commits through `PRAGMA data_version` polling).
+//!
+//!   cargo bench --bench latency                       # 10,000 events at 1,000/s, 5 runs
+//!   OUTBOXD_BENCH_EVENTS=200 OUTBOXD_BENCH_RUNS=1 cargo bench --bench latency   # smoke
+//!
+//! The producer commits with synchronous=NORMAL unless
+//! OUTBOXD_BENCH_PRODUCER_SYNC=FULL (see `producer_sync`).
+//!
+//! Latency is the consumer's wall clock when its closure starts minus the
+//! producer's wall clock right after `commit()` returned (sent beside the
+//! events: in-process through memory, cross-process on the child's stdout
+//! at the end), so it excludes the commit's own fsync. The reference row is
+//! a bare crossbeam channel hop between two threads at the same rate: the
+//! floor of any in-process hand-off on this machine.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{bench_dir, env_or, header, ms, percentile, sleep_until, wall_micros, Stats};
+use outboxd::{Delivery, Event, Outcome, Relay, RelayHandle};
+
+const ROLE: &str = "OUTBOXD_BENCH_ROLE";
+const DB: &str = "OUTBOXD_BENCH_DB";
+/// Events produced before the measured ones, not counted (start-up effects).
+const WARMUP: usize = 100;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Seq {
+    seq: i64,
+}
+
+/// The producer's `synchronous` setting: NORMAL by default, because on a
+/// disk whose fsync takes milliseconds a FULL producer cannot keep up 1,000
+/// commits a second (OUTBOXD_BENCH_PRODUCER_SYNC=FULL measures that case).
+fn producer_sync() -> String {
+    std::env::var("OUTBOXD_BENCH_PRODUCER_SYNC").unwrap_or_else(|_| "NORMAL".into())
+}
+
+/// Produces `warmup + n` events at `rate` per second on its own connection
+/// (outboxd's settings: WAL, synchronous as [`producer_sync`]), returning the wall-clock
+/// microseconds right after each measured commit. Warm-up events get
+/// negative sequence numbers.
+fn produce(path: &Path, n: usize, rate: usize, notify: Option<&RelayHandle>) -> Vec<i64> {
+    let mut conn = outboxd::connection::open(path).unwrap();
+    conn.execute_batch(&format!("PRAGMA synchronous = {}", producer_sync()))
+        .unwrap();
+    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let start = Instant::now();
+    let mut commits = Vec::with_capacity(n);
+    for i in 0..(WARMUP + n) {
+        sleep_until(start + interval * i as u32);
+        let seq = i as i64 - WARMUP as i64;
+        let tx = conn.transaction().unwrap();
+        outboxd::enqueue(&tx, &Event::new("bench.latency.v1", &Seq { seq }).unwrap()).unwrap();
+        tx.commit().unwrap();
+        let t = wall_micros();
+        if let Some(h) = notify {
+            h.notify();
+        }
+        if seq >= 0 {
+            commits.push(t);
+        }
+    }
+    commits
+}
+
+/// The child process: produce, then print one commit time per line.
+fn producer_main() {
+    let path = std::env::var(DB).expect("OUTBOXD_BENCH_DB names the database");
+    let n = env_or("OUTBOXD_BENCH_EVENTS", 10_000);
+    let rate = env_or("OUTBOXD_BENCH_RATE", 1000);
+    let commits = produce(Path::new(&path), n, rate, None);
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for t in commits {
+        writeln!(out, "{t}").unwrap();
+    }
+}
+
+/// Starts a relay whose consumer reports (seq, start wall micros).
+fn start_relay(path: &Path) -> (RelayHandle, crossbeam_channel::Receiver<(i64, i64)>) {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let handle = Relay::builder(path)
+        .consumer("latency", ["bench.*"], move |d: &Delivery| {
+            let t = wall_micros();
+            let seq = d.envelope.payload_as::<Seq>().unwrap().seq;
+            let _ = tx.send((seq, t));
+            Outcome::Delivered
+        })
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    (handle, rx)
+}
+
+/// Latencies (sorted) from commit times and consumer starts.
+fn latencies(commits: &[i64], starts: crossbeam_channel::Receiver<(i64, i64)>) -> Vec<Duration> {
+    let n = commits.len();
+    let mut seen = vec![None; n];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut got = 0;
+    while got < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (seq, t) = starts
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("only {got} of {n} events reached the consumer in time"));
+        if seq >= 0 && seen[seq as usize].is_none() {
+            seen[seq as usize] = Some(t);
+            got += 1;
+        }
+    }
+    let mut lat: Vec<Duration> = commits
+        .iter()
+        .zip(seen)
+        .map(|(&c, s)| Duration::from_micros((s.unwrap() - c).max(0) as u64))
+        .collect();
+    lat.sort();
+    lat
+}
+
+fn fresh_db(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join(format!("latency-{}.db", ulid::Ulid::generate()));
+    let mut conn = outboxd::connection::open(&path).unwrap();
+    outboxd::schema::migrate(&mut conn).unwrap();
+    path
+}
+
+fn in_process(dir: &Path, n: usize, rate: usize) -> (Vec<Duration>, f64) {
+    let path = fresh_db(dir);
+    let (handle, starts) = start_relay(&path);
+    let commits = produce(&path, n, rate, Some(&handle));
+    let rate = achieved(&commits);
+    let lat = latencies(&commits, starts);
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+    (lat, rate)
+}
+
+fn cross_process(dir: &Path, n: usize, rate: usize) -> (Vec<Duration>, f64) {
+    let path = fresh_db(dir);
+    let (handle, starts) = start_relay(&path);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env(ROLE, "producer")
+        .env(DB, &path)
+        .env("OUTBOXD_BENCH_EVENTS", n.to_string())
+        .env("OUTBOXD_BENCH_RATE", rate.to_string())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("re-run this bench binary as the producer");
+    assert!(out.status.success(), "the producer failed: {}", out.status);
+    let commits: Vec<i64> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(commits.len(), n, "the producer reported every commit");
+    let rate = achieved(&commits);
+    let lat = latencies(&commits, starts);
+    handle.shutdown(Duration::from_secs(10)).unwrap();
+    (lat, rate)
+}
+
+/// The reference: wall clock sent over a crossbeam channel to a thread
+/// blocked in `recv`, at the same rate.
+fn channel_hop(n: usize, rate: usize) -> (Vec<Duration>, f64) {
+    let (tx, rx) = crossbeam_channel::unbounded::<i64>();
+    let receiver = std::thread::spawn(move || {
+        let mut lat = Vec::with_capacity(n);
+        while let Ok(sent) = rx.recv() {
+            lat.push(Duration::from_micros((wall_micros() - sent).max(0) as u64));
+        }
+        lat
+    });
+    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let start = Instant::now();
+    let mut sent = Vec::with_capacity(n);
+    for i in 0..(WARMUP + n) {
+        sleep_until(start + interval * i as u32);
+        let t = wall_micros();
+        tx.send(t).unwrap();
+        if i >= WARMUP {
+            sent.push(t);
+        }
+    }
+    drop(tx);
+    let mut lat = receiver.join().unwrap();
+    lat.drain(..WARMUP);
+    lat.sort();
+    (lat, achieved(&sent))
+}
+
+/// Events per second the producer really achieved.
+fn achieved(times: &[i64]) -> f64 {
+    let span = (times[times.len() - 1] - times[0]).max(1) as f64 / 1e6;
+    (times.len() - 1).max(1) as f64 / span
+}
+
+struct Row {
+    p50: Vec<f64>,
+    p99: Vec<f64>,
+    max: Vec<f64>,
+    rate: Vec<f64>,
+}
+
+impl Row {
+    fn new() -> Row {
+        Row {
+            p50: vec![],
+            p99: vec![],
+            max: vec![],
+            rate: vec![],
+        }
+    }
+
+    fn add(&mut self, (sorted, rate): (Vec<Duration>, f64)) {
+        let sorted = &sorted;
+        self.rate.push(rate);
+        self.p50.push(ms(percentile(sorted, 50.0)));
+        self.p99.push(ms(percentile(sorted, 99.0)));
+        self.max.push(ms(*sorted.last().unwrap()));
+    }
+}
+
+fn fmt(s: Stats) -> String {
+    format!("{:.3} ({:.3}–{:.3})", s.median, s.min, s.max)
+}
+
+fn main() {
+    if std::env::var(ROLE).as_deref() == Ok("producer") {
+        producer_main();
+        return;
+    }
+    let n = env_or("OUTBOXD_BENCH_EVENTS", 10_000);
+    let runs = env_or("OUTBOXD_BENCH_RUNS", 5);
+    let rate = env_or("OUTBOXD_BENCH_RATE", 1000);
+    let dir = bench_dir();
+    header(
+        "latency",
+        dir.path(),
+        &format!("{n} events at {rate}/s per run (after {WARMUP} warm-up events), {runs} runs, default relay settings, producer synchronous={}", producer_sync()),
+    );
+    let (mut hop, mut inp, mut xp) = (Row::new(), Row::new(), Row::new());
+    let load = common::load();
+    for _ in 0..runs {
+        hop.add(channel_hop(n, rate));
+        inp.add(in_process(dir.path(), n, rate));
+        xp.add(cross_process(dir.path(), n, rate));
+    }
+    let hop_p99 = Stats::of(hop.p99.clone()).median;
+    println!("| path | producer rate/s achieved | p50 ms (min–max over runs) | p99 ms | max ms | target p99 | p99 ratio to channel hop |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, row, target) in [
+        ("reference: bare crossbeam channel hop", hop, "—"),
+        ("outboxd, producer in process (notify)", inp, "2 ms"),
+        (
+            "outboxd, producer in another process (data_version poll)",
+            xp,
+            "15 ms",
+        ),
+    ] {
+        let p99 = Stats::of(row.p99);
+        println!(
+            "| {name} | {:.0} | {} | {} | {} | {target} | {:.0} |",
+            Stats::of(row.rate).median,
+            fmt(Stats::of(row.p50)),
+            fmt(p99),
+            fmt(Stats::of(row.max)),
+            p99.median / hop_p99
+        );
+    }
+    println!("load average at start: {load}, at end: {}", common::load());
+}
