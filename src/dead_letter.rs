@@ -1,5 +1,8 @@
 //! Operator operations on dead letters: list, show, requeue, discard.
 //!
+//! Queries over dead rows say `status <> 'pending' AND status = 'dead'` so
+//! that SQLite can use the partial index of finished rows.
+//!
 //! ```
 //! # fn main() -> outboxd::Result<()> {
 //! # let dir = tempfile::tempdir().unwrap();
@@ -62,7 +65,7 @@ pub fn list(conn: &Connection, limit: usize) -> Result<Vec<DeadLetter>> {
     let mut stmt = conn
         .prepare(
             "SELECT id, event_id, event_type, tenant_id, attempts, last_error, finished_at, NULL
-               FROM event_outbox WHERE status = 'dead'
+               FROM event_outbox WHERE status <> 'pending' AND status = 'dead'
               ORDER BY finished_at DESC, id DESC LIMIT ?1",
         )
         .map_err(Error::db("list dead letters"))?;
@@ -156,7 +159,10 @@ fn change(
 fn select(conn: &Connection, which: &Selector) -> Result<Vec<i64>> {
     let all = || -> Result<Vec<(i64, String)>> {
         let mut stmt = conn
-            .prepare("SELECT id, CAST(event_type AS TEXT) FROM event_outbox WHERE status = 'dead' ORDER BY id")
+            .prepare(
+                "SELECT id, CAST(event_type AS TEXT) FROM event_outbox
+                  WHERE status <> 'pending' AND status = 'dead' ORDER BY id",
+            )
             .map_err(Error::db("select dead letters"))?;
         let rows = stmt
             .query_map([], |r| {
@@ -195,7 +201,8 @@ fn resolve(conn: &Connection, id: &str) -> Result<i64> {
     } else {
         let canonical = crate::EventId::parse(id)?.to_string();
         conn.query_row(
-            "SELECT id FROM event_outbox WHERE event_id = ?1 AND status = 'dead' ORDER BY id LIMIT 1",
+            "SELECT id FROM event_outbox
+              WHERE event_id = ?1 AND event_id IS NOT NULL AND status = 'dead' ORDER BY id LIMIT 1",
             [canonical],
             |r| r.get(0),
         )

@@ -135,6 +135,11 @@ pub fn purge_with_progress(
     }
 }
 
+/// Deletes up to ?3 rows of status ?1 finished before ?2.
+const DELETE_FINISHED: &str = "DELETE FROM event_outbox WHERE id IN (
+     SELECT id FROM event_outbox
+      WHERE status <> 'pending' AND status = ?1 AND finished_at < ?2 LIMIT ?3)";
+
 /// The condition on a `delivered_events d` entry that its row is not
 /// still pending or dead.
 const UNFINISHED_ROW_GONE: &str = "NOT EXISTS (SELECT 1 FROM event_outbox o
@@ -142,6 +147,11 @@ const UNFINISHED_ROW_GONE: &str = "NOT EXISTS (SELECT 1 FROM event_outbox o
 
 /// One bounded transaction: at most `batch_size` rows of each kind. The
 /// relay calls this from its housekeeping tick.
+///
+/// The queries on finished rows repeat the `status <> 'pending'` of the
+/// partial index `event_outbox_finished`: SQLite uses a partial index only
+/// when the query's own terms imply its WHERE, and without it they scan the
+/// whole table.
 pub fn purge_batch(
     conn: &mut Connection,
     policy: &PurgePolicy,
@@ -153,14 +163,10 @@ pub fn purge_batch(
     let limit = policy.batch_size as i64;
     let delete_rows = |status: &str, retention: Duration| -> Result<u64> {
         let cutoff = now.as_millis() - retention.as_millis() as i64;
-        tx.prepare_cached(
-            "DELETE FROM event_outbox WHERE id IN (
-                 SELECT id FROM event_outbox
-                  WHERE status = ?1 AND finished_at < ?2 LIMIT ?3)",
-        )
-        .and_then(|mut s| s.execute(params![status, cutoff, limit]))
-        .map(|n| n as u64)
-        .map_err(Error::db("purge finished events"))
+        tx.prepare_cached(DELETE_FINISHED)
+            .and_then(|mut s| s.execute(params![status, cutoff, limit]))
+            .map(|n| n as u64)
+            .map_err(Error::db("purge finished events"))
     };
     let mut report = PurgeReport {
         delivered: delete_rows("delivered", policy.delivered_retention)?,
@@ -204,12 +210,14 @@ pub fn purge_dry_run(
     let ms = |d: Duration| now.as_millis() - d.as_millis() as i64;
     Ok(PurgeReport {
         delivered: count(
-            "SELECT count(*) FROM event_outbox WHERE status = 'delivered' AND finished_at < ?1",
+            "SELECT count(*) FROM event_outbox
+              WHERE status <> 'pending' AND status = 'delivered' AND finished_at < ?1",
             ms(policy.delivered_retention),
         )?,
         dead: match policy.dead_retention {
             Some(r) => count(
-                "SELECT count(*) FROM event_outbox WHERE status = 'dead' AND finished_at < ?1",
+                "SELECT count(*) FROM event_outbox
+                  WHERE status <> 'pending' AND status = 'dead' AND finished_at < ?1",
                 ms(r),
             )?,
             None => 0,
@@ -271,5 +279,28 @@ mod tests {
             ["e1", "e2"],
             "the pending and the dead row keep theirs"
         );
+    }
+
+    /// Regression: with `WHERE status = ?1` alone SQLite cannot use the
+    /// partial index of finished rows and scans the whole table, inside the
+    /// write transaction (5,000,000 delivered rows made the relay 7x slower).
+    #[test]
+    fn deleting_finished_rows_searches_the_finished_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::connection::open(dir.path().join("p.db")).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {DELETE_FINISHED}"))
+            .unwrap()
+            .query_map(params!["delivered", 0, 10], |r| r.get(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert!(
+            plan.iter()
+                .any(|l| l.contains("USING COVERING INDEX event_outbox_finished")),
+            "{plan:?}"
+        );
+        assert!(!plan.iter().any(|l| l.starts_with("SCAN")), "{plan:?}");
     }
 }
