@@ -40,7 +40,10 @@
 //! run the consumers (catching panics) and send outcomes, in small groups
 //! while more jobs wait (so the writer wakes once per group); they never
 //! touch SQLite. Each write transaction records the outcomes gathered so
-//! far and claims the next batch in one go. The writer claims no more rows than the `jobs` channel holds, so
+//! far and claims the next batch in one go. While another connection is
+//! writing (seen through `data_version`), transactions shrink to 32 rows
+//! and the writer leaves the lock free for a millisecond after each, so a
+//! host's commit waits for one short transaction rather than a train. The writer claims no more rows than the `jobs` channel holds, so
 //! its sends never block; `outcomes` is unbounded, so a worker never blocks
 //! either. A `control` channel carries `notify` and `shutdown` from the
 //! handle. Shutdown: the writer stops claiming, takes the jobs no worker has

@@ -21,6 +21,14 @@ use crate::error::{is_busy, Error, Result};
 const MAX_REASON_BYTES: usize = 4096;
 /// Longest pause after a failed write transaction.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(5);
+/// While other connections are writing, the relay's write transactions
+/// carry at most this many claims and this many outcomes...
+const CONTENDED_GROUP: usize = 32;
+/// ...and after each one the writer leaves the lock free this long, so a
+/// host's commit waits for one short transaction, not a train of them.
+const CONTENDED_PAUSE: Duration = Duration::from_millis(1);
+/// How long after another connection's commit the writer stays polite.
+const CONTENTION_WINDOW: Duration = Duration::from_millis(200);
 
 /// A row this relay holds a claim on.
 struct InFlight {
@@ -49,6 +57,8 @@ pub(crate) struct Writer {
     want_claim: bool,
     next_due: Option<Timestamp>,
     data_version: i64,
+    /// When `data_version` last showed another connection's commit.
+    last_foreign_write: Option<Instant>,
     /// The earliest lease among `in_flight`, to know when to heartbeat.
     earliest_lease: Option<Timestamp>,
     next_housekeeping: Instant,
@@ -115,6 +125,7 @@ impl Writer {
             next_due: None,
             data_version,
             earliest_lease: None,
+            last_foreign_write: None,
             next_housekeeping: Instant::now(),
             error_backoff: Duration::ZERO,
             not_before: None,
@@ -186,6 +197,7 @@ impl Writer {
                     Ok(v) if v != self.data_version => {
                         self.data_version = v;
                         self.want_claim = true;
+                        self.last_foreign_write = Some(Instant::now());
                     }
                     Ok(_) => {}
                     Err(e) => tracing::debug!(error = %e, "cannot read data_version"),
@@ -283,14 +295,25 @@ impl Writer {
         let live = self.in_flight.len().saturating_sub(settled);
         let shutting = self.shutdown_at.is_some();
         let due = self.want_claim || self.next_due.is_some_and(|t| t <= now);
+        // SQLite has one writer. While the host (or another relay) is
+        // writing too, keep each transaction short and pause between them;
+        // alone, take the whole batch.
+        let contended = self
+            .last_foreign_write
+            .is_some_and(|t| t.elapsed() < CONTENTION_WINDOW);
+        let group = if contended {
+            CONTENDED_GROUP.min(self.settings.batch_size)
+        } else {
+            self.settings.batch_size
+        };
         let claim_limit = if !shutting && jobs_tx.is_some() && due && live <= self.capacity / 2 {
-            (self.capacity - live).min(self.settings.batch_size)
+            (self.capacity - live).min(group)
         } else {
             0
         };
         let flush = !self.pending.is_empty()
             && (shutting
-                || self.pending.len() >= self.capacity / 2
+                || self.pending.len() >= (self.capacity / 2).min(group)
                 || self.pending.len() >= self.in_flight.len()
                 || self
                     .pending_since
@@ -314,7 +337,13 @@ impl Writer {
             return;
         }
         let outcomes = if flush {
-            std::mem::take(&mut self.pending)
+            let take = if contended {
+                group.min(self.pending.len())
+            } else {
+                self.pending.len()
+            };
+            let rest = self.pending.split_off(take);
+            std::mem::replace(&mut self.pending, rest)
         } else {
             Vec::new()
         };
@@ -328,8 +357,8 @@ impl Writer {
                     started.elapsed().as_micros() as u64,
                 );
                 self.error_backoff = Duration::ZERO;
-                self.not_before = None;
-                if flush {
+                self.not_before = contended.then(|| Instant::now() + CONTENDED_PAUSE);
+                if flush && self.pending.is_empty() {
                     self.pending_since = None;
                 }
                 self.apply(step, jobs_tx, claim_limit);
