@@ -330,10 +330,18 @@ fn child_producer() {
     let mut conn = outboxd::connection::open(&db).unwrap();
     let mut rng = rand::rng();
     let mut out = std::io::stdout().lock();
-    let mut n = 0;
+    let (mut n, mut txn) = (0, 0);
     while n < max {
-        let events: Vec<Event> = (0..rng.random_range(1..=4))
-            .map(|i| Event::new("kill.test.v1", &serde_json::json!({ "n": n + i })).unwrap())
+        // Each event names its transaction and the transaction's size, so
+        // the checker can tell a partial transaction.
+        let size = rng.random_range(1..=4);
+        let txn_id = format!("{}-{txn}", std::process::id());
+        txn += 1;
+        let events: Vec<Event> = (0..size)
+            .map(|i| {
+                let payload = serde_json::json!({ "n": n + i, "txn": txn_id, "size": size });
+                Event::new("kill.test.v1", &payload).unwrap()
+            })
             .collect();
         let tx = conn.transaction().unwrap();
         let ids: Vec<String> = outboxd::enqueue_many(&tx, &events)
@@ -483,6 +491,11 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
     let missing_from_db = acked.difference(&in_db).count();
     let (dup_alpha, dup_beta) = (alpha.duplicates(), beta.duplicates());
     let integrity = sb.integrity();
+    let partial: i64 = sb.scalar(
+        "SELECT count(*) FROM (SELECT json_extract(payload, '$.txn') AS t, count(*) AS n, \
+         max(json_extract(payload, '$.size')) AS size FROM event_outbox GROUP BY t) \
+         WHERE n <> size",
+    );
     println!(
         "# kill -9: {relay_kills} relay kills + {producer_kills} producer kills \
          ({producers} producer processes) in {:.1} s; {} lines delivered during the loop",
@@ -492,7 +505,8 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
     println!(
         "# events: acked={} recovered={recovered} (indeterminate, delivered anyway) \
          in_db={}; lost={} unexpected={} duplicated={} (alpha {dup_alpha}, beta {dup_beta}; \
-         bound {} per consumer) torn_lines={} integrity={integrity}",
+         bound {} per consumer) partial_transactions={partial} torn_lines={} \
+         integrity={integrity}",
         acked.len(),
         in_db.len(),
         lost.len(),
@@ -507,6 +521,7 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
         "nothing was delivered before the final drain: the kills came too early to test anything"
     );
     assert_eq!(integrity, "ok");
+    assert_eq!(partial, 0, "a producer transaction is in the table in part");
     assert_eq!(
         missing_from_db, 0,
         "acknowledged events missing from the table"
@@ -562,6 +577,27 @@ fn write_lock_is_free(db: &Path) -> bool {
 #[test]
 fn a_relay_frozen_past_its_lease_has_its_late_outcome_refused_by_the_token_fence() {
     let _serial = serial();
+    let rounds: u32 = if full() { 40 } else { 2 };
+    let mut refreezes = 0;
+    let started = Instant::now();
+    for round in 0..rounds {
+        refreezes += lease_takeover(round % 2 == 0);
+    }
+    println!(
+        "# lease takeover: {rounds} rounds ({} with A's late outcome a success, {} a timeout), \
+         every one refused by the fence; {refreezes} re-freezes out of a write transaction; \
+         {:.1} s",
+        rounds.div_ceil(2),
+        rounds / 2,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// One takeover. With `late_success`, A's consumer finishes while A is
+/// frozen, so A's late outcome is a success; otherwise the consumer is still
+/// waiting when A resumes, A's timeout (long past) kills it, and the late
+/// outcome is a retry. Returns how often A had to be re-frozen.
+fn lease_takeover(late_success: bool) -> u32 {
     let sb = Sandbox::new();
     let script = sb.write("gated.sh", GATED_CONSUMER);
     {
@@ -631,9 +667,13 @@ fn a_relay_frozen_past_its_lease_has_its_late_outcome_refused_by_the_token_fence
     let finished_by_b: Option<String> = row("SELECT CAST(finished_at AS TEXT) FROM event_outbox");
     let attempts_by_b: Option<String> = row("SELECT CAST(attempts AS TEXT) FROM event_outbox");
 
-    // A wakes up; its delivery ends (the gate opens, or its timeout has long
-    // passed) and its outcome must be refused.
+    // A wakes up; its delivery ends and its outcome must be refused.
     File::create(&gate_a).unwrap();
+    if late_success {
+        wait_until("A's consumer to finish", WAIT, || consumer_says("A done"));
+    } else {
+        assert!(!consumer_says("A done"));
+    }
     a.signal("-CONT");
     wait_until("relay A to refuse its late outcome", WAIT, || {
         assert!(!a.exited(), "relay A exited; log:\n{}", a.log());
@@ -643,15 +683,12 @@ fn a_relay_frozen_past_its_lease_has_its_late_outcome_refused_by_the_token_fence
     let fenced = a.metric("outboxd_fenced_out_total");
     a.stop();
 
-    let log_a = a.log();
-    println!(
-        "# lease takeover: A stopped (after {refreezes} re-freezes out of a write transaction); \
-         A's log:\n{}",
-        log_a
-            .lines()
-            .filter(|l| l.contains("lease") || l.contains("refused"))
-            .collect::<Vec<_>>()
-            .join("\n")
+    let timed_out = a.log().contains("timed out after 2s and was killed");
+    assert_eq!(
+        timed_out,
+        !late_success,
+        "A's late outcome was not the one expected; A's log:\n{}",
+        a.log()
     );
     assert_eq!(fenced, 1, "A's outboxd_fenced_out_total");
     assert_eq!(row("SELECT status FROM event_outbox").unwrap(), "delivered");
@@ -672,6 +709,7 @@ fn a_relay_frozen_past_its_lease_has_its_late_outcome_refused_by_the_token_fence
         1
     );
     assert_eq!(sb.integrity(), "ok");
+    refreezes
 }
 
 // ---------------------------------------------------------------------------
