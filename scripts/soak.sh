@@ -7,6 +7,7 @@
 #   scripts/soak.sh                 # everything
 #   scripts/soak.sh model           # only the named suites
 #   FUZZ_SECONDS=120 scripts/soak.sh  # seconds per fuzz target (default 60; 0 skips fuzzing)
+#   SOAK_RELEASE=0 scripts/soak.sh    # debug build (the figures in RELIABILITY.md are from one)
 #
 # Logs go to ${SOAK_LOG_DIR:-target/soak}/<suite>.log.
 set -uo pipefail
@@ -19,6 +20,10 @@ fi
 logs="${SOAK_LOG_DIR:-target/soak}"
 mkdir -p "$logs"
 export OUTBOXD_FULL=1
+profile=(--release)
+if [ "${SOAK_RELEASE:-1}" = 0 ]; then
+    profile=()
+fi
 
 summary=()
 failed=0
@@ -35,17 +40,25 @@ run_suite() {
         failed=1
     fi
     local took=$((SECONDS - start))
-    # The figures: everything the tests print, without the harness's lines.
-    grep -vE '^(running [0-9]+ tests?|test .* \.\.\. |test result:|successes:|failures:|     Running|   Compiling|    Finished|$)' "$log" \
-        | grep -vE '^ +(Compiling|Running|Finished)' | sed 's/^/   /' || true
-    grep -E '^test result:' "$log" | sed 's/^/   /' || true
+    if [ "$name" = fuzz ]; then
+        # libFuzzer is chatty: each target's header, its final count, and
+        # any crash with the input that caused it.
+        grep -E '^(== |fuzz:)|^Done [0-9]+ runs|panicked at|SUMMARY:|Failing input|Test unit written' "$log" \
+            | sed 's/^/   /' || true
+    else
+        # The figures: everything the tests print, without the harness's lines.
+        grep -vE '^(running [0-9]+ tests?|test .* \.\.\. |test result:|successes:|failures:|$)' "$log" \
+            | grep -vE '^ *(Compiling|Running|Finished|Blocking|Updating|Locking)' \
+            | grep -vE '^(stack backtrace:| +[0-9]+: | +at )' | sed 's/^/   /' || true
+        grep -E '^test result:' "$log" | sed 's/^/   /' || true
+    fi
     summary+=("$(printf '%-16s %-7s %5ss  %s' "$name" "$status" "$took" "$log")")
 }
 
 build_ok=1
 if printf '%s\n' "${suites[@]}" | grep -qv '^fuzz$'; then
-    echo "== building the test binaries (release)"
-    if ! cargo test --release --no-run >"$logs/build.log" 2>&1; then
+    echo "== building the test binaries (${profile[*]:-debug})"
+    if ! cargo test "${profile[@]}" --no-run >"$logs/build.log" 2>&1; then
         echo "build failed; see $logs/build.log"
         build_ok=0
         failed=1
@@ -66,7 +79,7 @@ for s in "${suites[@]}"; do
             ;;
         *)
             if [ "$build_ok" = 1 ]; then
-                run_suite "$s" cargo test --release --test "$s" -- --nocapture --test-threads=1
+                run_suite "$s" cargo test "${profile[@]}" --test "$s" -- --nocapture --test-threads=1
             else
                 summary+=("$(printf '%-16s %-7s' "$s" 'not run') (build failed)")
             fi
@@ -75,6 +88,6 @@ for s in "${suites[@]}"; do
 done
 
 echo
-echo "== soak summary (OUTBOXD_FULL=1, release)"
+echo "== soak summary (OUTBOXD_FULL=1, ${profile[*]:-debug})"
 printf '%s\n' "${summary[@]}"
 exit "$failed"
