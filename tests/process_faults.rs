@@ -652,6 +652,8 @@ fn lease_takeover(late_success: bool) -> u32 {
         assert!(!a.exited(), "relay A exited; log:\n{}", a.log());
         consumer_says("A start")
     });
+    // A started its consumer (and its 2 s timeout) before this moment.
+    let a_delivering_since = Instant::now();
     let token_a = row("SELECT claim_token FROM event_outbox").expect("A holds a claim");
     // Freeze A between its transactions. Frozen inside one, A would hold
     // SQLite's write lock, which no lease can take away: every writer (B
@@ -729,6 +731,10 @@ fn lease_takeover(late_success: bool) -> u32 {
     if late_success {
         File::create(&gate_a).unwrap();
         wait_until("A's consumer to finish", WAIT, || consumer_says("A done"));
+    } else {
+        wait_until("A's consumer timeout to pass", WAIT, || {
+            a_delivering_since.elapsed() > Duration::from_millis(2100)
+        });
     }
     a.signal("-CONT");
     wait_until("relay A to refuse its late outcome", WAIT, || {
