@@ -702,3 +702,35 @@ fn the_stale_alert_counts_old_due_events_but_not_delayed_ones() {
     drop(go_tx);
     relay.shutdown(LONG).unwrap();
 }
+
+#[test]
+fn dedup_holds_for_an_event_id_written_in_lower_case() {
+    let db = TestDb::new();
+    let rec = Recorder::default();
+    let first = event("a.b.v1", 1);
+    let id = first.id();
+    db.enqueue(&[first]);
+    let relay = Relay::builder(&db.path)
+        .consumer("a", ["a.b.v1"], rec.consumer())
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    relay.notify();
+    wait_until("first delivered", LONG, || {
+        db.count("status = 'delivered'") == 1
+    });
+    // A foreign producer re-sends the same event, spelling its id in lower case.
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload) VALUES (?1, 'a.b.v1', '{}')",
+            [id.to_string().to_lowercase()],
+        )
+        .unwrap();
+    relay.notify();
+    wait_until("twin settled", LONG, || {
+        db.count("status = 'delivered'") == 2
+    });
+    relay.shutdown(LONG).unwrap();
+    assert_eq!(rec.len(), 1, "the consumer saw the event once");
+}

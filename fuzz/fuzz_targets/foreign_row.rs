@@ -169,9 +169,10 @@ fuzz_target!(|cols: [V; 19]| {
     }
     relay.shutdown(Duration::from_secs(5)).unwrap();
 
-    let (count, status, error): (i64, Option<String>, Option<String>) = conn
+    // last_error is read as bytes: a foreign row may hold any blob there.
+    let (count, status, error): (i64, Option<String>, Option<Vec<u8>>) = conn
         .query_row(
-            "SELECT count(*), max(CAST(status AS TEXT)), max(CAST(last_error AS TEXT)) FROM event_outbox",
+            "SELECT count(*), max(CAST(status AS TEXT)), max(CAST(last_error AS BLOB)) FROM event_outbox",
             [],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )

@@ -23,6 +23,9 @@ pub(crate) struct ClaimedRow {
     pub ordering_key: Option<String>,
     /// Failed attempts so far.
     pub attempts: u32,
+    /// The consumers that already succeeded for this event, when the claim
+    /// could read them (None: look them up by `event_key`).
+    pub delivered: Option<Vec<String>>,
 }
 
 /// Claims up to `limit` due rows: pending, `available_at <= now`, and not
@@ -49,7 +52,11 @@ pub(crate) fn claim(
                  ORDER BY o.available_at, o.id
                  LIMIT ?4)
         RETURNING id, event_id, event_type, event_version, tenant_id, ordering_key,
-                  causation_id, correlation_id, payload, occurred_at, created_at, attempts",
+                  causation_id, correlation_id, payload, occurred_at, created_at, attempts,
+                  -- the consumers that already have this event (dedup), read here
+                  -- rather than by one more statement per row
+                  (SELECT group_concat(d.consumer, ',') FROM delivered_events d
+                    WHERE d.event_key = coalesce(upper(event_outbox.event_id), '#' || event_outbox.id))",
     )?;
     let mut rows = stmt.query(params![
         token,
@@ -90,6 +97,17 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
         (Ok(env), false) => env.event_id.to_string(),
         (Err(_), false) => String::new(),
     };
+    // The statement looked the ledger up by the upper-cased id; that is the
+    // dedup key unless the id was written in a non-canonical spelling.
+    let looked_up = legacy
+        || matches!(event_id, ValueRef::Text(t) if t.to_ascii_uppercase() == event_key.as_bytes());
+    let delivered = looked_up.then(|| match r.get_ref(12) {
+        Ok(ValueRef::Text(names)) => String::from_utf8_lossy(names)
+            .split(',')
+            .map(str::to_string)
+            .collect(),
+        _ => Vec::new(),
+    });
     Ok(ClaimedRow {
         row_id,
         event_key,
@@ -98,6 +116,7 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
         tenant_id: lenient_text(r.get_ref(4)?),
         ordering_key: lenient_text(r.get_ref(5)?),
         attempts: lenient_count(r.get_ref(11)?),
+        delivered,
     })
 }
 

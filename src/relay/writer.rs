@@ -596,7 +596,10 @@ fn dispatch_claimed(
         }
         return Ok(());
     }
-    let done = claim::delivered_consumers(tx, &row.event_key)?;
+    let done = match row.delivered {
+        Some(done) => done,
+        None => claim::delivered_consumers(tx, &row.event_key)?,
+    };
     let missing: Vec<usize> = routes
         .iter()
         .copied()
