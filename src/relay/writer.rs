@@ -357,7 +357,12 @@ impl Writer {
                     started.elapsed().as_micros() as u64,
                 );
                 self.error_backoff = Duration::ZERO;
-                self.not_before = contended.then(|| Instant::now() + CONTENDED_PAUSE);
+                // Pause only after a full-sized transaction: that is a relay
+                // working through a backlog, which would otherwise take the
+                // lock back at once. Small ones (an event now and then) are
+                // short already, and a pause would only add latency.
+                let full = step.counts.claimed as usize >= group || outcomes.len() >= group;
+                self.not_before = (contended && full).then(|| Instant::now() + CONTENDED_PAUSE);
                 if flush && self.pending.is_empty() {
                     self.pending_since = None;
                 }
