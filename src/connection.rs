@@ -110,7 +110,7 @@ pub fn configure(conn: &Connection) -> Result<()> {
 }
 
 /// Waits for a lock up to [`DEFAULT_BUSY_TIMEOUT`], trying again every
-/// millisecond or so.
+/// 0.1 ms for the first ten tries, then every millisecond or so.
 ///
 /// SQLite's own busy timeout sleeps longer and longer between tries (up to
 /// 100 ms), so a writer that has waited long polls rarely and keeps losing the
@@ -160,7 +160,14 @@ fn busy_wait(attempt: i32) -> bool {
     if now.duration_since(started) >= DEFAULT_BUSY_TIMEOUT {
         return false;
     }
-    std::thread::sleep(Duration::from_micros(500 + rand::random_range(0..1000)));
+    // Most waits are for one short transaction: try again soon at first,
+    // then back off to about a millisecond.
+    let micros = if attempt < 10 {
+        100 + rand::random_range(0..100)
+    } else {
+        500 + rand::random_range(0..1000)
+    };
+    std::thread::sleep(Duration::from_micros(micros));
     true
 }
 

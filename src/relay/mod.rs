@@ -41,7 +41,7 @@
 //! while more jobs wait (so the writer wakes once per group); they never
 //! touch SQLite. Each write transaction records the outcomes gathered so
 //! far and claims the next batch in one go. While another connection is
-//! writing (seen through `data_version`), transactions shrink to 32 rows
+//! writing (seen through `data_version`), transactions shrink to 16 rows
 //! and the writer leaves the lock free for a millisecond after each, so a
 //! host's commit waits for one short transaction rather than a train. The writer claims no more rows than the `jobs` channel holds, so
 //! its sends never block; `outcomes` is unbounded, so a worker never blocks

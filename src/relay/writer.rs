@@ -23,7 +23,7 @@ const MAX_REASON_BYTES: usize = 4096;
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(5);
 /// While other connections are writing, the relay's write transactions
 /// carry at most this many claims and this many outcomes...
-const CONTENDED_GROUP: usize = 32;
+const CONTENDED_GROUP: usize = 16;
 /// ...and after each one the writer leaves the lock free this long, so a
 /// host's commit waits for one short transaction, not a train of them.
 const CONTENDED_PAUSE: Duration = Duration::from_millis(1);
