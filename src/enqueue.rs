@@ -251,7 +251,8 @@ impl Enqueuer {
     /// Enqueues one event. See [`enqueue`].
     pub fn enqueue(&self, conn: &Connection, event: &Event) -> Result<Enqueued> {
         self.check_transaction(conn)?;
-        self.insert(conn, event, Timestamp::now())
+        self.check_size(event)?;
+        self.insert(conn, &mut prepare_insert(conn)?, event, Timestamp::now())
     }
 
     /// Enqueues several events. See [`enqueue_many`].
@@ -268,9 +269,10 @@ impl Enqueuer {
             self.check_size(e)?;
         }
         let now = Timestamp::now();
+        let mut stmt = prepare_insert(conn)?;
         events
             .into_iter()
-            .map(|e| self.insert(conn, e, now))
+            .map(|e| self.insert(conn, &mut stmt, e, now))
             .collect()
     }
 
@@ -291,24 +293,19 @@ impl Enqueuer {
         Ok(())
     }
 
-    fn insert(&self, conn: &Connection, e: &Event, now: Timestamp) -> Result<Enqueued> {
-        self.check_size(e)?;
+    /// Writes one event with the prepared INSERT (the caller checked its size).
+    fn insert(
+        &self,
+        conn: &Connection,
+        insert: &mut rusqlite::CachedStatement<'_>,
+        e: &Event,
+        now: Timestamp,
+    ) -> Result<Enqueued> {
         let available_at = match e.available {
             Available::Now => now,
             Available::After(d) => now.plus(d),
             Available::At(t) => t,
         };
-        // ON CONFLICT DO NOTHING: the unique indexes on (scope, key) decide
-        // whether this is a duplicate, atomically, never a check-then-insert.
-        let mut insert = conn
-            .prepare_cached(
-                "INSERT INTO event_outbox (event_id, event_type, event_version, tenant_id,
-                     idempotency_key, ordering_key, causation_id, correlation_id, payload,
-                     occurred_at, created_at, available_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
-                 ON CONFLICT DO NOTHING",
-            )
-            .map_err(Error::db("prepare the enqueue statement"))?;
         let inserted = insert
             .execute(params![
                 e.event_id.to_string(),
@@ -341,6 +338,20 @@ impl Enqueuer {
                 what: format!("the event holding idempotency key {key:?}"),
             })
     }
+}
+
+/// The INSERT every enqueue runs, prepared once per call. ON CONFLICT DO
+/// NOTHING: the unique indexes on (scope, key) decide whether an event is a
+/// duplicate, atomically, never a check-then-insert.
+fn prepare_insert(conn: &Connection) -> Result<rusqlite::CachedStatement<'_>> {
+    conn.prepare_cached(
+        "INSERT INTO event_outbox (event_id, event_type, event_version, tenant_id,
+             idempotency_key, ordering_key, causation_id, correlation_id, payload,
+             occurred_at, created_at, available_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+         ON CONFLICT DO NOTHING",
+    )
+    .map_err(Error::db("prepare the enqueue statement"))
 }
 
 /// The id of the event holding an idempotency key in a scope (a legacy row
