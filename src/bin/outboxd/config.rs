@@ -1078,4 +1078,80 @@ mod tests {
         assert_eq!(c.database.unwrap(), dir.path().join("app.db"));
         assert!(dir.path().join("out.jsonl").exists());
     }
+
+    // Config parsing, fuzzed with proptest (a cargo-fuzz target cannot reach
+    // a binary's modules): any text, and every field with any value, gives
+    // a config or an error that names the file, and never a panic.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const FIELDS: &[&str] = &[
+            "database",
+            "relay.workers",
+            "relay.batch_size",
+            "relay.lease",
+            "relay.poll_interval",
+            "relay.unrouted",
+            "relay.shutdown_grace",
+            "retry.initial",
+            "retry.max_delay",
+            "retry.max_attempts",
+            "retry.jitter",
+            "purge.enabled",
+            "purge.delivered_retention",
+            "purge.dedup_ttl",
+            "purge.dead_retention",
+            "purge.intent_retention",
+            "purge.batch_size",
+            "alerts.stale_after",
+            "alerts.max_dead",
+            "log.level",
+            "log.format",
+            "metrics.listen",
+            "relay.no_such_key",
+        ];
+
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "-?[0-9]{1,20}",
+                "-?[0-9]{1,3}\\.[0-9]{1,3}",
+                "\"[0-9]{0,6}(ms|s|m|h|d|x)?\"",
+                "\"[ -~]{0,16}\"",
+                Just("true".to_string()),
+                Just("[]".to_string()),
+                Just("{}".to_string()),
+                Just("\"\"".to_string()),
+            ]
+        }
+
+        fn check(text: &str) -> Result<(), TestCaseError> {
+            let file = "/etc/outboxd/outboxd.toml";
+            if let Err(e) = parse(text) {
+                let msg = e.to_string();
+                prop_assert!(msg.contains(file), "{msg}");
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn any_text_is_a_config_or_a_named_error(text in "\\PC{0,300}") {
+                check(&text)?;
+            }
+
+            #[test]
+            fn any_value_in_any_field_is_a_config_or_a_named_error(
+                field in prop::sample::select(FIELDS), value in value()
+            ) {
+                let text = match field.split_once('.') {
+                    Some((table, key)) => format!("[{table}]\n{key} = {value}\n{STDOUT}"),
+                    None => format!("{field} = {value}\n{STDOUT}"),
+                };
+                check(&text)?;
+            }
+        }
+    }
 }
