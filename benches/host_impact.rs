@@ -24,7 +24,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{bench_dir, env_or, header, migrated, ms, percentile, sleep_until, Stats};
+use common::{bench_dir, env_or, header, migrated, ms, percentile, remove_db, sleep_until, Stats};
 use outboxd::{Delivery, Event, Outcome, Relay};
 
 /// Commit latencies (sorted) of `n` paced host writes.
@@ -74,12 +74,6 @@ fn fmt(v: &[f64]) -> String {
     format!("{:.3} ({:.3}–{:.3})", s.median, s.min, s.max)
 }
 
-fn remove_db(path: &Path) {
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
-}
-
 fn main() {
     let writes = env_or("OUTBOXD_BENCH_WRITES", 5000);
     let backlog = env_or("OUTBOXD_BENCH_BACKLOG", 500_000);
@@ -88,7 +82,7 @@ fn main() {
     header(
         "host_impact",
         dir.path(),
-        &format!("{writes} host writes at 1/ms, backlog {backlog} due events, {runs} runs; relay defaults, 1 no-op consumer, purge {}", if common::purge_policy().is_some() { "default" } else { "off" }),
+        &format!("{writes} host writes at 1/ms, backlog {backlog} due events, {runs} runs; relay defaults, 1 no-op consumer, purge {}", common::purge_label()),
     );
 
     let template = dir.path().join("template.db");

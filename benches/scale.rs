@@ -21,7 +21,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{bench_dir, env_or, header, migrated, Stats};
+use common::{bench_dir, env_or, header, migrated, remove_db, Stats};
 use outboxd::{Delivery, Event, Outcome, Relay};
 
 /// Adds `n` due events through `enqueue_many`, 10,000 per transaction.
@@ -122,12 +122,6 @@ fn drain(path: &Path, n: usize) -> f64 {
     n as f64 / took.as_secs_f64()
 }
 
-fn remove_db(path: &Path) {
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-    }
-}
-
 fn main() {
     let small = env_or("OUTBOXD_BENCH_SMALL", 10_000);
     let large = env_or("OUTBOXD_BENCH_LARGE", 1_000_000);
@@ -137,7 +131,7 @@ fn main() {
     header(
         "scale",
         dir.path(),
-        &format!("{small} vs {large} due events, and {small} due among {delivered} delivered rows; {runs} runs; relay defaults, 1 no-op consumer, purge {}", if common::purge_policy().is_some() { "default" } else { "off" }),
+        &format!("{small} vs {large} due events, and {small} due among {delivered} delivered rows; {runs} runs; relay defaults, 1 no-op consumer, purge {}", common::purge_label()),
     );
 
     let template = |name: &str, due: usize, delivered: usize| {

@@ -6,6 +6,8 @@
 //! Synchronisation is by bounded polling of the database, the output or the
 //! receiver's log; never by fixed sleeps.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -17,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use outboxd::sinks::webhook::{verify, WebhookSecret};
 use outboxd::{Event, EventId};
-use rusqlite::Connection;
 use serde_json::Value;
 
 const CONFIG: i32 = 6;
@@ -28,53 +29,19 @@ const WAIT: Duration = Duration::from_secs(30);
 // ---------------------------------------------------------------------------
 // Helpers.
 
-/// A temp dir with a migrated `app.db`.
-struct Sandbox {
-    dir: tempfile::TempDir,
+/// The shared test database (`tests/common`), plus this suite's helpers.
+struct Sandbox(common::TestDb);
+
+impl std::ops::Deref for Sandbox {
+    type Target = common::TestDb;
+    fn deref(&self) -> &common::TestDb {
+        &self.0
+    }
 }
 
 impl Sandbox {
     fn new() -> Sandbox {
-        let sb = Sandbox {
-            dir: tempfile::tempdir().unwrap(),
-        };
-        let mut conn = outboxd::connection::open(sb.db()).unwrap();
-        outboxd::schema::migrate(&mut conn).unwrap();
-        sb
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn db(&self) -> PathBuf {
-        self.path("app.db")
-    }
-
-    fn conn(&self) -> Connection {
-        outboxd::connection::open(self.db()).unwrap()
-    }
-
-    fn enqueue(&self, events: &[Event]) -> Vec<EventId> {
-        let mut conn = self.conn();
-        let tx = conn.transaction().unwrap();
-        let ids = outboxd::enqueue_many(&tx, events)
-            .unwrap()
-            .iter()
-            .map(|e| e.event_id())
-            .collect();
-        tx.commit().unwrap();
-        ids
-    }
-
-    fn count(&self, sql_where: &str) -> i64 {
-        self.conn()
-            .query_row(
-                &format!("SELECT count(*) FROM event_outbox WHERE {sql_where}"),
-                [],
-                |r| r.get(0),
-            )
-            .unwrap()
+        Sandbox(common::TestDb::new())
     }
 
     /// (status, attempts, last_error) of one event.
@@ -86,12 +53,6 @@ impl Sandbox {
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .unwrap()
-    }
-
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.path(name);
-        std::fs::write(&p, text).unwrap();
-        p
     }
 
     /// A shell script, made executable.
@@ -551,7 +512,7 @@ deny_private_addresses = true
 #[test]
 fn command_sink_runs_programs_and_reads_their_exit_codes() {
     let sb = Sandbox::new();
-    let out = sb.path("received");
+    let out = sb.file("received");
     std::fs::create_dir(&out).unwrap();
     sb.script(
         "ok.sh",
@@ -657,7 +618,7 @@ fsync = true
         .map(|n| event("article.created.v1", serde_json::json!({ "n": n })))
         .collect();
     let ids = sb.enqueue(&events);
-    let file = sb.path("events.jsonl");
+    let file = sb.file("events.jsonl");
     let lines = || {
         std::fs::read_to_string(&file)
             .unwrap_or_default()
@@ -735,7 +696,7 @@ program = "./slow.sh"
 #[test]
 fn a_second_signal_exits_at_once() {
     let sb = Sandbox::new();
-    let started = sb.path("started");
+    let started = sb.file("started");
     sb.script(
         "hang.sh",
         &format!("touch '{}'\nexec sleep 60", started.display()),
@@ -1006,7 +967,7 @@ fn every_config_mistake_names_its_field_and_claims_nothing() {
         .outboxd(&[
             "check-config",
             "--config",
-            sb.path("bad.toml").to_str().unwrap(),
+            sb.file("bad.toml").to_str().unwrap(),
         ])
         .env("E2E_SECRET", SECRET)
         .env("E2E_LEAKY", leaky)
@@ -1044,7 +1005,7 @@ fn check_config_summarises_a_good_file_and_db_overrides_the_config() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("ok"), "{text}");
     assert!(
-        text.contains(&sb.path("from-config.db").display().to_string()),
+        text.contains(&sb.file("from-config.db").display().to_string()),
         "the config's database, relative to the config: {text}"
     );
     assert!(text.contains("consumer out <- *: jsonl stdout"), "{text}");

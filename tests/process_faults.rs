@@ -50,43 +50,19 @@ fn full() -> bool {
 // ---------------------------------------------------------------------------
 // Helpers.
 
-/// A temp dir holding a migrated `app.db`, the configs, logs and outputs.
-struct Sandbox {
-    dir: tempfile::TempDir,
+/// The shared test database (`tests/common`), plus this suite's helpers.
+struct Sandbox(common::TestDb);
+
+impl std::ops::Deref for Sandbox {
+    type Target = common::TestDb;
+    fn deref(&self) -> &common::TestDb {
+        &self.0
+    }
 }
 
 impl Sandbox {
     fn new() -> Sandbox {
-        let sb = Sandbox {
-            dir: tempfile::tempdir().unwrap(),
-        };
-        let mut conn = outboxd::connection::open(sb.db()).unwrap();
-        outboxd::schema::migrate(&mut conn).unwrap();
-        sb
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn db(&self) -> PathBuf {
-        self.path("app.db")
-    }
-
-    fn conn(&self) -> Connection {
-        outboxd::connection::open(self.db()).unwrap()
-    }
-
-    fn scalar<T: rusqlite::types::FromSql>(&self, sql: &str) -> T {
-        self.conn().query_row(sql, [], |r| r.get(0)).unwrap()
-    }
-
-    /// Writes `name` (a config; relative paths in it resolve against the
-    /// sandbox) and returns its path.
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.path(name);
-        fs::write(&path, text).unwrap();
-        path
+        Sandbox(common::TestDb::new())
     }
 
     /// Every event id in the table.
@@ -387,7 +363,7 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
 
     for round in 0..rounds {
         if producer.as_mut().is_none_or(|p| p.exited()) {
-            let out = File::create(sb.path(&format!("acked.{producers:05}.txt"))).unwrap();
+            let out = File::create(sb.file(&format!("acked.{producers:05}.txt"))).unwrap();
             let child = Command::new(&exe)
                 .args([
                     "--exact",
@@ -404,7 +380,7 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
                 .unwrap();
             producer = Some(Proc {
                 child,
-                log: sb.path("producer.log"),
+                log: sb.file("producer.log"),
             });
             producers += 1;
         }
@@ -412,7 +388,7 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
             "kill.toml",
             &two_jsonl_consumers(relay_settings, &format!("{round:05}"), true),
         );
-        let log = sb.path(&format!("relay.{round:05}.log"));
+        let log = sb.file(&format!("relay.{round:05}.log"));
         let mut relay = Proc::relay(&config, log);
         // Even rounds count the delay from the spawn (the kill may fall into
         // start-up and migration), odd rounds from the moment the relay runs
@@ -457,7 +433,7 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
         "final.toml",
         &two_jsonl_consumers(relay_settings, "final", true),
     );
-    let mut relay = Proc::relay(&config, sb.path("relay.log"));
+    let mut relay = Proc::relay(&config, sb.file("relay.log"));
     wait_until("the final relay to drain the outbox", WAIT, || {
         assert!(
             !relay.exited(),
@@ -622,8 +598,8 @@ fn lease_takeover(late_success: bool) -> u32 {
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
     }
-    let consumer_log = sb.path("consumer.log");
-    let (gate_a, gate_b) = (sb.path("gate-a"), sb.path("gate-b"));
+    let consumer_log = sb.file("consumer.log");
+    let (gate_a, gate_b) = (sb.file("gate-a"), sb.file("gate-b"));
     File::create(&gate_b).unwrap(); // B's deliveries finish at once
     let config_a = sb.write("a.toml", &gated_config("A", &gate_a, &consumer_log));
     let config_b = sb.write("b.toml", &gated_config("B", &gate_b, &consumer_log));
@@ -647,7 +623,7 @@ fn lease_takeover(late_success: bool) -> u32 {
     };
 
     // A claims the event and is inside the delivery, holding the lease.
-    let mut a = Proc::relay(&config_a, sb.path("a.log"));
+    let mut a = Proc::relay(&config_a, sb.file("a.log"));
     wait_until("relay A to start delivering", WAIT, || {
         assert!(!a.exited(), "relay A exited; log:\n{}", a.log());
         consumer_says("A start")
@@ -678,14 +654,14 @@ fn lease_takeover(late_success: bool) -> u32 {
 
     // B takes the row over once A's lease (no heartbeat while frozen) runs out.
     let b_started = Instant::now();
-    let mut b = Proc::relay(&config_b, sb.path("b.log"));
+    let mut b = Proc::relay(&config_b, sb.file("b.log"));
     wait_until("relay B to take A's row over", WAIT, || {
         if b.exited() {
             let inode = |p: &Path| {
                 use std::os::unix::fs::MetadataExt;
                 fs::metadata(p).map(|m| m.ino()).unwrap_or(0)
             };
-            let (db_ino, shm_ino) = (inode(&sb.db()), inode(&sb.path("app.db-shm")));
+            let (db_ino, shm_ino) = (inode(&sb.db()), inode(&sb.file("app.db-shm")));
             let locks: Vec<String> = fs::read_to_string("/proc/locks")
                 .unwrap()
                 .lines()
@@ -810,7 +786,7 @@ fn six_relay_processes_deliver_every_event_once_without_busy_failures() {
                 &(two_jsonl_consumers("workers = 2\nlease = \"30s\"", &format!("{i}"), false)
                     + "[metrics]\nlisten = \"127.0.0.1:0\"\n"),
             );
-            Proc::relay(&config, sb.path(&format!("six.{i}.log")))
+            Proc::relay(&config, sb.file(&format!("six.{i}.log")))
         })
         .collect();
     wait_until(

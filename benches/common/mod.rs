@@ -172,3 +172,19 @@ pub fn purge_policy() -> Option<outboxd::purge::PurgePolicy> {
         _ => Some(outboxd::purge::PurgePolicy::default()),
     }
 }
+
+/// "default" or "off": the purge the benches' relays run, for table headers.
+pub fn purge_label() -> &'static str {
+    if purge_policy().is_some() {
+        "default"
+    } else {
+        "off"
+    }
+}
+
+/// Deletes a database file and its -wal and -shm files, if present.
+pub fn remove_db(path: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}

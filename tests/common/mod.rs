@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use outboxd::{Delivery, Event, EventId, Outcome};
 use rusqlite::Connection;
 
-/// A migrated database in a temp dir that lives as long as the value.
+/// A migrated database, `app.db`, in a temp dir that lives as long as the
+/// value; other files of a test (configs, logs, outputs) go beside it.
 pub struct TestDb {
     pub dir: tempfile::TempDir,
     pub path: PathBuf,
@@ -17,7 +18,7 @@ pub struct TestDb {
 impl TestDb {
     pub fn new() -> TestDb {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("outbox.db");
+        let path = dir.path().join("app.db");
         let mut conn = outboxd::connection::open(&path).unwrap();
         outboxd::schema::migrate(&mut conn).unwrap();
         TestDb { dir, path }
@@ -25,6 +26,23 @@ impl TestDb {
 
     pub fn conn(&self) -> Connection {
         outboxd::connection::open(&self.path).unwrap()
+    }
+
+    /// The database file.
+    pub fn db(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    /// A file beside the database.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Writes a file beside the database and returns its path.
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.file(name);
+        std::fs::write(&path, text).unwrap();
+        path
     }
 
     /// Enqueues events in one transaction and returns their ids.
