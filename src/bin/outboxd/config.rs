@@ -581,12 +581,10 @@ impl Checker<'_> {
             }
             p = p.jitter(j);
         }
-        p.validate().map_err(|e| match e {
-            outboxd::Error::InvalidSetting { field, reason } => {
-                let field = field.strip_prefix("retry.").unwrap_or(field);
-                self.err(format!("{prefix}.{field}"), reason)
-            }
-            other => self.err(prefix, other.to_string()),
+        p.validate().map_err(|e| {
+            let field = e.setting().as_str();
+            let field = field.strip_prefix("retry.").unwrap_or(field);
+            self.err(format!("{prefix}.{field}"), e.reason())
         })?;
         Ok(p)
     }
@@ -664,10 +662,9 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
             intent_retention: p.intent_retention.map_or(d.intent_retention, |x| x.0),
             batch_size,
         };
-        policy.validate().map_err(|e| match e {
-            outboxd::Error::InvalidSetting { field, reason } => c.err(field, reason),
-            other => c.err("purge", other.to_string()),
-        })?;
+        policy
+            .validate()
+            .map_err(|e| c.err(e.setting().as_str(), e.reason()))?;
         Some(policy)
     };
 
@@ -738,13 +735,8 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
             ));
         }
         for (j, t) in rc.types.iter().enumerate() {
-            Pattern::parse(t).map_err(|e| {
-                let msg = match e {
-                    outboxd::Error::InvalidSetting { reason, .. } => reason,
-                    other => other.to_string(),
-                };
-                c.err(format!("{at}.types[{j}]"), msg)
-            })?;
+            Pattern::parse(t)
+                .map_err(|e| c.err(format!("{at}.types[{j}]"), format!("{t:?}: {}", e.reason())))?;
         }
         let sink = build_sink(&c, &format!("{at}.sink"), &rc.sink)?;
         if let Some(limit) = sink.time_limit() {
