@@ -655,13 +655,12 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
         let batch_size = c
             .range("purge.batch_size", p.batch_size, 1, 100_000)?
             .unwrap_or(d.batch_size);
-        let policy = PurgePolicy {
-            delivered_retention: p.delivered_retention.map_or(d.delivered_retention, |x| x.0),
-            dedup_ttl: p.dedup_ttl.map_or(d.dedup_ttl, |x| x.0),
-            dead_retention: p.dead_retention.map(|x| x.0),
-            intent_retention: p.intent_retention.map_or(d.intent_retention, |x| x.0),
-            batch_size,
-        };
+        let policy = PurgePolicy::default()
+            .delivered_retention(p.delivered_retention.map_or(d.delivered_retention, |x| x.0))
+            .dedup_ttl(p.dedup_ttl.map_or(d.dedup_ttl, |x| x.0))
+            .dead_retention(p.dead_retention.map(|x| x.0))
+            .intent_retention(p.intent_retention.map_or(d.intent_retention, |x| x.0))
+            .batch_size(batch_size);
         policy
             .validate()
             .map_err(|e| c.err(e.setting().as_str(), e.reason()))?;

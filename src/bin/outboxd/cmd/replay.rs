@@ -70,13 +70,10 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             .into());
         }
     }
-    let filter = ReplayFilter {
-        consumer: args.consumer.clone(),
-        ids: args.ids.clone(),
-        event_type: args.event_type.clone(),
-        since: args.since,
-        until: args.until,
-    };
+    let mut filter = ReplayFilter::new(args.consumer.clone()).ids(args.ids.clone());
+    filter.event_type = args.event_type.clone();
+    filter.since = args.since;
+    filter.until = args.until;
     let mut conn = open_migrated(&global.db)?;
     let mut progress = Progress::stderr();
     let n = replay_with_progress(&mut conn, &filter, Timestamp::now(), |done, total| {
