@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use common::wait_until;
 use outboxd::Event;
-use rand::Rng;
+use rand::RngExt;
 use rusqlite::Connection;
 
 const OUTBOXD: &str = env!("CARGO_BIN_EXE_outboxd");

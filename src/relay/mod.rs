@@ -33,24 +33,47 @@
 //!
 //! ## Threads and channels
 //!
-//! One **writer** thread owns the relay's only write connection. It claims
-//! batches of due rows, sends one job per row into a bounded `jobs` channel,
-//! and records the outcomes that come back on the `outcomes` channel, many
-//! per `BEGIN IMMEDIATE` transaction (group commit). **Workers** take jobs,
-//! run the consumers (catching panics) and send outcomes, in small groups
-//! while more jobs wait (so the writer wakes once per group); they never
-//! touch SQLite. Each write transaction records the outcomes gathered so
-//! far and claims the next batch in one go. While another connection is
-//! writing (seen through `data_version`), transactions shrink to 16 rows
-//! and the writer leaves the lock free for a millisecond after each, so a
-//! host's commit waits for one short transaction rather than a train. The writer claims no more rows than the `jobs` channel holds, so
-//! its sends never block; `outcomes` is unbounded, so a worker never blocks
-//! either. A `control` channel carries `notify` and `shutdown` from the
-//! handle. Shutdown: the writer stops claiming, takes the jobs no worker has
-//! started back out of the channel and releases their leases, drops the
-//! jobs sender (so each worker ends after its current job), records the
-//! outcomes that arrive within the grace period, releases whatever is still
-//! leased after it, and ends.
+//! [`Relay::start`] starts the **workers** and then one **writer** thread,
+//! which owns the relay's only write connection; if any thread cannot
+//! start, nothing is left running and `start` fails.
+//!
+//! - The writer claims batches of due rows and sends one job per row into a
+//!   bounded `jobs` channel. It claims no more rows than that channel
+//!   holds, so its sends never block.
+//! - Workers take jobs, run the consumers (catching panics) and send the
+//!   outcomes back on the unbounded `outcomes` channel, so a worker never
+//!   blocks either. A worker that has more jobs waiting holds its outcomes
+//!   briefly and sends them as a group, so the writer wakes once per group.
+//!   Workers never touch SQLite.
+//! - The writer records the outcomes gathered so far, extends leases that
+//!   are half spent, and claims the next batch, all in one `BEGIN
+//!   IMMEDIATE` transaction (group commit).
+//! - A `control` channel carries `notify` and `shutdown` from the handle.
+//!
+//! While another connection is writing (seen through `data_version`), the
+//! writer's transactions carry at most 16 rows, and after a full one it
+//! leaves the lock free for a millisecond, so a host's commit waits for one
+//! short transaction rather than a train of them.
+//!
+//! Shutdown: the writer stops claiming, takes the jobs no worker has started
+//! back out of the channel and releases their leases, drops the jobs sender
+//! (so each worker ends after its current job), records the outcomes that
+//! arrive within the grace period, releases whatever is still leased after
+//! it, and ends.
+//!
+//! ## Where each decision lives
+//!
+//! - `writer`: the thread, its state and the SQL transaction; no policy.
+//! - `plan`: whether to write now, and what (claim, record, heartbeat).
+//! - [`router`](crate::router): which consumers take a claimed row, and what
+//!   happens to one nobody takes ([`UnroutedPolicy`]).
+//! - [`dedup`](crate::dedup): which of them had the event already.
+//! - `retry`: [`RetryPolicy`] and the verdict over a row's outcomes
+//!   (delivered, retry when, or dead letter and why).
+//! - `housekeeping`: purge ticks, WAL checkpoint, the stale check.
+//! - `claim`: the claim statement and the token-fenced writes.
+//! - `worker`: running consumers.
+//! - `metrics`: the counters behind [`RelayHandle::metrics`].
 
 mod claim;
 mod housekeeping;
@@ -573,8 +596,9 @@ impl RelayHandle {
         self.join_inner()
     }
 
-    /// Waits until the relay stops (after a shutdown from another handle
-    /// clone is impossible, so this is for a relay whose writer failed).
+    /// Waits for the relay to stop without asking it to. The writer ends by
+    /// itself only when it fails ([`Error::Panicked`]): pair it with
+    /// [`is_finished`](Self::is_finished) to notice a relay that died.
     pub fn join(mut self) -> Result<()> {
         self.join_inner()
     }
