@@ -538,6 +538,7 @@ impl Intents {
     }
 
     /// Reads the time from `clock` (a [`ManualClock`](crate::ManualClock) in tests).
+    #[must_use]
     pub fn clock(mut self, clock: impl Clock) -> Intents {
         self.clock = Arc::new(clock);
         self

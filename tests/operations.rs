@@ -108,6 +108,20 @@ fn replay_delivers_again_to_one_consumer_only() {
     let mut conn = db.conn();
     let filter = ReplayFilter::new("a").event_type(Pattern::parse("a.*").unwrap());
     assert_eq!(replay(&mut conn, &filter, Timestamp::now()).unwrap(), 2);
+    // A name the database has never seen is an error naming the known ones
+    // (a typo would otherwise replay nothing, successfully)...
+    let typo = replay(&mut conn, &ReplayFilter::new("c"), Timestamp::now()).unwrap_err();
+    let outboxd::Error::UnknownConsumer { name, known } = &typo else {
+        panic!("expected UnknownConsumer, got {typo}")
+    };
+    assert_eq!(
+        (name.as_str(), known.as_slice()),
+        ("c", &["a".to_string(), "b".to_string()][..])
+    );
+    assert!(typo.to_string().contains("known consumers: a, b"), "{typo}");
+    // ...unless the caller knows it (a configured consumer with no deliveries yet).
+    let configured = ReplayFilter::new("c").known_consumers(["a", "b", "c"]);
+    assert_eq!(replay(&mut conn, &configured, Timestamp::now()).unwrap(), 0);
     let by_id = ReplayFilter::new("b").ids([ids[2]]);
     assert_eq!(replay(&mut conn, &by_id, Timestamp::now()).unwrap(), 1);
     let relay = start();

@@ -518,13 +518,12 @@ impl Relay {
         for n in 0..workers {
             let (consumers, jobs, outcomes) =
                 (consumers.clone(), jobs_rx.clone(), outcomes_tx.clone());
-            let name = format!("outboxd-worker-{n}");
-            let spawned = std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || worker::run(consumers, jobs, outcomes, flush_interval));
+            let spawned = spawn(format!("outboxd-worker-{n}"), move || {
+                worker::run(consumers, jobs, outcomes, flush_interval)
+            });
             match spawned {
                 Ok(handle) => pool.push(handle),
-                Err(source) => {
+                Err(e) => {
                     // A relay short of workers would claim rows it cannot
                     // deliver: stop the ones started (they end when the jobs
                     // channel closes) and report.
@@ -532,10 +531,7 @@ impl Relay {
                     for handle in pool {
                         let _ = handle.join();
                     }
-                    return Err(Error::Spawn {
-                        thread: name,
-                        source,
-                    });
+                    return Err(e);
                 }
             }
         }
@@ -548,13 +544,7 @@ impl Relay {
         };
         // If this spawn fails, the closure (and with it the jobs sender) is
         // dropped, and the workers end on their own.
-        let thread = std::thread::Builder::new()
-            .name(WRITER_THREAD.into())
-            .spawn(move || writer.run(pool))
-            .map_err(|source| Error::Spawn {
-                thread: WRITER_THREAD.into(),
-                source,
-            })?;
+        let thread = spawn(WRITER_THREAD.into(), move || writer.run(pool))?;
         Ok(RelayHandle {
             control: control_tx,
             thread: Some(thread),
@@ -565,6 +555,28 @@ impl Relay {
 
 /// The writer thread's name.
 const WRITER_THREAD: &str = "outboxd-writer";
+
+/// Starts a named thread of the relay.
+fn spawn<T, F>(name: String, f: F) -> Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    #[cfg(test)]
+    if tests::spawn_fails(&name) {
+        return Err(Error::Spawn {
+            thread: name,
+            source: std::io::Error::other("refused by the test"),
+        });
+    }
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(f)
+        .map_err(|source| Error::Spawn {
+            thread: name,
+            source,
+        })
+}
 
 /// Messages from the handle to the writer.
 pub(crate) enum Control {
@@ -638,5 +650,69 @@ impl Drop for RelayHandle {
             let _ = self.control.send(Control::Shutdown(DEFAULT_DROP_GRACE));
             let _ = self.join_inner();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+    use crate::consumer::{Delivery, Outcome};
+
+    thread_local! {
+        /// The thread whose start `Relay::start` on this thread fails.
+        static REFUSE: RefCell<Option<String>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn spawn_fails(name: &str) -> bool {
+        REFUSE.with(|r| r.borrow().as_deref() == Some(name))
+    }
+
+    /// Regression (issue 10): a worker that could not start was logged and
+    /// the relay ran on, claiming and heart-beating rows it had too few
+    /// workers for (with none, forever); a writer that could not start was
+    /// reported as an invalid setting. Now `start` fails with the thread's
+    /// name, and nothing runs.
+    #[test]
+    fn a_relay_that_cannot_start_a_thread_stops_and_says_which() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut conn = crate::connection::open(&path).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        crate::Enqueuer::new()
+            .allow_autocommit(true)
+            .enqueue(&conn, &crate::Event::new("a.b.v1", &1).unwrap())
+            .unwrap();
+        for thread in ["outboxd-worker-0", "outboxd-worker-2", WRITER_THREAD] {
+            REFUSE.with(|r| *r.borrow_mut() = Some(thread.to_string()));
+            let (seen_tx, seen) = crossbeam_channel::unbounded();
+            let started = Relay::builder(&path)
+                .consumer("a", ["*"], move |_: &Delivery| {
+                    seen_tx.send(()).unwrap();
+                    Outcome::Delivered
+                })
+                .workers(3)
+                .build()
+                .unwrap()
+                .start();
+            let Err(Error::Spawn { thread: name, .. }) = &started else {
+                panic!("start must fail when {thread} cannot start");
+            };
+            assert_eq!(name, thread);
+            assert!(started.err().unwrap().to_string().contains(thread));
+            // Nothing claimed, nothing delivered: the relay never ran.
+            let touched: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM event_outbox
+                      WHERE claim_token IS NOT NULL OR status <> 'pending'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(touched, 0, "{thread}");
+            assert!(seen.try_recv().is_err(), "{thread}");
+        }
+        REFUSE.with(|r| *r.borrow_mut() = None);
     }
 }

@@ -67,24 +67,28 @@ impl RetryPolicy {
     }
 
     /// The first delay.
+    #[must_use]
     pub fn initial(mut self, d: Duration) -> Self {
         self.initial = d;
         self
     }
 
     /// The longest delay.
+    #[must_use]
     pub fn max_delay(mut self, d: Duration) -> Self {
         self.max_delay = d;
         self
     }
 
     /// Attempts in all, the first included; 1 means no retry.
+    #[must_use]
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = n;
         self
     }
 
     /// The largest fraction added at random to each delay (0 to 1).
+    #[must_use]
     pub fn jitter(mut self, fraction: f64) -> Self {
         self.jitter = fraction;
         self

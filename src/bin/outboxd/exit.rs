@@ -110,6 +110,7 @@ fn library(e: &outboxd::Error) -> Exit {
         | E::PayloadTooLarge { .. }
         | E::Payload(_)
         | E::InvalidSetting { .. }
+        | E::UnknownConsumer { .. }
         | E::NotFound { .. } => Exit::Input,
         _ => Exit::Database,
     }
