@@ -116,7 +116,7 @@ use sha2::{Digest, Sha256};
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::consumer::Outcome;
-use crate::error::Error;
+use crate::error::{Error, Setting, SettingError};
 
 /// How long a send's claim keeps other senders away: 5 minutes. It must be
 /// longer than the slowest post (give the post a timeout shorter than this).
@@ -494,13 +494,13 @@ impl Intents {
     /// since the lease is applied by the sender that finds a claim.
     pub fn lease(mut self, lease: Duration) -> Result<Intents> {
         if lease < MIN_LEASE {
-            return Err(Error::InvalidSetting {
-                field: "intent lease",
-                reason: format!(
+            return Err(Error::from(SettingError::new(
+                Setting::IntentLease,
+                format!(
                     "{lease:?} is shorter than the minimum of {MIN_LEASE:?}; give a lease longer \
                      than the slowest post"
                 ),
-            }
+            ))
             .into());
         }
         self.lease = lease;
@@ -610,12 +610,11 @@ impl Intents {
         batch: usize,
     ) -> Result<usize> {
         if batch == 0 {
-            return Err(Error::InvalidSetting {
-                field: "intent purge batch",
-                reason: "0 rows per batch would never finish; give 1 or more (100 to 1000 keeps \
-                         each write short)"
-                    .into(),
-            }
+            return Err(Error::from(SettingError::new(
+                Setting::IntentPurgeBatch,
+                "0 rows per batch would never finish; give 1 or more (100 to 1000 keeps \
+                 each write short)",
+            ))
             .into());
         }
         let mut total = 0;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use crate::clock::Timestamp;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting, SettingError};
 
 /// How long delivered rows are kept by default: 7 days.
 pub const DEFAULT_DELIVERED_RETENTION: Duration = Duration::from_secs(7 * 86400);
@@ -25,6 +25,8 @@ pub const DEFAULT_DELIVERED_RETENTION: Duration = Duration::from_secs(7 * 86400)
 pub const DEFAULT_DEDUP_TTL: Duration = Duration::from_secs(14 * 86400);
 /// Rows deleted per transaction by default.
 pub const DEFAULT_PURGE_BATCH: usize = 1000;
+/// The largest [`PurgePolicy::batch_size`].
+pub const MAX_PURGE_BATCH: usize = 100_000;
 /// How long completed publish intents are kept by default: 30 days. After
 /// that only the send's look-up stops a second post, so keep it longer than
 /// any redelivery of the events that send.
@@ -62,22 +64,25 @@ impl Default for PurgePolicy {
 }
 
 impl PurgePolicy {
-    /// Checks the settings.
-    pub fn validate(&self) -> Result<()> {
+    /// Checks the settings. The error names the field (`purge.dedup_ttl`…).
+    pub fn validate(&self) -> std::result::Result<(), SettingError> {
         if self.dedup_ttl < self.delivered_retention {
-            return Err(Error::InvalidSetting {
-                field: "purge.dedup_ttl",
-                reason: format!(
+            return Err(SettingError::new(
+                Setting::PurgeDedupTtl,
+                format!(
                     "{:?} is shorter than purge.delivered_retention ({:?}); the dedup window must cover every kept row",
                     self.dedup_ttl, self.delivered_retention
                 ),
-            });
+            ));
         }
-        if self.batch_size == 0 {
-            return Err(Error::InvalidSetting {
-                field: "purge.batch_size",
-                reason: "must be 1 or more".into(),
-            });
+        if self.batch_size == 0 || self.batch_size > MAX_PURGE_BATCH {
+            return Err(SettingError::new(
+                Setting::PurgeBatchSize,
+                format!(
+                    "{} is out of range; allowed: 1 to {MAX_PURGE_BATCH}",
+                    self.batch_size
+                ),
+            ));
         }
         Ok(())
     }

@@ -20,7 +20,7 @@ use rusqlite::{params, Connection, TransactionBehavior};
 
 use crate::clock::Timestamp;
 use crate::envelope::EventId;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting, SettingError};
 use crate::router::Pattern;
 
 /// Rows replayed per transaction.
@@ -57,10 +57,11 @@ pub fn replay_with_progress(
 ) -> Result<u64> {
     crate::schema::ensure_current(conn)?;
     if filter.consumer.is_empty() {
-        return Err(Error::InvalidSetting {
-            field: "consumer",
-            reason: "name the consumer to replay to".into(),
-        });
+        return Err(SettingError::new(
+            Setting::ReplayConsumer,
+            "is empty; name the consumer to replay to",
+        )
+        .into());
     }
     let rows = candidates(conn, filter)?;
     let total = rows.len() as u64;

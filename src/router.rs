@@ -1,7 +1,5 @@
 //! Which consumers take which event types.
 
-use crate::error::{Error, Result};
-
 /// An event-type pattern: an exact type (`article.created.v1`) or one with
 /// `*` segments. A `*` stands for one or more whole segments, so
 /// `article.*.v1` takes every v1 article event and `*.v2` every v2 event;
@@ -28,25 +26,58 @@ enum Segment {
     Any,
 }
 
+/// A pattern that is not valid, or that no valid event type could match.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("event type pattern {pattern:?}: {reason}")]
+pub struct PatternError {
+    pattern: String,
+    reason: String,
+}
+
+impl PatternError {
+    /// The pattern as given.
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    /// What is wrong, and how to write it instead.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
 impl Pattern {
     /// Parses a pattern: dot-separated segments, each `*` or lowercase
-    /// a-z, 0-9 and `_`.
-    pub fn parse(s: &str) -> Result<Pattern> {
-        let bad = |reason: &str| Error::InvalidSetting {
-            field: "event type pattern",
-            reason: format!(
-                "{s:?}: {reason}; use an event type such as article.created.v1, \
+    /// a-z, 0-9 and `_`. A pattern that no valid event type can match (one
+    /// that ends in a literal other than a version, such as
+    /// `article.created`, or one too short for a domain, a verb and a
+    /// version) is refused with the fix, since it would silently take
+    /// nothing.
+    ///
+    /// ```
+    /// use outboxd::router::Pattern;
+    /// let e = Pattern::parse("article.created").unwrap_err();
+    /// assert!(e.reason().contains("article.created.v1 or article.created.*"), "{e}");
+    /// ```
+    pub fn parse(s: &str) -> Result<Pattern, PatternError> {
+        let bad = |reason: &str| PatternError {
+            pattern: s.to_string(),
+            reason: reason.to_string(),
+        };
+        let malformed = |reason: &str| {
+            bad(&format!(
+                "{reason}; use an event type such as article.created.v1, \
                  or * for one or more segments (article.*.v1, *.v2, *)"
-            ),
+            ))
         };
         if s.is_empty() {
-            return Err(bad("it is empty"));
+            return Err(malformed("it is empty"));
         }
         let mut segments = Vec::new();
         for seg in s.split('.') {
             if seg == "*" {
                 if segments.last() == Some(&Segment::Any) {
-                    return Err(bad("two * in a row"));
+                    return Err(malformed("two * in a row"));
                 }
                 segments.push(Segment::Any);
             } else if !seg.is_empty()
@@ -56,10 +87,27 @@ impl Pattern {
             {
                 segments.push(Segment::Literal(seg.to_string()));
             } else {
-                return Err(bad(
+                return Err(malformed(
                     "a segment is empty or has a character other than a-z, 0-9, _",
                 ));
             }
+        }
+        // Every event type ends in a version (v1, v2…) and has a domain and
+        // a verb before it: a pattern that cannot end in one, or cannot be
+        // three segments long, matches nothing.
+        if let Some(Segment::Literal(last)) = segments.last() {
+            if !is_version(last) {
+                return Err(bad(&format!(
+                    "it can never match: an event type ends in its version; add a version: \
+                     {s}.v1 or {s}.*"
+                )));
+            }
+        }
+        if segments.len() < 3 && !segments.contains(&Segment::Any) {
+            return Err(bad(
+                "it can never match: an event type has a domain, a verb and a version \
+                 (article.created.v1); use all three, or * for any of them (*.v1)",
+            ));
         }
         Ok(Pattern {
             text: s.to_string(),
@@ -77,6 +125,13 @@ impl Pattern {
         let parts: Vec<&str> = event_type.split('.').collect();
         match_from(&self.segments, &parts)
     }
+}
+
+/// `v` and a number of 1 or more without leading zeros, as event types end.
+fn is_version(segment: &str) -> bool {
+    segment.strip_prefix('v').is_some_and(|d| {
+        !d.is_empty() && !d.starts_with('0') && d.bytes().all(|b| b.is_ascii_digit())
+    })
 }
 
 fn match_from(pattern: &[Segment], parts: &[&str]) -> bool {
@@ -112,6 +167,22 @@ mod tests {
         assert!(!m("*.b.v1", "b.v1"));
         for bad in ["", "a..b", "A.b", "a.**.b", "a.*.*.v1", "a b"] {
             assert!(Pattern::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_pattern_that_can_never_match_is_refused_with_the_fix() {
+        let e = Pattern::parse("article.created").unwrap_err();
+        assert!(
+            e.reason()
+                .contains("add a version: article.created.v1 or article.created.*"),
+            "{e}"
+        );
+        for never in ["article", "*.created", "a.b.v0", "a.b.v01", "a.v1", "v1"] {
+            assert!(Pattern::parse(never).is_err(), "{never:?}");
+        }
+        for fine in ["*", "a.*", "*.v1", "a.*.v2", "a.b.v10", "*.b.v1"] {
+            assert!(Pattern::parse(fine).is_ok(), "{fine:?}");
         }
     }
 }

@@ -913,7 +913,7 @@ fn every_config_mistake_names_its_field_and_claims_nothing() {
         ("consumer name", sink("kind = \"jsonl\"\npath = \"-\"").replace("\"c\"", "\"bad name\""), "consumer[0].name"),
         ("duplicate name", format!("{BASE_CONSUMER}{BASE_CONSUMER}"), "consumer[1].name"),
         ("no types", sink("kind = \"jsonl\"\npath = \"-\"").replace("[\"*\"]", "[]"), "consumer[0].types"),
-        ("bad pattern", sink("kind = \"jsonl\"\npath = \"-\"").replace("[\"*\"]", "[\"ok.v1\", \"Bad..Type\"]"), "consumer[0].types[1]"),
+        ("bad pattern", sink("kind = \"jsonl\"\npath = \"-\"").replace("[\"*\"]", "[\"ok.created.v1\", \"Bad..Type\"]"), "consumer[0].types[1]"),
         ("consumer retry", sink("kind = \"jsonl\"\npath = \"-\"").replace("[consumer.sink]", "retry = { max_attempts = 0 }\n[consumer.sink]"), "consumer[0].retry.max_attempts"),
         ("missing sink", "[[consumer]]\nname = \"c\"\ntypes = [\"*\"]\n".into(), "consumer[0]"),
         ("sink kind", sink("kind = \"kafka\""), "consumer[0].sink.kind"),

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{event, wait_until, Recorder, TestDb};
-use outboxd::relay::{RetryPolicy, UnroutedPolicy};
-use outboxd::{Clock, Delivery, ManualClock, Outcome, Relay, Timestamp};
+use outboxd::error::Setting;
+use outboxd::purge::PurgePolicy;
+use outboxd::relay::{RetryPolicy, UnroutedPolicy, MAX_BATCH_SIZE, MAX_WORKERS};
+use outboxd::{Clock, Delivery, Error, ManualClock, Outcome, Relay, Timestamp};
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -211,50 +213,148 @@ fn unrouted_events_are_dead_lettered_or_skipped_by_policy() {
     }
 }
 
+/// The builder is the one validator: each bad setting comes back as a
+/// typed [`SettingError`] naming the setting, and for a consumer's own
+/// setting the consumer (and the bad pattern's position), so a caller maps
+/// it to its own field without reading the message.
 #[test]
-fn build_rejects_bad_settings_with_the_field_name() {
+fn build_rejects_bad_settings_naming_the_setting_and_the_consumer() {
     let noop = |_: &Delivery| Outcome::Delivered;
-    let cases: Vec<(outboxd::RelayBuilder, &str)> = vec![
-        (Relay::builder("x.db"), "consumers"),
+    let one = || Relay::builder("x.db").consumer("a", ["a.b.v1"], noop);
+    let quick = RetryPolicy::default().jitter(0.0);
+    let no_batch = PurgePolicy {
+        batch_size: 0,
+        ..PurgePolicy::default()
+    };
+    type Case = (
+        outboxd::RelayBuilder,
+        Setting,
+        Option<&'static str>,
+        Option<usize>,
+    );
+    let cases: Vec<Case> = vec![
+        (Relay::builder("x.db"), Setting::Consumers, None, None),
+        (one().workers(0), Setting::Workers, None, None),
+        (one().workers(MAX_WORKERS + 1), Setting::Workers, None, None),
+        (one().batch_size(0), Setting::BatchSize, None, None),
         (
-            Relay::builder("x.db")
-                .consumer("a", ["a.b.v1"], noop)
-                .workers(0),
-            "workers",
+            one().batch_size(MAX_BATCH_SIZE + 1),
+            Setting::BatchSize,
+            None,
+            None,
+        ),
+        (
+            one().lease(Duration::from_millis(10)),
+            Setting::Lease,
+            None,
+            None,
+        ),
+        (
+            one().poll_interval(Duration::ZERO),
+            Setting::PollInterval,
+            None,
+            None,
+        ),
+        (
+            one().flush_interval(Duration::MAX),
+            Setting::FlushInterval,
+            None,
+            None,
+        ),
+        (
+            one().housekeeping_interval(Duration::MAX),
+            Setting::HousekeepingInterval,
+            None,
+            None,
+        ),
+        (
+            one().stale_after(Duration::ZERO),
+            Setting::StaleAfter,
+            None,
+            None,
+        ),
+        (
+            one().retry_policy(quick.clone().max_attempts(0)),
+            Setting::RetryMaxAttempts,
+            None,
+            None,
+        ),
+        (
+            one().purge(Some(no_batch)),
+            Setting::PurgeBatchSize,
+            None,
+            None,
         ),
         (
             Relay::builder("x.db")
                 .consumer("a", ["a.b.v1"], noop)
-                .batch_size(0),
-            "batch_size",
+                .consumer("b", ["a.b.v1", "Bad"], noop),
+            Setting::ConsumerTypes,
+            Some("b"),
+            Some(1),
         ),
         (
-            Relay::builder("x.db")
-                .consumer("a", ["a.b.v1"], noop)
-                .lease(Duration::from_millis(10)),
-            "lease",
+            Relay::builder("x.db").consumer("a", ["article.created"], noop),
+            Setting::ConsumerTypes,
+            Some("a"),
+            Some(0),
         ),
         (
-            Relay::builder("x.db").consumer("a", ["Bad"], noop),
-            "event type pattern",
+            Relay::builder("x.db").consumer("a", Vec::<String>::new(), noop),
+            Setting::ConsumerTypes,
+            Some("a"),
+            None,
         ),
         (
-            Relay::builder("x.db")
-                .consumer("a", ["a.b.v1"], noop)
-                .consumer("a", ["a.b.v1"], noop),
-            "registered twice",
+            Relay::builder("x.db").consumer("a b", ["a.b.v1"], noop),
+            Setting::ConsumerName,
+            Some("a b"),
+            None,
         ),
         (
-            Relay::builder("x.db")
-                .consumer("a", ["a.b.v1"], noop)
-                .retry_policy_for("zz", RetryPolicy::default()),
-            "zz",
+            one().consumer("a", ["a.b.v1"], noop),
+            Setting::ConsumerName,
+            Some("a"),
+            None,
+        ),
+        (
+            one().retry_policy_for("zz", RetryPolicy::default()),
+            Setting::RetryPolicyFor,
+            Some("zz"),
+            None,
+        ),
+        (
+            one().retry_policy_for("a", quick.clone().initial(Duration::ZERO)),
+            Setting::RetryInitial,
+            Some("a"),
+            None,
+        ),
+        (
+            one().retry_policy_for("a", quick.clone().jitter(2.0)),
+            Setting::RetryJitter,
+            Some("a"),
+            None,
         ),
     ];
-    for (builder, needle) in cases {
-        let err = builder.build().err().expect("build must fail").to_string();
-        assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+    for (builder, setting, consumer, index) in cases {
+        let err = builder.build().err().expect("build must fail");
+        let Error::InvalidSetting(e) = &err else {
+            panic!("{err} is not a setting error")
+        };
+        assert_eq!(
+            (e.setting(), e.consumer(), e.index()),
+            (setting, consumer, index),
+            "{err}"
+        );
+        assert!(err.to_string().contains(setting.as_str()), "{err}");
+        assert!(!e.reason().is_empty());
     }
+    // A duplicate name points at the second registration.
+    let Err(Error::InvalidSetting(e)) = one().consumer("a", ["a.b.v1"], noop).build() else {
+        panic!("a duplicate name must fail")
+    };
+    assert_eq!(e.consumer_position(), Some(1));
+    assert!(e.reason().contains("registered twice"), "{e}");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::{Setting, SettingError};
 
 /// When to try a failed delivery again: exponential backoff from `initial`,
 /// doubling up to `max_delay`, for at most `max_attempts` attempts in all,
@@ -32,6 +32,8 @@ pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_RETRY_MAX_DELAY: Duration = Duration::from_secs(3600);
 /// Attempts (the first try included) before the default policy dead-letters.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+/// The most [`RetryPolicy::max_attempts`] accepted.
+pub const MAX_RETRY_ATTEMPTS: u32 = 1000;
 /// Jitter of the default policy: up to 10% added to each delay.
 pub const DEFAULT_JITTER: f64 = 0.1;
 
@@ -89,25 +91,42 @@ impl RetryPolicy {
         self.max_attempts
     }
 
-    /// Checks the settings; the relay builder calls it.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |field, reason: &str| {
-            Err(Error::InvalidSetting {
-                field,
-                reason: reason.to_string(),
-            })
-        };
-        if self.max_attempts == 0 {
-            return bad("retry.max_attempts", "must be 1 or more");
+    /// Checks the settings; the relay builder calls it. The error names the
+    /// field (`retry.initial`…); the builder adds the consumer's name for a
+    /// consumer's own policy.
+    pub fn validate(&self) -> Result<(), SettingError> {
+        if self.max_attempts == 0 || self.max_attempts > MAX_RETRY_ATTEMPTS {
+            return Err(SettingError::new(
+                Setting::RetryMaxAttempts,
+                format!(
+                    "{} is out of range; allowed: 1 to {MAX_RETRY_ATTEMPTS} (1 means no retry)",
+                    self.max_attempts
+                ),
+            ));
         }
         if self.initial.is_zero() {
-            return bad("retry.initial", "must be longer than zero");
+            return Err(SettingError::new(
+                Setting::RetryInitial,
+                "must be longer than zero, such as 30 seconds",
+            ));
         }
         if self.max_delay < self.initial {
-            return bad("retry.max_delay", "must not be shorter than retry.initial");
+            return Err(SettingError::new(
+                Setting::RetryMaxDelay,
+                format!(
+                    "{:?} is shorter than retry.initial ({:?}); allowed: retry.initial or longer",
+                    self.max_delay, self.initial
+                ),
+            ));
         }
         if !(0.0..=1.0).contains(&self.jitter) {
-            return bad("retry.jitter", "must be between 0 and 1");
+            return Err(SettingError::new(
+                Setting::RetryJitter,
+                format!(
+                    "{} is out of range; allowed: 0.0 to 1.0 (a fraction of the delay)",
+                    self.jitter
+                ),
+            ));
         }
         Ok(())
     }
@@ -160,7 +179,13 @@ mod tests {
             .max_attempts(0)
             .validate()
             .unwrap_err();
+        assert_eq!(e.setting(), Setting::RetryMaxAttempts);
         assert!(e.to_string().contains("retry.max_attempts"), "{e}");
+        let e = RetryPolicy::default()
+            .max_attempts(1001)
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.setting(), Setting::RetryMaxAttempts);
         assert!(RetryPolicy::default().jitter(2.0).validate().is_err());
     }
 

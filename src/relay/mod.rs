@@ -68,28 +68,44 @@ use crossbeam_channel::Sender;
 
 pub use backoff::{
     RetryPolicy, DEFAULT_JITTER, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_INITIAL,
-    DEFAULT_RETRY_MAX_DELAY,
+    DEFAULT_RETRY_MAX_DELAY, MAX_RETRY_ATTEMPTS,
 };
 
 use crate::clock::{Clock, SystemClock};
 use crate::consumer::Consumer;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting, SettingError};
 use crate::purge::PurgePolicy;
 use crate::router::Pattern;
 
 /// Rows claimed per transaction by default.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
+/// The largest [`RelayBuilder::batch_size`].
+pub const MAX_BATCH_SIZE: usize = 10_000;
+/// The most [`RelayBuilder::workers`].
+pub const MAX_WORKERS: usize = 1024;
 /// How long a claim holds a row before another relay may take it. Longer
 /// deliveries extend it by heartbeat.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The shortest [`RelayBuilder::lease`].
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
 /// How often an idle relay checks `PRAGMA data_version` for commits made by
 /// other processes.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// The shortest [`RelayBuilder::poll_interval`].
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
+/// The longest [`RelayBuilder::poll_interval`].
+pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(60);
 /// The longest a finished delivery waits before its outcome is committed
 /// (outcomes are grouped into one transaction).
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(2);
+/// The longest [`RelayBuilder::flush_interval`].
+pub const MAX_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// How often purge, checkpoint and the stale check run.
 pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(10);
+/// The shortest [`RelayBuilder::housekeeping_interval`].
+pub const MIN_HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(1);
+/// The longest [`RelayBuilder::housekeeping_interval`].
+pub const MAX_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(86_400);
 /// The oldest due event may wait this long before the stale alert fires.
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(300);
 /// The grace period the handle's `Drop` gives in-flight deliveries.
@@ -242,36 +258,58 @@ impl RelayBuilder {
         self
     }
 
-    /// Validates every setting.
+    /// Validates every setting. A bad one is reported as
+    /// [`Error::InvalidSetting`], whose [`SettingError`] names it (and the
+    /// consumer, for a consumer's own setting).
     pub fn build(self) -> Result<Relay> {
-        let bad = |field, reason: &str| {
-            Err(Error::InvalidSetting {
-                field,
-                reason: reason.to_string(),
-            })
-        };
         let workers = self.workers.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(2)
         });
-        if workers == 0 || workers > 1024 {
-            return bad("workers", "must be between 1 and 1024");
+        check_range(Setting::Workers, workers, 1, MAX_WORKERS)?;
+        check_range(Setting::BatchSize, self.batch_size, 1, MAX_BATCH_SIZE)?;
+        if self.lease < MIN_LEASE {
+            return Err(SettingError::new(
+                Setting::Lease,
+                format!(
+                    "{:?} is too short; allowed: {MIN_LEASE:?} or more",
+                    self.lease
+                ),
+            )
+            .into());
         }
-        if self.batch_size == 0 || self.batch_size > 10_000 {
-            return bad("batch_size", "must be between 1 and 10000");
-        }
-        if self.lease < Duration::from_secs(1) {
-            return bad("lease", "must be at least 1 second");
-        }
-        if self.poll_interval.is_zero() || self.poll_interval > Duration::from_secs(60) {
-            return bad("poll_interval", "must be between 1 ms and 60 s");
-        }
-        if self.housekeeping_interval.is_zero() {
-            return bad("housekeeping_interval", "must be longer than zero");
+        check_duration(
+            Setting::PollInterval,
+            self.poll_interval,
+            MIN_POLL_INTERVAL,
+            MAX_POLL_INTERVAL,
+        )?;
+        check_duration(
+            Setting::FlushInterval,
+            self.flush_interval,
+            Duration::ZERO,
+            MAX_FLUSH_INTERVAL,
+        )?;
+        check_duration(
+            Setting::HousekeepingInterval,
+            self.housekeeping_interval,
+            MIN_HOUSEKEEPING_INTERVAL,
+            MAX_HOUSEKEEPING_INTERVAL,
+        )?;
+        if self.stale_after.is_zero() {
+            return Err(SettingError::new(
+                Setting::StaleAfter,
+                "must be longer than zero, such as 5 minutes",
+            )
+            .into());
         }
         if self.consumers.is_empty() {
-            return bad("consumers", "register at least one consumer");
+            return Err(SettingError::new(
+                Setting::Consumers,
+                "no consumer is registered; register at least one",
+            )
+            .into());
         }
         self.retry.validate()?;
         if let Some(p) = &self.purge {
@@ -279,36 +317,39 @@ impl RelayBuilder {
         }
         let mut names = HashSet::new();
         let mut consumers = Vec::with_capacity(self.consumers.len());
-        for (name, types, consumer) in self.consumers {
-            if name.is_empty()
-                || name.len() > 128
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-            {
-                return Err(Error::InvalidSetting {
-                    field: "consumer name",
-                    reason: format!(
-                        "{name:?}: use 1 to 128 characters of A-Z, a-z, 0-9, _, - and ."
-                    ),
-                });
-            }
+        for (position, (name, types, consumer)) in self.consumers.into_iter().enumerate() {
+            validate_consumer_name(&name).map_err(|e| e.consumer_at(position))?;
             if !names.insert(name.clone()) {
-                return Err(Error::InvalidSetting {
-                    field: "consumer name",
-                    reason: format!("{name:?} is registered twice"),
-                });
+                return Err(SettingError::new(
+                    Setting::ConsumerName,
+                    format!("{name:?} is registered twice; names must be unique"),
+                )
+                .for_consumer(&name)
+                .consumer_at(position)
+                .into());
             }
             if types.is_empty() {
-                return Err(Error::InvalidSetting {
-                    field: "consumer types",
-                    reason: format!("consumer {name:?} takes no event types"),
-                });
+                return Err(SettingError::new(
+                    Setting::ConsumerTypes,
+                    "takes no event types; list event types or patterns such as \
+                     article.*.v1, or * for every type",
+                )
+                .for_consumer(&name)
+                .consumer_at(position)
+                .into());
             }
             let patterns = types
                 .iter()
-                .map(|t| Pattern::parse(t))
-                .collect::<Result<Vec<_>>>()?;
+                .enumerate()
+                .map(|(i, t)| {
+                    Pattern::parse(t).map_err(|e| {
+                        SettingError::new(Setting::ConsumerTypes, e.to_string())
+                            .for_consumer(&name)
+                            .consumer_at(position)
+                            .at(i)
+                    })
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()?;
             consumers.push(ConsumerEntry {
                 name,
                 patterns,
@@ -317,14 +358,21 @@ impl RelayBuilder {
             });
         }
         for (name, policy) in self.retry_overrides {
-            policy.validate()?;
-            let entry = consumers
+            let found = consumers
                 .iter_mut()
-                .find(|c| c.name == name)
-                .ok_or_else(|| Error::InvalidSetting {
-                    field: "retry_policy_for",
-                    reason: format!("no consumer is named {name:?}"),
-                })?;
+                .enumerate()
+                .find(|(_, c)| c.name == name);
+            let Some((position, entry)) = found else {
+                return Err(SettingError::new(
+                    Setting::RetryPolicyFor,
+                    format!("no consumer is named {name:?}"),
+                )
+                .for_consumer(&name)
+                .into());
+            };
+            policy
+                .validate()
+                .map_err(|e| e.for_consumer(&name).consumer_at(position))?;
             entry.retry = policy;
         }
         Ok(Relay {
@@ -344,6 +392,50 @@ impl RelayBuilder {
             clock: self.clock,
         })
     }
+}
+
+/// Checks a consumer name: 1 to 128 characters of A-Z, a-z, 0-9, `_`, `-`
+/// and `.`. [`RelayBuilder::build`] applies it to every consumer.
+///
+/// ```
+/// use outboxd::relay::validate_consumer_name;
+/// assert!(validate_consumer_name("search-index.v2").is_ok());
+/// assert!(validate_consumer_name("search index").is_err());
+/// ```
+pub fn validate_consumer_name(name: &str) -> std::result::Result<(), SettingError> {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"_-.".contains(&b);
+    if name.is_empty() || name.len() > 128 || !name.bytes().all(allowed) {
+        return Err(SettingError::new(
+            Setting::ConsumerName,
+            format!(
+                "{name:?} is not allowed; use 1 to 128 characters of A-Z, a-z, 0-9, _, - and ."
+            ),
+        )
+        .for_consumer(name));
+    }
+    Ok(())
+}
+
+fn check_range(setting: Setting, n: usize, lo: usize, hi: usize) -> Result<()> {
+    if n < lo || n > hi {
+        return Err(SettingError::new(
+            setting,
+            format!("{n} is out of range; allowed: {lo} to {hi}"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn check_duration(setting: Setting, d: Duration, lo: Duration, hi: Duration) -> Result<()> {
+    if d < lo || d > hi {
+        return Err(SettingError::new(
+            setting,
+            format!("{d:?} is out of range; allowed: {lo:?} to {hi:?}"),
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// A configured relay, ready to [`start`](Relay::start).
@@ -391,9 +483,9 @@ impl Relay {
         let thread = std::thread::Builder::new()
             .name("outboxd-writer".into())
             .spawn(move || writer.run())
-            .map_err(|e| Error::InvalidSetting {
-                field: "workers",
-                reason: format!("cannot start the writer thread: {e}"),
+            .map_err(|source| Error::Spawn {
+                thread: "outboxd-writer".into(),
+                source,
             })?;
         Ok(RelayHandle {
             control: control_tx,
@@ -455,10 +547,10 @@ impl RelayHandle {
 
     fn join_inner(&mut self) -> Result<()> {
         match self.thread.take() {
-            Some(t) => t.join().unwrap_or_else(|_| {
-                Err(Error::InvalidSetting {
-                    field: "relay",
-                    reason: "the writer thread panicked".into(),
+            Some(t) => t.join().unwrap_or_else(|panic| {
+                Err(Error::Panicked {
+                    thread: "outboxd-writer".into(),
+                    message: worker::panic_message(&*panic),
                 })
             }),
             None => Ok(()),

@@ -113,12 +113,7 @@ fn deliver(entry: &ConsumerEntry, job: &Job) -> Outcome {
     // A panicking consumer is a failed delivery, not a dead relay.
     let outcome = catch_unwind(AssertUnwindSafe(|| entry.consumer.deliver(&delivery)))
         .unwrap_or_else(|panic| {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a non-string panic payload".into());
-            Outcome::retry(format!("consumer panicked: {msg}"))
+            Outcome::retry(format!("consumer panicked: {}", panic_message(&*panic)))
         });
     match &outcome {
         Outcome::Delivered => tracing::debug!("delivered"),
@@ -128,4 +123,13 @@ fn deliver(entry: &ConsumerEntry, job: &Job) -> Outcome {
         }
     }
     outcome
+}
+
+/// The text a panic carried (`panic!("…")` gives a `&str` or a `String`).
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".into())
 }

@@ -80,13 +80,8 @@ pub fn check(
             ));
         }
         for (j, t) in rc.types.iter().enumerate() {
-            Pattern::parse(t).map_err(|e| {
-                let msg = match e {
-                    outboxd::Error::InvalidSetting { reason, .. } => reason,
-                    other => other.to_string(),
-                };
-                c.err(format!("{at}.types[{j}]"), msg)
-            })?;
+            Pattern::parse(t)
+                .map_err(|e| c.err(format!("{at}.types[{j}]"), format!("{t:?}: {}", e.reason())))?;
         }
         let sink = sink::build(c, &format!("{at}.sink"), &rc.sink)?;
         if let Some(limit) = sink.time_limit() {

@@ -33,9 +33,8 @@ pub fn check(c: &Checker<'_>, p: &RawPurge) -> Result<Option<PurgePolicy>, Confi
         intent_retention: p.intent_retention.map_or(d.intent_retention, |x| x.0),
         batch_size,
     };
-    policy.validate().map_err(|e| match e {
-        outboxd::Error::InvalidSetting { field, reason } => c.err(field, reason),
-        other => c.err("purge", other.to_string()),
-    })?;
+    policy
+        .validate()
+        .map_err(|e| c.err(e.setting().as_str(), e.reason()))?;
     Ok(Some(policy))
 }

@@ -48,12 +48,10 @@ pub fn check(
         }
         p = p.jitter(j);
     }
-    p.validate().map_err(|e| match e {
-        outboxd::Error::InvalidSetting { field, reason } => {
-            let field = field.strip_prefix("retry.").unwrap_or(field);
-            c.err(format!("{prefix}.{field}"), reason)
-        }
-        other => c.err(prefix, other.to_string()),
+    p.validate().map_err(|e| {
+        let field = e.setting().as_str();
+        let field = field.strip_prefix("retry.").unwrap_or(field);
+        c.err(format!("{prefix}.{field}"), e.reason())
     })?;
     Ok(p)
 }
