@@ -859,6 +859,19 @@ fn assert_refused(sb: &Sandbox, case: &str, toml: &str, field: &str, extra_env: 
             args[0]
         );
         assert_eq!(stderr.lines().count(), 1, "{case}: one line: {stderr}");
+        // In words for the person who wrote the file, not Rust's types.
+        for rust in [
+            "usize",
+            "u8",
+            "u32",
+            "u64",
+            "f64",
+            "struct ",
+            "Raw",
+            "path string",
+        ] {
+            assert!(!stderr.contains(rust), "{case}: {rust:?} in: {stderr}");
+        }
         assert!(out.stdout.is_empty(), "{case}: nothing on stdout");
     }
     assert_eq!(
@@ -914,6 +927,9 @@ fn every_config_mistake_names_its_field_and_claims_nothing() {
         ("duplicate name", format!("{BASE_CONSUMER}{BASE_CONSUMER}"), "consumer[1].name"),
         ("no types", sink("kind = \"jsonl\"\npath = \"-\"").replace("[\"*\"]", "[]"), "consumer[0].types"),
         ("bad pattern", sink("kind = \"jsonl\"\npath = \"-\"").replace("[\"*\"]", "[\"ok.created.v1\", \"Bad..Type\"]"), "consumer[0].types[1]"),
+        ("pattern without a version", sink("kind = \"jsonl\"\npath = \"-\"").replace("[\"*\"]", "[\"article.created\"]"), "consumer[0].types[0]"),
+        ("poison code text", sink("kind = \"command\"\nprogram = \"./ok.sh\"\npoison_exit_code = \"x\""), "consumer[0].sink.poison_exit_code"),
+        ("relay not a table", "relay = 3\n".into(), "relay"),
         ("consumer retry", sink("kind = \"jsonl\"\npath = \"-\"").replace("[consumer.sink]", "retry = { max_attempts = 0 }\n[consumer.sink]"), "consumer[0].retry.max_attempts"),
         ("missing sink", "[[consumer]]\nname = \"c\"\ntypes = [\"*\"]\n".into(), "consumer[0]"),
         ("sink kind", sink("kind = \"kafka\""), "consumer[0].sink.kind"),
@@ -974,6 +990,18 @@ fn every_config_mistake_names_its_field_and_claims_nothing() {
         .output()
         .unwrap();
     assert!(!String::from_utf8_lossy(&out.stderr).contains("SUPERSECRET"));
+
+    // A pattern that can never match a valid type is refused with the fix.
+    let config = sb.write(
+        "bad.toml",
+        &sink("kind = \"jsonl\"\npath = \"-\"").replace("[\"*\"]", "[\"article.created\"]"),
+    );
+    let out = sb.output(&["check-config", "--config", config.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("article.created.v1 or article.created.*"),
+        "{stderr}"
+    );
 
     // A TOML syntax error names the line.
     let config = sb.write("bad.toml", "[relay\nworkers = 1\n");

@@ -1,10 +1,11 @@
-//! `[alerts]`: the thresholds the relay logs and `status` checks.
+//! `[alerts]`: the thresholds the relay logs and `status` checks. The
+//! library checks `stale_after` (through `RelayBuilder::build`).
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{Checker, ConfigError, Dur};
+use super::Dur;
 
 /// The `[alerts]` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,16 +33,12 @@ pub struct RawAlerts {
     max_dead: Option<u64>,
 }
 
-/// Checks `[alerts]`.
-pub fn check(c: &Checker<'_>, raw: &RawAlerts) -> Result<Alerts, ConfigError> {
-    let stale_after = raw
-        .stale_after
-        .map_or(outboxd::relay::DEFAULT_STALE_AFTER, |d| d.0);
-    if stale_after.is_zero() {
-        return Err(c.err("alerts.stale_after", "must be longer than zero, such as 5m"));
-    }
-    Ok(Alerts {
-        stale_after,
+/// The alerts `[alerts]` describes, defaults filled in.
+pub fn alerts(raw: &RawAlerts) -> Alerts {
+    Alerts {
+        stale_after: raw
+            .stale_after
+            .map_or(outboxd::relay::DEFAULT_STALE_AFTER, |d| d.0),
         max_dead: raw.max_dead,
-    })
+    }
 }

@@ -1,7 +1,6 @@
 //! `kind = "webhook"`: a signed HTTP POST per event (Standard Webhooks).
 
 use outboxd::sinks::WebhookSink;
-use outboxd::RetryPolicy;
 
 use super::{positive, RawSink, Sink};
 use crate::config::{Checker, ConfigError};
@@ -136,7 +135,5 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
         sink.connect_timeout()
     );
     let limit = sink.timeout();
-    Ok(Sink::new(sink, description)
-        .with_time_limit(limit)
-        .with_default_retry(RetryPolicy::webhook()))
+    Ok(Sink::new(sink, description).with_time_limit(limit))
 }
