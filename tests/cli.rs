@@ -2,184 +2,13 @@
 //! work, and every bad input gets a one-line error, the documented exit code,
 //! and leaves the database as it was.
 
-use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod common;
 
+use std::path::Path;
+
+use common::bin::code::{DATABASE, INPUT, SCHEMA, USAGE};
+use common::bin::{drop_root, Sandbox};
 use rusqlite::Connection;
-
-const USAGE: i32 = 2;
-const DATABASE: i32 = 3;
-const SCHEMA: i32 = 4;
-const INPUT: i32 = 5;
-
-/// A temporary directory to run `outboxd` in, with `app.db` as its database.
-struct Sandbox {
-    dir: tempfile::TempDir,
-    /// A command (and its arguments) that runs outboxd, such as setpriv to
-    /// drop root; empty to run it directly.
-    runner: Vec<String>,
-}
-
-impl Sandbox {
-    fn new() -> Sandbox {
-        Sandbox {
-            dir: tempfile::tempdir().unwrap(),
-            runner: Vec::new(),
-        }
-    }
-
-    /// A sandbox whose app.db is migrated.
-    fn migrated() -> Sandbox {
-        let sb = Sandbox::new();
-        sb.ok(&["migrate"]);
-        sb
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn db(&self) -> PathBuf {
-        self.path("app.db")
-    }
-
-    /// Runs `outboxd --db app.db ARGS`.
-    fn run(&self, args: &[&str]) -> Output {
-        self.run_on(&self.db(), args, None)
-    }
-
-    /// Runs `outboxd --db DB ARGS`, feeding `stdin` if given.
-    fn run_on(&self, db: &Path, args: &[&str], stdin: Option<&[u8]>) -> Output {
-        let mut cmd = self.command();
-        cmd.arg("--db").arg(db).args(args);
-        spawn(cmd, stdin)
-    }
-
-    /// `outboxd` in the sandbox, without a database setting from the caller's
-    /// environment.
-    fn command(&self) -> Command {
-        let mut cmd = match self.runner.split_first() {
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args).arg(env!("CARGO_BIN_EXE_outboxd"));
-                c
-            }
-            None => Command::new(env!("CARGO_BIN_EXE_outboxd")),
-        };
-        cmd.current_dir(self.dir.path())
-            .env_remove("OUTBOXD_DB")
-            .env_remove("RUST_LOG");
-        cmd
-    }
-
-    /// Runs and expects success; returns stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "outboxd {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// `status --json`, which exits 1 (and still prints) when a threshold
-    /// is crossed, such as an event due since 2020.
-    fn status_json(&self) -> serde_json::Value {
-        let out = self.run(&["status", "--json"]);
-        assert!(
-            matches!(out.status.code(), Some(0 | 1)),
-            "outboxd status failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_str(std::str::from_utf8(&out.stdout).unwrap()).unwrap()
-    }
-
-    /// Every file in the sandbox and its bytes, leaving out SQLite's -shm
-    /// index and an empty -wal (a reader may create them; they hold no data).
-    fn snapshot(&self) -> BTreeMap<String, Vec<u8>> {
-        let mut files = BTreeMap::new();
-        for entry in std::fs::read_dir(self.dir.path()).unwrap() {
-            let entry = entry.unwrap();
-            let name = entry.file_name().into_string().unwrap();
-            if !entry.file_type().unwrap().is_file() || name.ends_with("-shm") {
-                continue;
-            }
-            let bytes = std::fs::read(entry.path()).unwrap();
-            if name.ends_with("-wal") && bytes.is_empty() {
-                continue;
-            }
-            files.insert(name, bytes);
-        }
-        files
-    }
-
-    /// Runs `outboxd --db DB ARGS` and checks the failure: the exit code, one
-    /// line on stderr naming the problem, nothing on stdout, nothing written.
-    fn fails_on(&self, db: &Path, args: &[&str], code: i32, needle: &str) -> String {
-        self.fails_with_input(db, args, None, code, needle)
-    }
-
-    fn fails(&self, args: &[&str], code: i32, needle: &str) -> String {
-        self.fails_on(&self.db(), args, code, needle)
-    }
-
-    fn fails_with_input(
-        &self,
-        db: &Path,
-        args: &[&str],
-        stdin: Option<&[u8]>,
-        code: i32,
-        needle: &str,
-    ) -> String {
-        let before = self.snapshot();
-        let out = self.run_on(db, args, stdin);
-        let stderr = String::from_utf8(out.stderr).unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "outboxd {args:?}: wrong exit code; stderr: {stderr}"
-        );
-        assert_one_line_error(&stderr, needle);
-        assert!(out.stdout.is_empty(), "outboxd {args:?} printed to stdout");
-        assert!(
-            self.snapshot() == before,
-            "outboxd {args:?} changed the files in its directory"
-        );
-        stderr
-    }
-}
-
-fn spawn(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("the outboxd binary runs");
-    if let Some(input) = stdin {
-        // A payload larger than the limit may be cut off by outboxd early.
-        let _ = child.stdin.take().unwrap().write_all(input);
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn assert_one_line_error(stderr: &str, needle: &str) {
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "expected one line on stderr, got: {stderr}");
-    assert!(
-        lines[0].starts_with("outboxd: error: "),
-        "error line has the wrong prefix: {stderr}"
-    );
-    assert!(
-        lines[0].contains(needle),
-        "error line does not mention {needle:?}: {stderr}"
-    );
-}
 
 fn outbox_rows(db: &Path) -> i64 {
     Connection::open(db)
@@ -337,22 +166,17 @@ fn enqueue_reads_the_payload_from_a_file_or_stdin() {
     let sb = Sandbox::migrated();
     std::fs::write(sb.path("p.json"), r#"{"from": "file"}"#).unwrap();
     let file = sb.path("p.json");
-    let out = sb.run_on(
-        &sb.db(),
-        &[
-            "enqueue",
-            "--type",
-            "a.b.v1",
-            "--payload-file",
-            file.to_str().unwrap(),
-        ],
-        None,
-    );
+    let out = sb.run(&[
+        "enqueue",
+        "--type",
+        "a.b.v1",
+        "--payload-file",
+        file.to_str().unwrap(),
+    ]);
     assert!(out.status.success());
-    let out = sb.run_on(
-        &sb.db(),
+    let out = sb.outboxd().run_with_stdin(
         &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
-        Some(br#"{"from": "stdin"}"#),
+        br#"{"from": "stdin"}"#,
     );
     assert!(out.status.success(), "{out:?}");
     let conn = Connection::open(sb.db()).unwrap();
@@ -413,24 +237,16 @@ fn tenant_scoped_keys_do_not_collide() {
 #[test]
 fn db_comes_from_the_environment_or_defaults_to_outboxd_db() {
     let sb = Sandbox::new();
-    let out = spawn(
-        {
-            let mut c = sb.command();
-            c.arg("migrate").env("OUTBOXD_DB", sb.path("env.db"));
-            c
-        },
-        None,
-    );
+    let out = sb
+        .outboxd()
+        .without_db()
+        .command(&["migrate"])
+        .env("OUTBOXD_DB", sb.path("env.db"))
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert!(sb.path("env.db").is_file());
-    let out = spawn(
-        {
-            let mut c = sb.command();
-            c.arg("migrate");
-            c
-        },
-        None,
-    );
+    let out = sb.outboxd().without_db().run(&["migrate"]);
     assert!(out.status.success());
     assert!(sb.path("outboxd.db").is_file());
 }
@@ -489,10 +305,9 @@ fn invalid_json_is_refused() {
     let sb = Sandbox::migrated();
     let args = ["enqueue", "--type", "a.b.v1", "--payload", "{\"id\": 7"];
     sb.fails(&args, INPUT, "not valid JSON");
-    sb.fails_with_input(
-        &sb.db(),
+    sb.fails_with_stdin(
         &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
-        Some(b"not json"),
+        b"not json",
         INPUT,
         "not valid JSON",
     );
@@ -541,10 +356,9 @@ fn an_oversized_payload_is_refused() {
     assert!(err.contains("--max-payload-bytes"), "{err}");
     // The default limit is 1 MiB, from stdin too.
     let big = format!("\"{}\"", "x".repeat(1024 * 1024));
-    sb.fails_with_input(
-        &sb.db(),
+    sb.fails_with_stdin(
         &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
-        Some(big.as_bytes()),
+        big.as_bytes(),
         INPUT,
         "larger than the limit of 1048576 bytes",
     );
@@ -599,25 +413,6 @@ fn a_missing_database_is_not_created_by_enqueue_or_status() {
     assert!(!sb.db().exists());
 }
 
-/// As root, permission bits do not stop writes. To still test a read-only
-/// file, run outboxd as `nobody` through setpriv when that works here.
-fn drop_root() -> Option<Vec<String>> {
-    let runner: Vec<String> = [
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-    ]
-    .map(String::from)
-    .into();
-    let probe = Command::new(&runner[0])
-        .args(&runner[1..])
-        .arg(env!("CARGO_BIN_EXE_outboxd"))
-        .arg("--version")
-        .output();
-    matches!(probe, Ok(out) if out.status.success()).then_some(runner)
-}
-
 #[test]
 fn a_read_only_file() {
     use std::os::unix::fs::PermissionsExt;
@@ -637,7 +432,7 @@ fn a_read_only_file() {
                 // -shm index there) but owns nothing in it.
                 std::fs::set_permissions(sb.dir.path(), std::fs::Permissions::from_mode(0o777))
                     .unwrap();
-                sb.runner = runner;
+                sb.run_through(runner);
             }
             None => {
                 eprintln!(

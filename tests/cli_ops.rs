@@ -4,64 +4,19 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
+use common::bin::code::{INPUT, OK, PROBLEMS, USAGE};
+use common::bin::Outboxd;
 use common::{event, wait_until, TestDb};
 use outboxd::intents::{self, IntentKey};
 use outboxd::{Delivery, Outcome, Relay, Timestamp};
 use rusqlite::{params, Connection};
 
-const OK: i32 = 0;
-const PROBLEMS: i32 = 1;
-const USAGE: i32 = 2;
-const INPUT: i32 = 5;
-
 const LONG: Duration = Duration::from_secs(30);
 const MINUTE_MS: i64 = 60_000;
 const DAY_MS: i64 = 86_400_000;
-
-/// Runs `outboxd --db DB ARGS` with stdin, stdout and stderr not terminals.
-fn run(db: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_outboxd"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("OUTBOXD_DB")
-        .env_remove("RUST_LOG")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap()
-}
-
-/// Runs, checks the exit code and that nothing panicked; returns stdout.
-fn expect(db: &Path, args: &[&str], code: i32) -> String {
-    let out = run(db, args);
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "outboxd {args:?}: wrong exit code\nstdout: {stdout}\nstderr: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "outboxd {args:?}: {stderr}");
-    stdout
-}
-
-/// Runs, expects `code`, and returns stderr (one line naming the problem).
-fn fails(db: &Path, args: &[&str], code: i32, needle: &str) -> String {
-    let out = run(db, args);
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(code), "outboxd {args:?}: {stderr}");
-    assert!(stderr.contains(needle), "outboxd {args:?}: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-    stderr
-}
-
-fn json(db: &Path, args: &[&str], code: i32) -> serde_json::Value {
-    serde_json::from_str(&expect(db, args, code)).unwrap()
-}
 
 fn now_ms() -> i64 {
     Timestamp::now().as_millis()
@@ -113,26 +68,21 @@ fn status_exits_1_over_the_stale_threshold_and_0_under_it() {
     let ten_minutes_ago = Timestamp::from_millis(now_ms() - 10 * MINUTE_MS);
     db.enqueue(&[event("order.paid.v1", 1).available_at(ten_minutes_ago)]);
 
-    let text = expect(&db.path, &["status"], PROBLEMS);
+    let text = Outboxd::on(&db.path).expect(&["status"], PROBLEMS);
     assert!(text.contains("stale-after"), "{text}");
     assert!(text.contains("more than 5m"), "{text}");
-    let s = json(&db.path, &["status", "--json"], PROBLEMS);
+    let s = Outboxd::on(&db.path).json(&["status", "--json"], PROBLEMS);
     assert_eq!(s["healthy"], false, "{s}");
     assert_eq!(s["problems"][0]["threshold"], "stale-after", "{s}");
     assert_eq!(s["counts"]["pending_due"], 1, "{s}");
 
-    let text = expect(&db.path, &["status", "--stale-after", "1h"], OK);
+    let text = Outboxd::on(&db.path).expect(&["status", "--stale-after", "1h"], OK);
     assert!(text.contains("health:           ok"), "{text}");
-    let s = json(&db.path, &["status", "--json", "--stale-after", "1h"], OK);
+    let s = Outboxd::on(&db.path).json(&["status", "--json", "--stale-after", "1h"], OK);
     assert_eq!(s["healthy"], true, "{s}");
     assert_eq!(s["problems"], serde_json::json!([]), "{s}");
 
-    fails(
-        &db.path,
-        &["status", "--stale-after", "5 minutes"],
-        USAGE,
-        "5m",
-    );
+    Outboxd::on(&db.path).fails(&["status", "--stale-after", "5 minutes"], USAGE, "5m");
 }
 
 #[test]
@@ -141,11 +91,11 @@ fn status_exits_1_when_dead_letters_exceed_the_maximum() {
     db.enqueue(&[event("order.paid.v1", 1), event("order.paid.v1", 2)]);
     kill(&db, "1 = 1");
 
-    let text = expect(&db.path, &["status"], PROBLEMS);
+    let text = Outboxd::on(&db.path).expect(&["status"], PROBLEMS);
     assert!(text.contains("max-dead: 2 dead letters"), "{text}");
     assert!(!text.contains("stale-after"), "{text}");
-    expect(&db.path, &["status", "--max-dead", "1"], PROBLEMS);
-    let s = json(&db.path, &["status", "--json", "--max-dead", "2"], OK);
+    Outboxd::on(&db.path).expect(&["status", "--max-dead", "1"], PROBLEMS);
+    let s = Outboxd::on(&db.path).json(&["status", "--json", "--max-dead", "2"], OK);
     assert_eq!(s["healthy"], true, "{s}");
 }
 
@@ -166,15 +116,15 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
     });
     relay.shutdown(LONG).unwrap();
 
-    let text = expect(&db.path, &["dead", "list"], OK);
+    let text = Outboxd::on(&db.path).expect(&["dead", "list"], OK);
     assert!(text.contains("order.paid.v1"), "{text}");
     assert!(text.contains("user.deleted.v1"), "{text}");
     assert!(text.contains("the payload has no customer"), "{text}");
-    let list = json(&db.path, &["dead", "list", "--json", "--limit", "1"], OK);
+    let list = Outboxd::on(&db.path).json(&["dead", "list", "--json", "--limit", "1"], OK);
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
 
     // By event id and by row id: reason, attempts and payload.
-    let text = expect(&db.path, &["dead", "show", &ids[0].to_string()], OK);
+    let text = Outboxd::on(&db.path).expect(&["dead", "show", &ids[0].to_string()], OK);
     assert!(text.contains("the payload has no customer"), "{text}");
     assert!(text.contains("attempts:"), "{text}");
     assert!(text.contains(r#"{"n":1}"#), "{text}");
@@ -182,18 +132,14 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
         "SELECT id FROM event_outbox WHERE event_id = '{}'",
         ids[1]
     ));
-    let one = json(
-        &db.path,
-        &["dead", "show", &row_id.to_string(), "--json"],
-        OK,
-    );
+    let one = Outboxd::on(&db.path).json(&["dead", "show", &row_id.to_string(), "--json"], OK);
     assert_eq!(one["event_id"], ids[1].to_string(), "{one}");
     assert_eq!(one["payload"], r#"{"n":2}"#, "{one}");
     assert!(one["reason"].as_str().unwrap().contains("no customer"));
 
     // Not found: a clear message and exit code 5.
-    fails(&db.path, &["dead", "show", "999"], INPUT, "not found");
-    fails(&db.path, &["dead", "show", "not-an-id"], INPUT, "not-an-id");
+    Outboxd::on(&db.path).fails(&["dead", "show", "999"], INPUT, "not found");
+    Outboxd::on(&db.path).fails(&["dead", "show", "not-an-id"], INPUT, "not-an-id");
 }
 
 #[test]
@@ -208,24 +154,19 @@ fn dead_requeue_by_id_type_and_all() {
     ]);
     kill(&db, "1 = 1");
 
-    let out = expect(&db.path, &["dead", "requeue", &ids[3].to_string()], OK);
+    let out = Outboxd::on(&db.path).expect(&["dead", "requeue", &ids[3].to_string()], OK);
     assert_eq!(out, "requeued 1 dead letter\n");
     assert_eq!(
         db.count("status = 'pending' AND attempts = 0 AND finished_at IS NULL"),
         1
     );
-    let out = expect(&db.path, &["dead", "requeue", "--type", "order.*.v1"], OK);
+    let out = Outboxd::on(&db.path).expect(&["dead", "requeue", "--type", "order.*.v1"], OK);
     assert_eq!(out, "requeued 3 dead letters\n");
     assert_eq!(db.count("status = 'dead'"), 1);
-    fails(&db.path, &["dead", "requeue", "424242"], INPUT, "not found");
-    fails(&db.path, &["dead", "requeue"], USAGE, "--all");
-    fails(
-        &db.path,
-        &["dead", "requeue", "--type", "Order.*"],
-        USAGE,
-        "Order.*",
-    );
-    let out = expect(&db.path, &["dead", "requeue", "--all"], OK);
+    Outboxd::on(&db.path).fails(&["dead", "requeue", "424242"], INPUT, "not found");
+    Outboxd::on(&db.path).fails(&["dead", "requeue"], USAGE, "--all");
+    Outboxd::on(&db.path).fails(&["dead", "requeue", "--type", "Order.*"], USAGE, "Order.*");
+    let out = Outboxd::on(&db.path).expect(&["dead", "requeue", "--all"], OK);
     assert_eq!(out, "requeued 1 dead letter\n");
     assert_eq!(db.count("status = 'pending'"), 5);
 }
@@ -243,32 +184,23 @@ fn dead_discard_of_several_rows_needs_yes() {
     kill(&db, "1 = 1");
 
     // One row by id needs no confirmation.
-    let out = expect(&db.path, &["dead", "discard", &ids[0].to_string()], OK);
+    let out = Outboxd::on(&db.path).expect(&["dead", "discard", &ids[0].to_string()], OK);
     assert_eq!(out, "discarded 1 dead letter\n");
     assert_eq!(db.count("1 = 1"), 4);
 
     // Several rows without --yes: refused, nothing deleted.
-    let err = fails(
-        &db.path,
-        &["dead", "discard", "--type", "user.*"],
-        INPUT,
-        "--yes",
-    );
+    let err = Outboxd::on(&db.path).fails(&["dead", "discard", "--type", "user.*"], INPUT, "--yes");
     assert!(err.contains("2 dead letters"), "{err}");
-    fails(&db.path, &["dead", "discard", "--all"], INPUT, "--yes");
+    Outboxd::on(&db.path).fails(&["dead", "discard", "--all"], INPUT, "--yes");
     assert_eq!(db.count("status = 'dead'"), 4);
 
     // A pattern matching one row goes through without --yes.
-    let out = expect(&db.path, &["dead", "discard", "--type", "audit.*"], OK);
+    let out = Outboxd::on(&db.path).expect(&["dead", "discard", "--type", "audit.*"], OK);
     assert_eq!(out, "discarded 1 dead letter\n");
-    let out = expect(
-        &db.path,
-        &["dead", "discard", "--type", "user.*", "--yes"],
-        OK,
-    );
+    let out = Outboxd::on(&db.path).expect(&["dead", "discard", "--type", "user.*", "--yes"], OK);
     assert_eq!(out, "discarded 2 dead letters\n");
-    fails(&db.path, &["dead", "discard", "77777"], INPUT, "not found");
-    let out = expect(&db.path, &["dead", "discard", "--all", "--yes"], OK);
+    Outboxd::on(&db.path).fails(&["dead", "discard", "77777"], INPUT, "not found");
+    let out = Outboxd::on(&db.path).expect(&["dead", "discard", "--all", "--yes"], OK);
     assert_eq!(out, "discarded 1 dead letter\n");
     assert_eq!(db.count("1 = 1"), 0);
 }
@@ -289,20 +221,17 @@ fn replay_by_type_time_range_id_and_all() {
     assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (6, 6));
 
     // A time range: only February's event.
-    let out = run(
-        &db.path,
-        &[
-            "replay",
-            "--consumer",
-            "indexer",
-            "--type",
-            "article.*.v1",
-            "--since",
-            "2026-01-15T00:00:00Z",
-            "--until",
-            "2026-02-15T00:00:00Z",
-        ],
-    );
+    let out = Outboxd::on(&db.path).run(&[
+        "replay",
+        "--consumer",
+        "indexer",
+        "--type",
+        "article.*.v1",
+        "--since",
+        "2026-01-15T00:00:00Z",
+        "--until",
+        "2026-02-15T00:00:00Z",
+    ]);
     assert_eq!(out.status.code(), Some(OK), "{out:?}");
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
@@ -320,16 +249,14 @@ fn replay_by_type_time_range_id_and_all() {
     assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (5, 6));
 
     // By type: the two other article events.
-    let out = expect(
-        &db.path,
+    let out = Outboxd::on(&db.path).expect(
         &["replay", "--consumer", "indexer", "--type", "article.*.v1"],
         OK,
     );
     assert_eq!(out, "replayed 2 events to consumer indexer\n");
 
     // By id, repeated.
-    let out = expect(
-        &db.path,
+    let out = Outboxd::on(&db.path).expect(
         &[
             "replay",
             "--consumer",
@@ -345,32 +272,28 @@ fn replay_by_type_time_range_id_and_all() {
     assert_eq!(db.count("status = 'pending'"), 5);
 
     // Everything delivered to audit.
-    let out = expect(&db.path, &["replay", "--consumer", "audit", "--all"], OK);
+    let out = Outboxd::on(&db.path).expect(&["replay", "--consumer", "audit", "--all"], OK);
     assert_eq!(out, "replayed 6 events to consumer audit\n");
     assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (1, 0));
 
     // No filter and no --all, a bad id, a bad time, an empty range.
-    fails(&db.path, &["replay", "--consumer", "audit"], USAGE, "--all");
-    fails(
-        &db.path,
+    Outboxd::on(&db.path).fails(&["replay", "--consumer", "audit"], USAGE, "--all");
+    Outboxd::on(&db.path).fails(
         &["replay", "--consumer", "audit", "--all", "--type", "a.b.v1"],
         USAGE,
         "--all",
     );
-    fails(
-        &db.path,
+    Outboxd::on(&db.path).fails(
         &["replay", "--consumer", "audit", "--id", "nope"],
         USAGE,
         "nope",
     );
-    fails(
-        &db.path,
+    Outboxd::on(&db.path).fails(
         &["replay", "--consumer", "audit", "--since", "yesterday"],
         USAGE,
         "RFC 3339",
     );
-    fails(
-        &db.path,
+    Outboxd::on(&db.path).fails(
         &[
             "replay",
             "--consumer",
@@ -413,12 +336,11 @@ fn purge_dry_run_counts_and_purge_deletes() {
     drop(conn);
 
     let before = db.count("1 = 1");
-    let out = expect(&db.path, &["purge", "--dry-run"], OK);
+    let out = Outboxd::on(&db.path).expect(&["purge", "--dry-run"], OK);
     assert!(out.contains("would delete 3 delivered events"), "{out}");
     assert!(out.contains("would delete 6 dedup entries"), "{out}");
     assert!(out.contains("kept every dead letter"), "{out}");
-    let r = json(
-        &db.path,
+    let r = Outboxd::on(&db.path).json(
         &["purge", "--dry-run", "--json", "--dead-retention", "10d"],
         OK,
     );
@@ -429,7 +351,7 @@ fn purge_dry_run_counts_and_purge_deletes() {
     );
     assert_eq!(db.count("1 = 1"), before, "a dry run deletes nothing");
 
-    let out = run(&db.path, &["purge"]);
+    let out = Outboxd::on(&db.path).run(&["purge"]);
     assert_eq!(out.status.code(), Some(OK), "{out:?}");
     assert!(out.stderr.is_empty(), "no progress bar off a terminal");
     let text = String::from_utf8(out.stdout).unwrap();
@@ -438,20 +360,18 @@ fn purge_dry_run_counts_and_purge_deletes() {
     assert_eq!(db.count("status = 'dead'"), 1, "dead letters are kept");
     assert_eq!(ledger(&db, "indexer") + ledger(&db, "audit"), 6);
 
-    let out = expect(&db.path, &["purge", "--dead-retention", "10d"], OK);
+    let out = Outboxd::on(&db.path).expect(&["purge", "--dead-retention", "10d"], OK);
     assert!(out.contains("deleted 1 dead letters"), "{out}");
     assert_eq!(db.count("status = 'dead'"), 0);
 
     // A dedup window shorter than the retention is refused, naming the flags.
-    fails(
-        &db.path,
+    Outboxd::on(&db.path).fails(
         &["purge", "--delivered-retention", "2d", "--dedup-ttl", "1d"],
         INPUT,
         "--dedup-ttl",
     );
     // A retention so long it would wrap around into the future is refused.
-    fails(
-        &db.path,
+    Outboxd::on(&db.path).fails(
         &[
             "purge",
             "--delivered-retention",
@@ -464,7 +384,7 @@ fn purge_dry_run_counts_and_purge_deletes() {
     );
     assert_eq!(db.count("status = 'delivered'"), 3);
     // A longer retention alone raises the default dedup window with it.
-    let out = expect(&db.path, &["purge", "--delivered-retention", "30d"], OK);
+    let out = Outboxd::on(&db.path).expect(&["purge", "--delivered-retention", "30d"], OK);
     assert!(out.contains("dedup entries (over 30d ago)"), "{out}");
 }
 
@@ -482,9 +402,9 @@ fn findings(v: &serde_json::Value) -> std::collections::BTreeMap<String, serde_j
 fn doctor_on_a_healthy_database_exits_0() {
     let db = TestDb::new();
     db.enqueue(&[event("order.paid.v1", 1)]);
-    let text = expect(&db.path, &["doctor"], OK);
+    let text = Outboxd::on(&db.path).expect(&["doctor"], OK);
     assert!(text.contains("healthy: 0 errors, 0 warnings"), "{text}");
-    let v = json(&db.path, &["doctor", "--json"], OK);
+    let v = Outboxd::on(&db.path).json(&["doctor", "--json"], OK);
     assert_eq!(v["healthy"], true, "{v}");
     let f = findings(&v);
     for check in [
@@ -500,7 +420,7 @@ fn doctor_on_a_healthy_database_exits_0() {
         assert_eq!(f[check]["severity"], "ok", "{check}: {v}");
     }
     assert_eq!(f["synchronous"]["severity"], "note", "{v}");
-    expect(&db.path, &["doctor", "--quick"], OK);
+    Outboxd::on(&db.path).expect(&["doctor", "--quick"], OK);
 }
 
 #[test]
@@ -528,7 +448,7 @@ fn doctor_reports_expired_leases_dead_letters_and_open_intents() {
 
     // Warnings only: exit 0, and each finding says what to do.
     let before = std::fs::read(&db.path).unwrap();
-    let v = json(&db.path, &["doctor", "--json"], OK);
+    let v = Outboxd::on(&db.path).json(&["doctor", "--json"], OK);
     let f = findings(&v);
     let leases = &f["expired-leases"];
     assert_eq!(leases["severity"], "warning", "{v}");
@@ -541,7 +461,7 @@ fn doctor_reports_expired_leases_dead_letters_and_open_intents() {
         .unwrap()
         .contains("outboxd dead list"));
     assert_eq!(f["publish-intents"]["severity"], "warning", "{v}");
-    let text = expect(&db.path, &["doctor"], OK);
+    let text = Outboxd::on(&db.path).expect(&["doctor"], OK);
     assert!(text.contains("-> a relay died"), "{text}");
     assert_eq!(
         std::fs::read(&db.path).unwrap(),
@@ -560,7 +480,7 @@ fn doctor_reports_a_database_not_in_wal_mode() {
     assert_eq!(mode, "delete");
     drop(conn);
 
-    let v = json(&db.path, &["doctor", "--json"], PROBLEMS);
+    let v = Outboxd::on(&db.path).json(&["doctor", "--json"], PROBLEMS);
     assert_eq!(v["healthy"], false, "{v}");
     let f = findings(&v);
     assert_eq!(f["journal-mode"]["severity"], "error", "{v}");
@@ -588,7 +508,7 @@ fn doctor_reports_an_unmigrated_database() {
         .unwrap()
         .execute_batch("CREATE TABLE articles (id INTEGER PRIMARY KEY)")
         .unwrap();
-    let v = json(&path, &["doctor", "--json"], PROBLEMS);
+    let v = Outboxd::on(&path).json(&["doctor", "--json"], PROBLEMS);
     let f = findings(&v);
     assert_eq!(f["schema"]["severity"], "error", "{v}");
     assert!(f["schema"]["action"]
@@ -638,7 +558,7 @@ fn doctor_reports_a_corrupt_database_without_panicking() {
     }
     std::fs::write(&copy, &bytes).unwrap();
 
-    let v = json(&copy, &["doctor", "--json"], PROBLEMS);
+    let v = Outboxd::on(&copy).json(&["doctor", "--json"], PROBLEMS);
     let f = findings(&v);
     assert_eq!(f["integrity"]["severity"], "error", "{v}");
     let message = f["integrity"]["message"].as_str().unwrap();
@@ -650,7 +570,7 @@ fn doctor_reports_a_corrupt_database_without_panicking() {
         .as_str()
         .unwrap()
         .contains("backup"));
-    let text = expect(&copy, &["doctor"], PROBLEMS);
+    let text = Outboxd::on(&copy).expect(&["doctor"], PROBLEMS);
     assert!(text.contains("damaged"), "{text}");
     assert!(text.contains("unhealthy"), "{text}");
 }
@@ -687,7 +607,7 @@ fn intents_list_shows_open_intents_and_purge_deletes_old_completed_ones() {
     .unwrap();
     drop(conn);
 
-    let text = expect(&db.path, &["intents", "list"], OK);
+    let text = Outboxd::on(&db.path).expect(&["intents", "list"], OK);
     assert!(text.contains("ticket/7"), "{text}");
     assert!(text.contains("acme"), "{text}");
     assert!(text.contains("smtp said no"), "{text}");
@@ -695,7 +615,7 @@ fn intents_list_shows_open_intents_and_purge_deletes_old_completed_ones() {
         !text.contains("comment/"),
         "completed ones are not open: {text}"
     );
-    let list = json(&db.path, &["intents", "list", "--json"], OK);
+    let list = Outboxd::on(&db.path).json(&["intents", "list", "--json"], OK);
     let list = list.as_array().unwrap();
     assert_eq!(list.len(), 2);
     let statuses: Vec<_> = list.iter().map(|i| i["status"].clone()).collect();
@@ -706,11 +626,11 @@ fn intents_list_shows_open_intents_and_purge_deletes_old_completed_ones() {
         .unwrap()
         .starts_with(intents::MARKER_PREFIX));
 
-    let out = expect(&db.path, &["intents", "purge", "--older-than", "30d"], OK);
+    let out = Outboxd::on(&db.path).expect(&["intents", "purge", "--older-than", "30d"], OK);
     assert!(out.starts_with("deleted 1 completed intent "), "{out}");
     let left: i64 = db.scalar("SELECT count(*) FROM publish_intents");
     assert_eq!(left, 3, "pending, failed and the recent completed one stay");
-    fails(&db.path, &["intents", "purge"], USAGE, "--older-than");
+    Outboxd::on(&db.path).fails(&["intents", "purge"], USAGE, "--older-than");
 }
 
 #[test]
@@ -725,7 +645,7 @@ fn commands_refuse_an_unmigrated_database_and_a_missing_file() {
         &["doctor"],
         &["intents", "list"],
     ] {
-        fails(&missing, args, 3, "missing.db");
+        Outboxd::on(&missing).fails(args, 3, "missing.db");
         assert!(!missing.exists(), "{args:?} created the file");
     }
     let host = dir.path().join("host.db");
@@ -742,7 +662,7 @@ fn commands_refuse_an_unmigrated_database_and_a_missing_file() {
         &["intents", "list"],
         &["intents", "purge", "--older-than", "1d"],
     ] {
-        fails(&host, args, 4, "outboxd migrate");
+        Outboxd::on(&host).fails(args, 4, "outboxd migrate");
     }
     // Nothing switched the host's file to WAL.
     let mode: String = Connection::open(&host)
@@ -771,14 +691,14 @@ fn every_operator_command_has_help_with_an_example() {
     ] {
         let mut args = cmd.to_vec();
         args.push("--help");
-        let help = expect(&db.path, &args, OK);
+        let help = Outboxd::on(&db.path).expect(&args, OK);
         assert!(help.contains("Example"), "{cmd:?} --help has no example");
         assert!(help.contains("outboxd --db app.db"), "{cmd:?} --help");
     }
-    let help = expect(&db.path, &["dead", "discard", "--help"], OK);
+    let help = Outboxd::on(&db.path).expect(&["dead", "discard", "--help"], OK);
     assert!(help.contains("--yes"), "{help}");
     assert!(help.contains("Exit code 5"), "{help}");
-    let help = expect(&db.path, &["status", "--help"], OK);
+    let help = Outboxd::on(&db.path).expect(&["status", "--help"], OK);
     assert!(help.contains("Exits 0 when healthy and 1"), "{help}");
 }
 
@@ -803,11 +723,7 @@ fn purge_shows_progress_on_a_terminal() {
     )
     .unwrap();
     drop(conn);
-    let line = format!(
-        "{} --db {} purge",
-        env!("CARGO_BIN_EXE_outboxd"),
-        db.path.display()
-    );
+    let line = format!("{} --db {} purge", common::bin::OUTBOXD, db.path.display());
     let out = Command::new("script")
         .args(["-qc", &line, "/dev/null"])
         .env_remove("RUST_LOG")
