@@ -538,6 +538,37 @@ program = "./slow.sh"
     assert_eq!(sb.count("status = 'dead'"), 0);
 }
 
+/// A thread the system will not start (here: every thread asks for a
+/// 128 TiB stack, through std's RUST_MIN_STACK) is outboxd's failure, exit
+/// 7, not bad input (5) or the database (3); nothing is claimed.
+#[test]
+fn a_thread_that_cannot_start_exits_7() {
+    let sb = Sandbox::migrated();
+    sb.enqueue(&[event("order.placed.v1", Value::Null)]);
+    let out = sb
+        .command(&["run"])
+        .env("RUST_MIN_STACK", (1u64 << 47).to_string())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code::INTERNAL), "{stderr}");
+    assert!(
+        stderr.contains("cannot install the SIGINT/SIGTERM handler"),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("outboxd: error: "),
+        "{stderr}"
+    );
+    assert_eq!(sb.count("status = 'pending' AND claim_token IS NULL"), 1);
+    let help = sb.ok(&["--help"]);
+    assert!(help.contains("7  internal error"), "{help}");
+}
+
 #[test]
 fn a_second_signal_exits_at_once() {
     let sb = Sandbox::migrated();

@@ -114,7 +114,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     if let Some(listener) = listener {
         let addr = listener.local_addr().ok();
         crate::metrics::spawn(listener, relay.metrics_source(), db.clone())
-            .context("cannot start the metrics thread")?;
+            .map_err(|e| Failure::internal(format!("cannot start the metrics thread: {e}")))?;
         tracing::info!(address = ?addr, "serving Prometheus metrics at /metrics");
     }
     for c in &consumers {
@@ -164,7 +164,17 @@ fn install_signal_handler() -> Result<Receiver<()>> {
             std::process::exit(130);
         }
     })
-    .context("cannot install the SIGINT/SIGTERM handler")?;
+    .map_err(|e| {
+        // ctrlc starts a thread to wait for signals; failing that is the
+        // system's limits, not the user's input.
+        let why = match &e {
+            ctrlc::Error::System(io) => io.to_string(),
+            other => other.to_string(),
+        };
+        Failure::internal(format!(
+            "cannot install the SIGINT/SIGTERM handler: {why}"
+        ))
+    })?;
     Ok(rx)
 }
 
