@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use common::bin::code::{DATABASE, INPUT, SCHEMA, USAGE};
+use common::bin::code::{DATABASE, INPUT, OK, PROBLEMS, SCHEMA, USAGE};
 use common::bin::{drop_root, Sandbox};
 use rusqlite::Connection;
 
@@ -449,6 +449,123 @@ fn a_read_only_file() {
     sb.fails(&["migrate"], DATABASE, "read-only");
     sb.fails(&["enqueue", "--type", "a.b.v1"], DATABASE, "read-only");
     assert_eq!(outbox_rows(&sb.db()), 1);
+}
+
+/// Issue 10.11: an operator who may read a service's database but not
+/// write its directory inspects it with status, doctor, dead list, purge
+/// --dry-run and intents list. SQLite's read-only WAL readers need the -shm
+/// index beside the database: with no writer running it is missing and
+/// cannot be created, so outboxd reads the file as immutable and says so.
+#[test]
+fn inspection_works_in_a_directory_this_user_cannot_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut sb = Sandbox::migrated();
+    sb.ok(&["enqueue", "--type", "a.b.v1"]);
+    sb.ok(&[
+        "enqueue",
+        "--type",
+        "order.paid.v1",
+        "--payload",
+        "{\"n\": 1}",
+    ]);
+    let dead_id: String = sb.scalar("SELECT event_id FROM event_outbox ORDER BY id DESC LIMIT 1");
+    sb.conn()
+        .execute(
+            "UPDATE event_outbox SET status = 'dead', last_error = 'poison: no such order', \
+             finished_at = 1 WHERE event_id = ?1",
+            [&dead_id],
+        )
+        .unwrap();
+    let dir = sb.dir.path().to_path_buf();
+    for sidecar in ["app.db-wal", "app.db-shm"] {
+        assert!(
+            !dir.join(sidecar).exists(),
+            "{sidecar} is left: no writer has it open"
+        );
+    }
+
+    // Who may read but not write the directory: nobody (as root, whom
+    // permission bits do not stop), else this user in a directory made 0555.
+    if common::bin::is_root() {
+        let Some(runner) = drop_root() else {
+            eprintln!("skipped: running as root and setpriv cannot run outboxd as nobody");
+            return;
+        };
+        sb.run_through(runner);
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+    struct Restore(std::path::PathBuf);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o755));
+        }
+    }
+    let _restore = Restore(dir.clone());
+
+    // The test exercises the failure: this user cannot create a file there,
+    // so SQLite cannot create the -shm index.
+    let probe = sb.on(&dir.join("probe.db")).run(&["migrate"]);
+    assert!(!probe.status.success(), "this user can write the directory");
+    assert!(!dir.join("probe.db").exists());
+
+    // (One dead letter: status exits 1.)
+    let s = sb.json(&["status", "--json"], PROBLEMS);
+    assert_eq!(s["counts"]["pending_due"], 1, "{s}");
+    assert_eq!(s["counts"]["dead"], 1, "{s}");
+    assert!(s["note"].as_str().unwrap().contains("immutable"), "{s}");
+    let text = sb.expect(&["status"], PROBLEMS);
+    assert!(
+        text.contains("note:") && text.contains("immutable"),
+        "{text}"
+    );
+
+    let d = sb.json(&["doctor", "--json"], OK);
+    let find = |check: &str| {
+        d["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["check"] == check)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {check} finding: {d}"))
+    };
+    assert_eq!(find("journal-mode")["severity"], "ok", "{d}");
+    assert_eq!(find("integrity")["severity"], "ok", "{d}");
+    assert_eq!(find("read-mode")["severity"], "note", "{d}");
+
+    let list = sb.ok(&["dead", "list"]);
+    assert!(
+        list.contains(&dead_id) && list.contains("no such order"),
+        "{list}"
+    );
+    sb.ok(&["dead", "show", &dead_id]);
+    let dry = sb.ok(&["purge", "--dry-run"]);
+    assert!(dry.contains("would delete 0 delivered events"), "{dry}");
+    sb.ok(&["intents", "list"]);
+    // Commands that write say why they cannot, and change nothing.
+    sb.fails(&["enqueue", "--type", "a.b.v1"], DATABASE, "read-only");
+    sb.fails(&["dead", "requeue", &dead_id], DATABASE, "read-only");
+    for sidecar in ["app.db-wal", "app.db-shm"] {
+        assert!(!dir.join(sidecar).exists(), "{sidecar} was created");
+    }
+
+    // While a writer (here: root) has the database open, its -shm index
+    // exists and readers share it, as any SQLite reader would.
+    if common::bin::is_root() {
+        let writer = sb.conn();
+        writer
+            .execute("UPDATE event_outbox SET attempts = 0", [])
+            .unwrap();
+        assert!(dir.join("app.db-shm").exists());
+        let s = sb.json(&["status", "--json"], PROBLEMS);
+        assert!(s.get("note").is_none(), "read through the index: {s}");
+        // A -wal file whose index is gone cannot be read without writing
+        // one: the error names the cause.
+        std::fs::remove_file(dir.join("app.db-shm")).unwrap();
+        let err = sb.fails(&["status"], DATABASE, "app.db-shm");
+        assert!(err.contains("cannot create"), "{err}");
+        drop(writer);
+    }
 }
 
 #[test]

@@ -99,6 +99,95 @@ fn status_exits_1_when_dead_letters_exceed_the_maximum() {
     assert_eq!(s["healthy"], true, "{s}");
 }
 
+/// Issue 10.14: `status --config` takes the config's [alerts] (and its
+/// database); the flags win; the sinks are not built (no secret needed).
+#[test]
+fn status_takes_its_thresholds_from_the_config() {
+    let db = TestDb::new();
+    let ten_minutes_ago = Timestamp::from_millis(now_ms() - 10 * MINUTE_MS);
+    db.enqueue(&[
+        event("order.paid.v1", 1),
+        event("order.paid.v1", 2),
+        event("order.paid.v1", 3).available_at(ten_minutes_ago),
+    ]);
+    kill(&db, "json_extract(payload, '$.n') < 3");
+    let config = |alerts: &str| {
+        db.write(
+            "outboxd.toml",
+            &format!(
+                "database = \"app.db\"\n[alerts]\n{alerts}\n\
+                 [[consumer]]\nname = \"hook\"\ntypes = [\"*\"]\n\
+                 [consumer.sink]\nkind = \"webhook\"\nurl = \"https://example.com/h\"\n\
+                 secret_env = \"STATUS_TEST_UNSET_SECRET\"\n"
+            ),
+        )
+    };
+    // The database comes from the config: no --db.
+    let status = |config: &std::path::Path, extra: &[&str], code: i32| {
+        let mut args = vec!["status", "--config", config.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        Outboxd::on(&db.path).without_db().expect(&args, code)
+    };
+
+    // Without a config: any dead letter, and 5 minutes, are the thresholds.
+    let text = Outboxd::on(&db.path).expect(&["status"], PROBLEMS);
+    assert!(
+        text.contains("max-dead: 2 dead letters (more than 0)"),
+        "{text}"
+    );
+    assert!(text.contains("stale-after"), "{text}");
+
+    let generous = config("stale_after = \"1h\"\nmax_dead = 100");
+    let text = status(&generous, &[], OK);
+    assert!(text.contains("health:           ok"), "{text}");
+    assert!(
+        text.contains("dead:             2"),
+        "the config's database: {text}"
+    );
+    // Flags win over the config.
+    let text = status(&generous, &["--max-dead", "1"], PROBLEMS);
+    assert!(
+        text.contains("max-dead: 2 dead letters (more than 1)"),
+        "{text}"
+    );
+    assert!(!text.contains("stale-after"), "{text}");
+    status(&generous, &["--stale-after", "1m"], PROBLEMS);
+
+    let strict = config("max_dead = 1");
+    let s: serde_json::Value =
+        serde_json::from_str(&status(&strict, &["--json"], PROBLEMS)).unwrap();
+    let problems: Vec<&str> = s["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["threshold"].as_str().unwrap())
+        .collect();
+    assert_eq!(problems, ["stale-after", "max-dead"], "{s}");
+    // No max_dead in the config: dead letters alone are no problem there.
+    let text = status(&config("stale_after = \"1h\""), &[], OK);
+    assert!(!text.contains("max-dead"), "{text}");
+    // One dead letter, in the singular.
+    kill(&db, "1 = 1");
+    db.conn()
+        .execute(
+            "DELETE FROM event_outbox WHERE json_extract(payload, '$.n') > 1",
+            [],
+        )
+        .unwrap();
+    let text = Outboxd::on(&db.path).expect(&["status"], PROBLEMS);
+    assert!(
+        text.contains("max-dead: 1 dead letter (more than 0)"),
+        "{text}"
+    );
+    // A config with a mistake is a config error, naming the field.
+    let bad = db.write("bad.toml", "[alerts]\nstale_after = \"0s\"\n");
+    Outboxd::on(&db.path).fails(
+        &["status", "--config", bad.to_str().unwrap()],
+        6,
+        "alerts.stale_after",
+    );
+}
+
 #[test]
 fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
     let db = TestDb::new();

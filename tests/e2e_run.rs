@@ -538,6 +538,33 @@ program = "./slow.sh"
     assert_eq!(sb.count("status = 'dead'"), 0);
 }
 
+/// `[alerts] max_dead` is checked as the relay starts (then every 30 s),
+/// with the same words as `status`.
+#[test]
+fn run_logs_dead_letters_over_alerts_max_dead() {
+    let sb = Sandbox::migrated();
+    sb.enqueue(&[
+        event("order.placed.v1", Value::Null),
+        event("order.placed.v1", Value::Null),
+    ]);
+    sb.conn()
+        .execute(
+            "UPDATE event_outbox SET status = 'dead', finished_at = 1",
+            [],
+        )
+        .unwrap();
+    let config = sb.write(
+        "outboxd.toml",
+        &format!("database = \"app.db\"\n[alerts]\nmax_dead = 1\n{BASE_CONSUMER}"),
+    );
+    let mut run = sb.spawn(&["run", "--config", config.to_str().unwrap()]);
+    run.wait_started();
+    wait_until("the dead-letter alert", WAIT, || {
+        run.stderr().contains("2 dead letters (more than 1)")
+    });
+    assert!(run.stop().success());
+}
+
 /// A thread the system will not start (here: every thread asks for a
 /// 128 TiB stack, through std's RUST_MIN_STACK) is outboxd's failure, exit
 /// 7, not bad input (5) or the database (3); nothing is claimed.

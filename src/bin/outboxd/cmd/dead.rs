@@ -7,8 +7,8 @@ use outboxd::dead_letter::{self, DeadLetter, Selector};
 use outboxd::router::Pattern;
 use outboxd::Timestamp;
 
-use super::support::{not_found, open_migrated, open_migrated_read_only};
-use super::Global;
+use super::support::{count, not_found};
+use super::{database, Global};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd dead --help`.
@@ -152,7 +152,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 }
 
 fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
-    let conn = open_migrated_read_only(&global.db)?;
+    let conn = database::for_reading(&global.db)?;
     let dead = dead_letter::list(&conn, args.limit)?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -185,7 +185,7 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
 }
 
 fn show(global: &Global, args: &ShowArgs) -> Result<Exit> {
-    let conn = open_migrated_read_only(&global.db)?;
+    let conn = database::for_reading(&global.db)?;
     let d = dead_letter::show(&conn, &args.id).map_err(not_found(NOT_FOUND_HINT))?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -219,10 +219,10 @@ fn write_one(out: &mut impl Write, d: &DeadLetter) -> std::io::Result<()> {
 }
 
 fn requeue(global: &Global, args: &ChangeArgs) -> Result<Exit> {
-    let mut conn = open_migrated(&global.db)?;
+    let mut conn = database::for_writing(&global.db)?;
     let n = dead_letter::requeue(&mut conn, &args.which.selector(), Timestamp::now())
         .map_err(not_found(NOT_FOUND_HINT))?;
-    writeln!(std::io::stdout().lock(), "requeued {n} {}", plural(n))?;
+    writeln!(std::io::stdout().lock(), "requeued {}", dead_letters(n))?;
     Ok(Exit::Ok)
 }
 
@@ -231,7 +231,7 @@ fn discard(global: &Global, args: &DiscardArgs) -> Result<Exit> {
     if !args.yes && !matches!(selector, Selector::One(_)) {
         // Count what would go before deleting anything. (A dead letter that
         // arrives between this count and the discard is discarded too.)
-        let conn = open_migrated_read_only(&global.db)?;
+        let conn = database::for_reading(&global.db)?;
         let n = dead_letter::list(&conn, i64::MAX as usize)?
             .iter()
             .filter(|d| match &selector {
@@ -247,18 +247,14 @@ fn discard(global: &Global, args: &DiscardArgs) -> Result<Exit> {
             .into());
         }
     }
-    let mut conn = open_migrated(&global.db)?;
+    let mut conn = database::for_writing(&global.db)?;
     let n = dead_letter::discard(&mut conn, &selector).map_err(not_found(NOT_FOUND_HINT))?;
-    writeln!(std::io::stdout().lock(), "discarded {n} {}", plural(n))?;
+    writeln!(std::io::stdout().lock(), "discarded {}", dead_letters(n))?;
     Ok(Exit::Ok)
 }
 
-fn plural(n: u64) -> &'static str {
-    if n == 1 {
-        "dead letter"
-    } else {
-        "dead letters"
-    }
+fn dead_letters(n: u64) -> String {
+    count(n, "dead letter", "dead letters")
 }
 
 /// The text on one line, cut to `max` characters.

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use outboxd::{Enqueued, Enqueuer, Event, Timestamp};
 use rusqlite::TransactionBehavior;
 
-use super::{open_for_writing, require_existing, Global};
+use super::{database, Global};
 use crate::args::parse_duration;
 use crate::exit::{Exit, Failure};
 
@@ -66,13 +66,7 @@ pub struct Args {
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let event = build_event(args)?;
 
-    require_existing(&global.db)?;
-    // Check the schema on a read-only connection first: opening for writing
-    // switches the journal mode to WAL, a write an unmigrated (or foreign)
-    // database must not get from a command that is about to refuse.
-    outboxd::schema::ensure_current(&outboxd::connection::open_read_only(&global.db)?)?;
-
-    let mut conn = open_for_writing(&global.db)?;
+    let mut conn = database::for_writing(&global.db)?;
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .context("cannot start a write transaction")?;

@@ -7,8 +7,8 @@ use anyhow::Result;
 use outboxd::purge::{purge_dry_run, purge_with_progress, PurgePolicy, PurgeReport};
 use outboxd::Timestamp;
 
-use super::support::{human, open_migrated, open_migrated_read_only, Progress};
-use super::Global;
+use super::support::{human, Progress};
+use super::{database, Global};
 use crate::args::parse_duration;
 use crate::exit::{Exit, Failure};
 
@@ -51,9 +51,9 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let policy = policy(args)?;
     let now = Timestamp::now();
     let report = if args.dry_run {
-        purge_dry_run(&open_migrated_read_only(&global.db)?, &policy, now)?
+        purge_dry_run(&database::for_reading(&global.db)?, &policy, now)?
     } else {
-        let mut conn = open_migrated(&global.db)?;
+        let mut conn = database::for_writing(&global.db)?;
         let mut progress = Progress::stderr();
         let report = purge_with_progress(&mut conn, &policy, now, |r| {
             progress.show(&format!(

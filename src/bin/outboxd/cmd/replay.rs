@@ -7,8 +7,8 @@ use outboxd::replay::{replay_with_progress, ReplayFilter};
 use outboxd::router::Pattern;
 use outboxd::{EventId, Timestamp};
 
-use super::support::{bar, open_migrated, Progress};
-use super::Global;
+use super::support::{bar, count, Progress};
+use super::{database, Global};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd replay --help`.
@@ -77,7 +77,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
         since: args.since,
         until: args.until,
     };
-    let mut conn = open_migrated(&global.db)?;
+    let mut conn = database::for_writing(&global.db)?;
     let mut progress = Progress::stderr();
     let n = replay_with_progress(&mut conn, &filter, Timestamp::now(), |done, total| {
         progress.show(&format!("replaying {}", bar(done, total)));
@@ -85,8 +85,8 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     progress.finish();
     writeln!(
         std::io::stdout().lock(),
-        "replayed {n} {} to consumer {}",
-        if n == 1 { "event" } else { "events" },
+        "replayed {} to consumer {}",
+        count(n, "event", "events"),
         args.consumer
     )?;
     Ok(Exit::Ok)

@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use super::sink::{self, RawSink, Sink};
 use super::{retry, Checker, ConfigError};
+use crate::cmd::support::human;
 
 /// One `[[consumer]]`, validated.
 #[derive(Debug)]
@@ -64,9 +65,11 @@ pub fn build(
                 return Err(c.err(
                     format!("{at}.sink.timeout"),
                     format!(
-                        "{limit:?} is longer than relay.lease ({lease:?}); a delivery could \
-                         outlive its claim: set relay.lease to at least {limit:?} or shorten \
-                         the timeout"
+                        "{} is longer than relay.lease ({}); a delivery could outlive its \
+                         claim: set relay.lease to at least {} or shorten the timeout",
+                        human(limit),
+                        human(lease),
+                        human(limit)
                     ),
                 ));
             }

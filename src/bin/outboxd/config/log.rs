@@ -32,7 +32,7 @@ pub struct RawLog {
 }
 
 /// Checks `[log]`.
-pub fn check(c: &Checker<'_>, raw: RawLog) -> Result<LogSettings, ConfigError> {
+pub fn check(c: &Checker<'_>, raw: &RawLog) -> Result<LogSettings, ConfigError> {
     if let Some(level) = &raw.level {
         tracing_subscriber::EnvFilter::try_new(level).map_err(|e| {
             c.err(
@@ -45,7 +45,7 @@ pub fn check(c: &Checker<'_>, raw: RawLog) -> Result<LogSettings, ConfigError> {
         })?;
     }
     Ok(LogSettings {
-        level: raw.level,
+        level: raw.level.clone(),
         format: raw.format,
     })
 }

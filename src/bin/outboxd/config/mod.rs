@@ -133,13 +133,7 @@ impl Config {
 
     /// Reads, parses and validates a config file.
     pub fn load(file: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
-            file: file.to_path_buf(),
-            field: String::new(),
-            line: None,
-            message: format!("cannot read the file: {e}"),
-        })?;
-        Config::parse(&text, file)
+        Config::parse(&read(file)?, file)
     }
 
     /// Parses and validates config text said to come from `file` (relative
@@ -166,6 +160,15 @@ impl Config {
         }
         b
     }
+}
+
+fn read(file: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(file).map_err(|e| ConfigError {
+        file: file.to_path_buf(),
+        field: String::new(),
+        line: None,
+        message: format!("cannot read the file: {e}"),
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -314,6 +317,14 @@ pub struct Checker<'a> {
 }
 
 impl Checker<'_> {
+    fn new(file: &Path) -> Checker<'_> {
+        let dir = file
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        Checker { file, dir }
+    }
+
     /// An error at `field` (a path such as `consumer[0].sink.url`).
     pub fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
         ConfigError {
@@ -335,12 +346,45 @@ impl Checker<'_> {
 }
 
 fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
-    let dir = file
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    let c = Checker { file, dir };
+    let c = Checker::new(file);
+    let s = check_settings(&c, &raw)?;
+    let consumers = consumer::build(&c, raw.consumer, s.relay.lease, &s.retry)?;
+    Ok(Config {
+        file: Some(file.to_path_buf()),
+        database: s.database,
+        relay: s.relay,
+        retry: s.retry,
+        purge: s.purge,
+        alerts: s.alerts,
+        log: s.log,
+        metrics: s.metrics,
+        consumers,
+    })
+}
 
+/// What `status` takes from a config file: the database (None when the
+/// file names none) and the `[alerts]` thresholds. The file is checked as
+/// `check-config` checks it, except that its sinks are not built, so no
+/// secret needs to be set and no file is created.
+pub fn load_alerts(file: &Path) -> Result<(Option<PathBuf>, Alerts), ConfigError> {
+    let text = read(file)?;
+    let raw = parse_raw(&text, file)?;
+    let s = check_settings(&Checker::new(file), &raw)?;
+    Ok((s.database, s.alerts))
+}
+
+/// A config's settings, checked: everything but the sinks.
+struct Settings {
+    database: Option<PathBuf>,
+    relay: RelaySettings,
+    retry: RetryPolicy,
+    purge: Option<PurgePolicy>,
+    alerts: Alerts,
+    log: LogSettings,
+    metrics: Option<SocketAddr>,
+}
+
+fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigError> {
     let database = match &raw.database {
         Some(p) if p.as_os_str().is_empty() => {
             return Err(c.err("database", "is empty; give the SQLite file's path"))
@@ -348,24 +392,22 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
         Some(p) => Some(c.resolve(p)),
         None => None,
     };
-    let relay = relay::check(&c, &raw.relay)?;
+    let relay = relay::check(c, &raw.relay)?;
     let retry = raw.retry.as_ref().map_or_else(RetryPolicy::default, |t| {
         retry::apply(t, RetryPolicy::default())
     });
     let purge = purge::policy(&raw.purge);
     let alerts = alerts::alerts(&raw.alerts);
-    let log = log::check(&c, raw.log)?;
-    let metrics = metrics::check(&c, &raw.metrics)?;
+    let log = log::check(c, &raw.log)?;
+    let metrics = metrics::check(c, &raw.metrics)?;
     let settings = RelayWide {
         relay: &relay,
         retry: &retry,
         purge: &purge,
         alerts: &alerts,
     };
-    check_with_library(&c, &settings, &raw.consumer)?;
-    let consumers = consumer::build(&c, raw.consumer, relay.lease, &retry)?;
-    Ok(Config {
-        file: Some(file.to_path_buf()),
+    check_with_library(c, &settings, &raw.consumer)?;
+    Ok(Settings {
         database,
         relay,
         retry,
@@ -373,7 +415,6 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
         alerts,
         log,
         metrics,
-        consumers,
     })
 }
 

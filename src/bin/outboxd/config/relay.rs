@@ -8,6 +8,7 @@ use outboxd::relay::UnroutedPolicy;
 use serde::Deserialize;
 
 use super::{Checker, ConfigError, Dur};
+use crate::cmd::support::human;
 
 /// How long in-flight deliveries may finish after SIGINT or SIGTERM, unless
 /// configured. Below the packaged systemd unit's `TimeoutStopSec=40`.
@@ -72,8 +73,9 @@ pub fn check(c: &Checker<'_>, r: &RawRelay) -> Result<RelaySettings, ConfigError
         return Err(c.err(
             "relay.shutdown_grace",
             format!(
-                "{shutdown_grace:?} is too long; allowed: up to 1h (and keep it below the \
-                 service manager's stop timeout, 40s in the packaged systemd unit)"
+                "{} is too long; allowed: up to 1h (and keep it below the \
+                 service manager's stop timeout, 40s in the packaged systemd unit)",
+                human(shutdown_grace)
             ),
         ));
     }

@@ -3,6 +3,7 @@
 use outboxd::sinks::WebhookSink;
 
 use super::{positive, RawSink, Sink};
+use crate::cmd::support::human;
 use crate::config::{Checker, ConfigError};
 
 /// The keys a webhook sink takes.
@@ -129,10 +130,10 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
         c.err(field, message)
     })?;
     let description = format!(
-        "webhook {} (timeout {:?}, connect timeout {:?})",
+        "webhook {} (timeout {}, connect timeout {})",
         sink.display_url(),
-        sink.timeout(),
-        sink.connect_timeout()
+        human(sink.timeout()),
+        human(sink.connect_timeout())
     );
     let limit = sink.timeout();
     Ok(Sink::new(sink, description).with_time_limit(limit))
