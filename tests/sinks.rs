@@ -365,6 +365,25 @@ fn command_program_is_checked_at_construction() {
         CommandError::EmptyProgram
     ));
 
+    // A program and its arguments in one string: the error says to split
+    // them, naming the program and the arguments.
+    for given in ["/bin/sh -c true", "sh -c true"] {
+        let err = CommandSink::new(given, none).unwrap_err();
+        assert!(matches!(err, CommandError::WithArguments { .. }), "{err}");
+        let shown = err.to_string();
+        assert!(
+            shown.contains(r#"args = ["-c", "true"]"#) && shown.contains("program = "),
+            "{shown}"
+        );
+    }
+    // ... but only when the first word is a program.
+    let err = CommandSink::new("/no/such/program --flag", none).unwrap_err();
+    assert!(matches!(err, CommandError::NotFound { .. }), "{err}");
+    // A path with a space that does exist is simply that program.
+    let spaced = script(dir.path(), "with space.sh", "exit 0");
+    std::fs::set_permissions(&spaced, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(CommandSink::new(&spaced, none).unwrap().program(), spaced);
+
     let sh = CommandSink::new("sh", none).unwrap();
     assert!(sh.program().is_absolute(), "{:?}", sh.program());
     assert_eq!(sh.poison_code(), 65);

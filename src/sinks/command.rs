@@ -85,6 +85,21 @@ pub enum CommandError {
         /// The path.
         path: PathBuf,
     },
+    /// A program and its arguments given as one string, such as
+    /// `"/bin/echo hello"`: no such file exists, but its first word is a
+    /// program.
+    #[error(
+        "command program {given:?} does not exist, but {program:?} does: give the program \
+         alone and its arguments apart (in outboxd.toml: program = {program:?}, args = {args:?})"
+    )]
+    WithArguments {
+        /// The program as given.
+        given: String,
+        /// Its first word, which is a program.
+        program: String,
+        /// The other words, split at whitespace (no shell quoting).
+        args: Vec<String>,
+    },
     /// The file could not be inspected.
     #[error("cannot inspect command program {path}: {source}")]
     Inspect {
@@ -378,15 +393,13 @@ fn wait_with_deadline(child: &mut Child, deadline: Instant) -> io::Result<Option
 }
 
 fn kill_group(child: &mut Child) {
+    // The group id is the child's pid (process_group(0)), and the child is
+    // not yet reaped, so the id still names its group.
     #[cfg(unix)]
-    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: kill(2) takes plain integers; the group id is the child's
-        // pid (process_group(0)), and the child is not yet reaped, so the id
-        // still names its group.
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-        }
-    }
+    let _ = rustix::process::kill_process_group(
+        rustix::process::Pid::from_child(child),
+        rustix::process::Signal::KILL,
+    );
     // The direct child at least, should the group kill have failed.
     let _ = child.kill();
 }
@@ -397,18 +410,19 @@ fn describe(status: ExitStatus) -> String {
     {
         use std::os::unix::process::ExitStatusExt;
         if let Some(sig) = status.signal() {
-            let name = match sig {
-                libc::SIGHUP => " (SIGHUP)",
-                libc::SIGINT => " (SIGINT)",
-                libc::SIGQUIT => " (SIGQUIT)",
-                libc::SIGILL => " (SIGILL)",
-                libc::SIGABRT => " (SIGABRT)",
-                libc::SIGBUS => " (SIGBUS)",
-                libc::SIGFPE => " (SIGFPE)",
-                libc::SIGKILL => " (SIGKILL)",
-                libc::SIGSEGV => " (SIGSEGV)",
-                libc::SIGPIPE => " (SIGPIPE)",
-                libc::SIGTERM => " (SIGTERM)",
+            use rustix::process::Signal;
+            let name = match Signal::from_named_raw(sig) {
+                Some(Signal::HUP) => " (SIGHUP)",
+                Some(Signal::INT) => " (SIGINT)",
+                Some(Signal::QUIT) => " (SIGQUIT)",
+                Some(Signal::ILL) => " (SIGILL)",
+                Some(Signal::ABORT) => " (SIGABRT)",
+                Some(Signal::BUS) => " (SIGBUS)",
+                Some(Signal::FPE) => " (SIGFPE)",
+                Some(Signal::KILL) => " (SIGKILL)",
+                Some(Signal::SEGV) => " (SIGSEGV)",
+                Some(Signal::PIPE) => " (SIGPIPE)",
+                Some(Signal::TERM) => " (SIGTERM)",
                 _ => "",
             };
             return format!("was killed by signal {sig}{name}");
@@ -418,38 +432,51 @@ fn describe(status: ExitStatus) -> String {
 }
 
 fn resolve_program(program: &OsStr) -> Result<PathBuf, CommandError> {
+    let err = match resolve_one(program) {
+        Err(err @ (CommandError::NotFound { .. } | CommandError::NotInPath { .. })) => err,
+        other => return other,
+    };
+    // "/bin/echo hello": a program and its arguments in one string. Say so
+    // when the first word is a program, rather than "does not exist".
+    let words: Vec<&str> = program.to_str().unwrap_or("").split_whitespace().collect();
+    if let [first, rest @ ..] = words.as_slice() {
+        if !rest.is_empty() && resolve_one(OsStr::new(first)).is_ok() {
+            return Err(CommandError::WithArguments {
+                given: program.to_string_lossy().into_owned(),
+                program: first.to_string(),
+                args: rest.iter().map(|a| a.to_string()).collect(),
+            });
+        }
+    }
+    Err(err)
+}
+
+fn resolve_one(program: &OsStr) -> Result<PathBuf, CommandError> {
     if program.is_empty() {
         return Err(CommandError::EmptyProgram);
     }
     let given = Path::new(program);
-    if program.as_encoded_bytes().contains(&b'/') {
-        let path = std::path::absolute(given).map_err(|source| CommandError::Inspect {
-            path: given.to_path_buf(),
+    let absolute = |path: &Path| {
+        std::path::absolute(path).map_err(|source| CommandError::Inspect {
+            path: path.to_path_buf(),
             source,
-        })?;
+        })
+    };
+    if program.as_encoded_bytes().contains(&b'/') {
+        let path = absolute(given)?;
         check_executable(&path)?;
         return Ok(path);
     }
-    let path_var = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path_var) {
-        // An empty PATH entry means the current directory.
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
-        };
-        let candidate = dir.join(given);
-        if check_executable(&candidate).is_ok() {
-            return std::path::absolute(&candidate).map_err(|source| CommandError::Inspect {
-                path: candidate,
-                source,
-            });
-        }
+    match which::which(given) {
+        Ok(found) => absolute(&found),
+        Err(_) => Err(CommandError::NotInPath {
+            name: program.to_string_lossy().into_owned(),
+            path_var: std::env::var_os("PATH")
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+        }),
     }
-    Err(CommandError::NotInPath {
-        name: program.to_string_lossy().into_owned(),
-        path_var: path_var.to_string_lossy().into_owned(),
-    })
 }
 
 fn check_executable(path: &Path) -> Result<(), CommandError> {
@@ -467,21 +494,13 @@ fn check_executable(path: &Path) -> Result<(), CommandError> {
             path: path.to_path_buf(),
         });
     }
+    // access(2) rather than the mode bits: it answers for this user, its
+    // groups and ACLs, as the exec will.
     #[cfg(unix)]
-    {
-        use std::os::unix::ffi::OsStrExt;
-        let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-            CommandError::Inspect {
-                path: path.to_path_buf(),
-                source: io::Error::new(io::ErrorKind::InvalidInput, "the path holds a NUL byte"),
-            }
-        })?;
-        // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
-        if unsafe { libc::access(c_path.as_ptr(), libc::X_OK) } != 0 {
-            return Err(CommandError::NotExecutable {
-                path: path.to_path_buf(),
-            });
-        }
+    if rustix::fs::access(path, rustix::fs::Access::EXEC_OK).is_err() {
+        return Err(CommandError::NotExecutable {
+            path: path.to_path_buf(),
+        });
     }
     Ok(())
 }
