@@ -79,6 +79,82 @@ fn jsonl_appends_one_parseable_line_per_event() {
     assert!(text.ends_with('\n'));
 }
 
+/// Payloads as a foreign producer may store them: pretty-printed, with
+/// "\n" escaped inside strings, with a raw U+2028 and U+0085, with a number
+/// no f64 holds.
+const AWKWARD_PAYLOADS: [&str; 3] = [
+    "{\n  \"title\": \"Hello\",\n  \"tags\": [\n    \"a\",\n    \"b\"\n  ]\n}\n",
+    "{\"text\": \"line one\\nline two\",\r\n\t\"sep\": \"x\u{2028}y\u{2029}z\u{85}\"}",
+    "[ 1, 2.50, 123456789012345678901234567890 ]",
+];
+
+/// Splits as the most eager line readers do (Python's str.splitlines).
+fn eager_lines(text: &str) -> Vec<&str> {
+    text.split([
+        '\n', '\r', '\u{b}', '\u{c}', '\u{1c}', '\u{1d}', '\u{1e}', '\u{85}', '\u{2028}',
+        '\u{2029}',
+    ])
+    .filter(|l| !l.is_empty())
+    .collect()
+}
+
+#[test]
+fn jsonl_writes_one_line_per_event_whatever_the_payload_whitespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.jsonl");
+    let sink = JsonlSink::file(&path, false).unwrap();
+    let deliveries: Vec<Delivery> = AWKWARD_PAYLOADS.iter().map(|p| delivery(p)).collect();
+    for d in &deliveries {
+        assert_eq!(sink.deliver(d), Outcome::Delivered);
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines = eager_lines(&text);
+    assert_eq!(lines.len(), deliveries.len(), "{text}");
+    for (line, d) in lines.iter().zip(&deliveries) {
+        let got: Envelope = serde_json::from_str(line).expect("each line is an envelope");
+        assert_eq!(got.event_id, d.envelope.event_id);
+        // The same JSON value; the big number digit for digit.
+        let want: serde_json::Value = serde_json::from_str(d.envelope.payload.get()).unwrap();
+        let have: serde_json::Value = serde_json::from_str(got.payload.get()).unwrap();
+        assert_eq!(have, want);
+    }
+    assert!(text.contains(",123456789012345678901234567890]"), "{text}");
+    assert!(text.contains(r#""line one\nline two""#), "{text}");
+    assert!(text.contains(r#""x\u2028y\u2029z\u0085""#), "{text}");
+}
+
+#[test]
+fn jsonl_delivery_fields_add_the_tenant_and_the_legacy_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.jsonl");
+    let sink = JsonlSink::file(&path, false).unwrap().delivery_fields(true);
+    let mut a = delivery(AWKWARD_PAYLOADS[0]);
+    a.tenant_id = Some("acme\u{2028}x".into());
+    let mut b = delivery("1");
+    b.tenant_id = None;
+    b.legacy = true;
+    assert_eq!(sink.deliver(&a), Outcome::Delivered);
+    assert_eq!(sink.deliver(&b), Outcome::Delivered);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines = eager_lines(&text);
+    assert_eq!(lines.len(), 2, "{text}");
+    let a_line: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(a_line["tenant_id"], "acme\u{2028}x");
+    assert_eq!(a_line["legacy"], false);
+    assert_eq!(a_line["event_id"], a.envelope.event_id.to_string());
+    assert_eq!(a_line["payload"]["tags"][1], "b");
+    let b_line: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!(b_line["tenant_id"], serde_json::Value::Null);
+    assert_eq!(b_line["legacy"], true);
+    // After the envelope's own fields, which come first and unchanged.
+    assert!(lines[1].starts_with(&b.envelope.to_json()[..b.envelope.to_json().len() - 1]));
+    assert!(
+        lines[1].ends_with(r#","tenant_id":null,"legacy":true}"#),
+        "{}",
+        lines[1]
+    );
+}
+
 #[test]
 fn jsonl_lines_never_interleave_across_threads() {
     let dir = tempfile::tempdir().unwrap();
