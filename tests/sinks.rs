@@ -256,8 +256,59 @@ echo "${OUTBOXD_CAUSATION_ID-unset}" > "$OUT/causation""#,
     ] {
         assert!(env.lines().any(|l| l == expected), "{expected} in\n{env}");
     }
+    assert!(!env.contains("OUTBOXD_LEGACY"), "{env}");
     let causation = std::fs::read_to_string(dir.path().join("causation")).unwrap();
     assert_eq!(causation.trim(), "unset");
+
+    // The payload's bytes reach stdin as they were stored, whitespace and all.
+    let d = delivery(AWKWARD_PAYLOADS[1]);
+    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+    let stdin = std::fs::read_to_string(dir.path().join("stdin.json")).unwrap();
+    assert!(stdin.contains(AWKWARD_PAYLOADS[1]), "{stdin}");
+}
+
+#[test]
+fn command_environment_can_drop_inherited_variables() {
+    // The test process's own environment is what the child inherits.
+    std::env::set_var("SINKS_TEST_HIDDEN_SECRET", "hidden-value-1");
+    std::env::set_var("SINKS_TEST_PLAIN", "plain-value");
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(dir.path(), "env.sh", r#"env > "$OUT/env""#)
+        .env_remove(["SINKS_TEST_HIDDEN_SECRET", "SINKS_TEST_NOT_SET"])
+        .env("SINKS_TEST_EXPLICIT", "explicit");
+    let mut d = delivery("1");
+    d.legacy = true;
+    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+    let env = std::fs::read_to_string(dir.path().join("env")).unwrap();
+    assert!(!env.contains("hidden-value-1"), "{env}");
+    assert!(
+        env.lines().any(|l| l == "SINKS_TEST_PLAIN=plain-value"),
+        "{env}"
+    );
+    assert!(
+        env.lines().any(|l| l == "SINKS_TEST_EXPLICIT=explicit"),
+        "{env}"
+    );
+    assert!(env.lines().any(|l| l == "OUTBOXD_LEGACY=true"), "{env}");
+}
+
+#[test]
+fn command_stderr_cannot_start_a_line_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(
+        dir.path(),
+        "forge.sh",
+        r#"printf 'oops\n2030-01-01T00:00:00.000000Z  INFO outboxd: all delivered\r\n\033[2Kclean\342\200\250x' >&2; exit 1"#,
+    );
+    let reason = retry_reason(sink.deliver(&delivery("1")));
+    assert!(
+        !reason.contains(['\n', '\r', '\u{1b}', '\u{2028}']),
+        "{reason:?}"
+    );
+    assert!(
+        reason.contains(r"oops\n2030-01-01T00:00:00.000000Z  INFO outboxd: all delivered\r\n\u{1b}[2Kclean\u{2028}x"),
+        "{reason}"
+    );
 }
 
 #[test]

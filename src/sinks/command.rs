@@ -14,12 +14,23 @@
 //! | `OUTBOXD_ATTEMPT` | 1 on the first try, 2 on the first retry, … |
 //! | `OUTBOXD_CONSUMER` | the consumer's name |
 //! | `OUTBOXD_TENANT_ID` | the tenant; unset when there is none |
+//! | `OUTBOXD_LEGACY` | `true` for a legacy row (written without an event id: its id is derived from the row, and it is not deduplicated); unset otherwise |
+//!
+//! Stdin carries the envelope JSON with the payload's bytes as the producer
+//! wrote them (whitespace included).
+//!
+//! The program inherits outboxd's environment, minus the variables given to
+//! [`env_remove`](CommandSink::env_remove) (the `outboxd` binary passes every
+//! variable its config reads a secret from), unless
+//! [`env_clear`](CommandSink::env_clear) starts it from an empty one.
 //!
 //! Its exit status is the verdict: 0 is delivered, the poison code
 //! ([`EX_DATAERR`], 65, unless configured otherwise) dead-letters the event at
 //! once, and anything else (another code, death by a signal, the timeout) is
-//! a retry whose reason carries the last [`STDERR_TAIL_BYTES`] of stderr.
-//! Standard output is read and thrown away.
+//! a retry whose reason carries the last [`STDERR_TAIL_BYTES`] of stderr, on
+//! one line (line breaks and other control characters escaped, so that a
+//! program cannot write lines of its own into outboxd's log). Standard
+//! output is read and thrown away.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -133,6 +144,7 @@ pub struct CommandSink {
     program: PathBuf,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    removed_env: Vec<OsString>,
     clear_env: bool,
     timeout: Duration,
     poison_exit_code: u8,
@@ -151,6 +163,7 @@ impl CommandSink {
             program: resolve_program(program.as_ref())?,
             args: args.into_iter().map(|a| a.as_ref().to_owned()).collect(),
             env: Vec::new(),
+            removed_env: Vec::new(),
             clear_env: false,
             timeout: DEFAULT_COMMAND_TIMEOUT,
             poison_exit_code: EX_DATAERR,
@@ -178,6 +191,26 @@ impl CommandSink {
     pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> CommandSink {
         self.env
             .push((key.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    /// Keeps these variables of outboxd's own environment from the program,
+    /// such as those holding other sinks' secrets. A variable set with
+    /// [`env`](Self::env) is still set.
+    ///
+    /// ```
+    /// use outboxd::sinks::CommandSink;
+    /// let sink = CommandSink::new("cat", [] as [&str; 0])?
+    ///     .env_remove(["SEARCH_WEBHOOK_SECRET", "NATS_TOKEN"]);
+    /// # Ok::<(), outboxd::sinks::CommandError>(())
+    /// ```
+    pub fn env_remove<I>(mut self, keys: I) -> CommandSink
+    where
+        I: IntoIterator,
+        I::Item: AsRef<OsStr>,
+    {
+        self.removed_env
+            .extend(keys.into_iter().map(|k| k.as_ref().to_owned()));
         self
     }
 
@@ -210,6 +243,9 @@ impl CommandSink {
         if self.clear_env {
             cmd.env_clear();
         }
+        for key in &self.removed_env {
+            cmd.env_remove(key);
+        }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         for (key, value) in vars {
             match value {
@@ -228,7 +264,7 @@ impl CommandSink {
 
     fn run(&self, delivery: &Delivery) -> Outcome {
         let env = &delivery.envelope;
-        let vars: [(&'static str, Option<String>); 9] = [
+        let vars: [(&'static str, Option<String>); 10] = [
             ("OUTBOXD_EVENT_ID", Some(env.event_id.to_string())),
             ("OUTBOXD_EVENT_TYPE", Some(env.event_type.to_string())),
             ("OUTBOXD_EVENT_VERSION", Some(env.event_version.to_string())),
@@ -238,6 +274,10 @@ impl CommandSink {
             ("OUTBOXD_ATTEMPT", Some(delivery.attempt.to_string())),
             ("OUTBOXD_CONSUMER", Some(delivery.consumer.clone())),
             ("OUTBOXD_TENANT_ID", delivery.tenant_id.clone()),
+            (
+                "OUTBOXD_LEGACY",
+                delivery.legacy.then(|| "true".to_string()),
+            ),
         ];
         if let Some((key, _)) = vars
             .iter()
@@ -327,6 +367,7 @@ impl fmt::Debug for CommandSink {
             .field("program", &self.program)
             .field("args", &self.args)
             .field("env", &env_keys)
+            .field("removed_env", &self.removed_env)
             .field("clear_env", &self.clear_env)
             .field("timeout", &self.timeout)
             .field("poison_exit_code", &self.poison_exit_code)
