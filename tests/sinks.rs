@@ -637,7 +637,7 @@ fn serve(stream: TcpStream, addr: std::net::SocketAddr, tx: mpsc::Sender<Request
     reader.read_exact(&mut body).unwrap();
     let _ = tx.send(Request {
         path: path.clone(),
-        headers,
+        headers: headers.clone(),
         body,
     });
 
@@ -653,6 +653,22 @@ fn serve(stream: TcpStream, addr: std::net::SocketAddr, tx: mpsc::Sender<Request
         "/410" => ("410 Gone", String::new(), "gone for good"),
         "/400" => ("400 Bad Request", String::new(), &big),
         "/302" => ("302 Found", format!("Location: http://{addr}/ok\r\n"), ""),
+        p if p.starts_with("/echo") => {
+            // Echoes what it was sent, as some error pages do.
+            let echoed: Vec<String> = headers
+                .iter()
+                .filter(|(k, _)| k == "authorization" || k == "x-source")
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+            let echoed = format!("you sent {p} with {echoed:?}");
+            let mut stream = stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 500 Internal Server Error\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{echoed}",
+                echoed.len()
+            );
+            return;
+        }
         "/slow" => {
             // Never answer; hold the connection until the client gives up.
             let mut rest = Vec::new();
@@ -702,6 +718,8 @@ fn webhook_2xx_delivers_a_signed_request() {
     assert!((now - ts).abs() < 60, "timestamp {ts}, now {now}");
     assert_eq!(req.header("content-type"), Some("application/json"));
     assert_eq!(req.header("x-tenant"), Some("acme"));
+    assert_eq!(req.header("outboxd-tenant-id"), Some("acme"));
+    assert_eq!(req.header("outboxd-legacy"), None);
     let sigs = req.header("webhook-signature").unwrap();
     assert_eq!(sigs.split(' ').count(), 2, "{sigs}");
     for secret in [SECRET, OLD_SECRET] {
@@ -738,6 +756,63 @@ fn webhook_2xx_delivers_a_signed_request() {
             "python says {expected}, we sent {sigs}"
         );
     }
+}
+
+#[test]
+fn webhook_carries_the_tenant_and_the_legacy_flag_in_headers_not_the_body() {
+    let server = Server::start();
+    let sink = sink(&server.url("/ok"));
+    let mut d = delivery(AWKWARD_PAYLOADS[0]);
+    d.tenant_id = Some("a b/é%".into());
+    d.legacy = true;
+    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+    let req = server.next();
+    assert_eq!(req.header("outboxd-tenant-id"), Some("a%20b%2F%C3%A9%25"));
+    assert_eq!(req.header("outboxd-legacy"), Some("true"));
+    // The body is the envelope as ever, the payload's bytes as stored.
+    assert_eq!(req.body, d.envelope.to_json().as_bytes());
+    assert!(String::from_utf8_lossy(&req.body).contains(AWKWARD_PAYLOADS[0].trim_end()));
+
+    d.tenant_id = None;
+    d.legacy = false;
+    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+    let req = server.next();
+    assert_eq!(req.header("outboxd-tenant-id"), None);
+    assert_eq!(req.header("outboxd-legacy"), None);
+
+    // They are the sink's own headers.
+    let err = WebhookSink::builder(server.url("/ok"))
+        .secret(SECRET)
+        .header("outboxd-tenant-id", "x")
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("sets this header itself"), "{err}");
+}
+
+#[test]
+fn webhook_reasons_never_carry_configured_secrets() {
+    let server = Server::start();
+    let sink = WebhookSink::builder(server.url("/echo?token=Qry7Tok3nValue"))
+        .secret(SECRET)
+        .header("authorization", "Bearer H3aderT0kenValue")
+        .header("x-source", "outboxd-test")
+        .build()
+        .unwrap();
+    let reason = retry_reason(sink.deliver(&delivery("1")));
+    let req = server.next();
+    // The receiver did get them, and echoed them back.
+    assert_eq!(req.path, "/echo?token=Qry7Tok3nValue");
+    assert!(reason.contains("500"), "{reason}");
+    for secret in [
+        "Qry7Tok3nValue",
+        "H3aderT0kenValue",
+        SECRET,
+        SECRET.strip_prefix("whsec_").unwrap(),
+    ] {
+        assert!(!reason.contains(secret), "{secret} in {reason}");
+    }
+    assert!(reason.contains("outboxd-test"), "{reason}");
+    assert!(reason.contains("<redacted>"), "{reason}");
 }
 
 #[test]
@@ -808,23 +883,39 @@ fn webhook_timeouts_and_network_errors_are_retries() {
 
 #[test]
 fn webhook_private_address_guard() {
+    // A URL that names a non-public address is refused when the sink is
+    // built, so check-config and start-up report it (the guard on resolved
+    // addresses at each delivery is unit-tested in src/sinks/webhook.rs).
     let server = Server::start();
     let port = server.addr.port();
     for url in [
         format!("http://127.0.0.1:{port}/ok"),
         format!("http://localhost:{port}/ok"),
         format!("http://[::ffff:127.0.0.1]:{port}/ok"),
+        format!("http://[::1]:{port}/ok?token=abcdef"),
+        "https://10.1.2.3/hook".to_string(),
     ] {
-        let guarded = WebhookSink::builder(&url)
+        let err = WebhookSink::builder(&url)
             .secret(SECRET)
             .deny_private_addresses(true)
             .build()
-            .unwrap();
-        let reason = poison_reason(guarded.deliver(&delivery("1")));
-        assert!(reason.contains("refused to connect"), "{url}: {reason}");
+            .unwrap_err();
+        assert!(
+            matches!(err, outboxd::sinks::WebhookError::PrivateAddress { .. }),
+            "{url}: {err}"
+        );
+        let shown = err.to_string();
+        assert!(shown.contains("deny_private_addresses"), "{shown}");
+        assert!(!shown.contains("abcdef"), "{shown}");
     }
+    // A public name is accepted: it is checked when it resolves.
+    assert!(WebhookSink::builder("https://example.com/hook")
+        .secret(SECRET)
+        .deny_private_addresses(true)
+        .build()
+        .is_ok());
     // Without the guard the same server is reached, and it is the first
-    // request it sees: the guarded ones never connected.
+    // request it sees.
     assert_eq!(
         sink(&server.url("/ok")).deliver(&delivery("1")),
         Outcome::Delivered
