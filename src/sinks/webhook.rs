@@ -94,6 +94,28 @@ const RESERVED_HEADERS: [&str; 9] = [
     LEGACY_HEADER,
 ];
 
+/// The log targets of the HTTP client (ureq) under this sink. At TRACE it
+/// logs the request line with its query string and a dump of every byte
+/// sent, credential headers and signatures included; up to DEBUG it hides
+/// paths, queries and all but a few harmless headers. A host whose logger
+/// records `log` or `tracing` events must keep these targets at DEBUG or
+/// less, as the `outboxd` binary does whatever level it is given:
+///
+/// ```
+/// use outboxd::sinks::webhook::is_http_client_log_target;
+/// assert!(is_http_client_log_target("ureq_proto::util"));
+/// assert!(is_http_client_log_target("ureq"));
+/// assert!(!is_http_client_log_target("ureqx"));
+/// assert!(!is_http_client_log_target("outboxd::sinks::webhook"));
+/// ```
+pub fn is_http_client_log_target(target: &str) -> bool {
+    ["ureq", "ureq_proto"].iter().any(|t| {
+        target
+            .strip_prefix(t)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    })
+}
+
 /// What replaces a configured secret found in a retry or poison reason.
 const REDACTED: &str = "<redacted>";
 

@@ -406,6 +406,7 @@ struct RawSink {
     // jsonl
     path: Option<PathBuf>,
     fsync: Option<bool>,
+    delivery_fields: Option<bool>,
     // command
     program: Option<String>,
     args: Option<Vec<String>>,
@@ -425,7 +426,7 @@ struct RawSink {
     max_response_bytes: Option<u64>,
 }
 
-const JSONL_KEYS: &[&str] = &["kind", "path", "fsync"];
+const JSONL_KEYS: &[&str] = &["kind", "path", "fsync", "delivery_fields"];
 const COMMAND_KEYS: &[&str] = &[
     "kind",
     "program",
@@ -459,6 +460,7 @@ impl RawSink {
         };
         add(self.path.is_some(), "path");
         add(self.fsync.is_some(), "fsync");
+        add(self.delivery_fields.is_some(), "delivery_fields");
         add(self.program.is_some(), "program");
         add(self.args.is_some(), "args");
         add(self.poison_exit_code.is_some(), "poison_exit_code");
@@ -477,6 +479,15 @@ impl RawSink {
         add(self.headers.is_some(), "headers");
         add(self.max_response_bytes.is_some(), "max_response_bytes");
         k
+    }
+
+    /// The environment variables this sink reads a secret from. Every
+    /// command sink keeps them from its program (a sink kind that adds a
+    /// `*_env` secret key lists it here).
+    fn secret_env_vars(&self) -> impl Iterator<Item = &String> {
+        self.secret_env
+            .iter()
+            .chain(self.secrets_env.iter().flatten())
     }
 }
 
@@ -515,6 +526,8 @@ fn line_of(text: &str, offset: usize) -> usize {
 struct Checker<'a> {
     file: &'a Path,
     dir: PathBuf,
+    /// Every variable the config reads a secret from, kept from commands.
+    secret_vars: Vec<String>,
 }
 
 impl Checker<'_> {
@@ -597,7 +610,16 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    let c = Checker { file, dir };
+    let secret_vars = raw
+        .consumer
+        .iter()
+        .flat_map(|rc| rc.sink.secret_env_vars().cloned())
+        .collect();
+    let c = Checker {
+        file,
+        dir,
+        secret_vars,
+    };
 
     let database = match &raw.database {
         Some(p) if p.as_os_str().is_empty() => {
@@ -852,14 +874,15 @@ fn build_sink(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigErro
                     ));
                 }
                 return Ok(Sink::Jsonl {
-                    sink: JsonlSink::stdout(),
+                    sink: JsonlSink::stdout().delivery_fields(s.delivery_fields == Some(true)),
                     target: "stdout".into(),
                 });
             }
             let file = c.resolve(path);
             let fsync = s.fsync.unwrap_or(false);
             let sink = JsonlSink::file(&file, fsync)
-                .map_err(|e| c.err(format!("{at}.path"), e.to_string()))?;
+                .map_err(|e| c.err(format!("{at}.path"), e.to_string()))?
+                .delivery_fields(s.delivery_fields == Some(true));
             let target = format!("{}{}", file.display(), if fsync { " (fsync)" } else { "" });
             Ok(Sink::Jsonl { sink, target })
         }
@@ -886,6 +909,7 @@ fn build_sink(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigErro
             if s.clear_env == Some(true) {
                 sink = sink.env_clear();
             }
+            sink = sink.env_remove(&c.secret_vars);
             for (k, v) in s.env.iter().flatten() {
                 if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
                     return Err(c.err(
@@ -984,9 +1008,10 @@ fn build_sink(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigErro
             let sink = b.build().map_err(|e| {
                 use outboxd::sinks::WebhookError as W;
                 let (field, source) = match &e {
-                    W::InvalidUrl { .. } | W::UrlScheme { .. } | W::UrlHost { .. } => {
-                        (format!("{at}.url"), None)
-                    }
+                    W::InvalidUrl { .. }
+                    | W::UrlScheme { .. }
+                    | W::UrlHost { .. }
+                    | W::PrivateAddress { .. } => (format!("{at}.url"), None),
                     W::Header { .. } => (format!("{at}.headers"), None),
                     W::SecretPrefix { index }
                     | W::SecretBase64 { index }
