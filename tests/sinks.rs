@@ -816,6 +816,33 @@ fn webhook_reasons_never_carry_configured_secrets() {
 }
 
 #[test]
+fn webhook_schedule_in_the_docs_is_the_codes() {
+    // README.md and the example config state the webhook consumers' default
+    // schedule; they must say what RetryPolicy::webhook() does.
+    let p = outboxd::RetryPolicy::webhook();
+    let total: Duration = (1..p.attempts()).map(|n| p.delay_after(n).unwrap()).sum();
+    let most: Duration = (1..p.attempts())
+        .map(|n| p.delay_with_jitter(n, 1.0).unwrap())
+        .sum();
+    let days = |d: Duration| format!("{:.1}", d.as_secs_f64() / 86_400.0);
+    assert_eq!((days(total).as_str(), days(most).as_str()), ("5.2", "5.7"));
+    for (doc, text) in [
+        ("README.md", include_str!("../README.md")),
+        (
+            "packaging/outboxd.example.toml",
+            include_str!("../packaging/outboxd.example.toml"),
+        ),
+    ] {
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            text.contains(&format!("{} days", days(total))) && text.contains(&days(most)),
+            "{doc} states another webhook schedule"
+        );
+        assert!(!text.contains("about 8 days"), "{doc}");
+    }
+}
+
+#[test]
 fn webhook_statuses_map_to_outcomes() {
     let server = Server::start();
 

@@ -13,6 +13,18 @@
 //!
 //! Every construction error is found before the first delivery: a missing
 //! program, a bad URL, a malformed secret.
+//!
+//! What each sink delivers:
+//!
+//! | sink | envelope bytes | tenant id, legacy flag |
+//! |---|---|---|
+//! | [`JsonlSink`] | re-encoded on one line (whitespace between tokens dropped, U+0085/U+2028/U+2029 escaped), the same JSON value | extra `tenant_id` and `legacy` fields with [`delivery_fields`](JsonlSink::delivery_fields) |
+//! | [`CommandSink`] | on stdin, the payload's bytes as stored | `OUTBOXD_TENANT_ID`, `OUTBOXD_LEGACY` |
+//! | [`WebhookSink`] | the body, the payload's bytes as stored (signed) | `outboxd-tenant-id`, `outboxd-legacy` headers |
+//!
+//! Reasons (for logs and dead letters) never carry a configured secret, and
+//! what a program or a receiver wrote into one is clipped and kept on one
+//! line.
 
 pub mod command;
 pub mod jsonl;
