@@ -18,7 +18,7 @@ mod common;
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -296,7 +296,7 @@ env = {{ OUT = "{out}" }}
 
 /// `outboxd run` with the secrets config until the event is delivered to
 /// both consumers; (stdout, stderr).
-fn run_until_delivered(db: &TestDb, config: &PathBuf, log_args: &[&str]) -> (String, String) {
+fn run_until_delivered(db: &TestDb, config: &Path, log_args: &[&str]) -> (String, String) {
     let id = enqueue_one(db);
     let mut args = log_args.to_vec();
     args.extend(["run", "--config", config.to_str().unwrap()]);
