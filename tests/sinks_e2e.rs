@@ -170,6 +170,17 @@ impl Drop for Running {
     }
 }
 
+/// Runs `cmd` (an `outboxd run`) until `done` holds, then stops it with
+/// SIGTERM; (stdout, stderr).
+fn run_until(cmd: Command, what: &str, mut done: impl FnMut() -> bool) -> (String, String) {
+    let mut run = Running::spawn(cmd);
+    wait_until(what, WAIT, || {
+        run.assert_alive();
+        done()
+    });
+    run.stop()
+}
+
 /// A shell script, made executable.
 fn script(db: &TestDb, name: &str, body: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
@@ -304,12 +315,9 @@ fn run_until_delivered(db: &TestDb, config: &Path, log_args: &[&str]) -> (String
     cmd.env(SECRET_VAR, WEBHOOK_SECRET)
         .env(OLD_SECRET_VAR, OLD_WEBHOOK_SECRET)
         .env("E2E_PLAIN", "plain-value");
-    let mut run = Running::spawn(cmd);
-    wait_until("the event to be delivered to both consumers", WAIT, || {
-        run.assert_alive();
+    run_until(cmd, "the event to be delivered to both consumers", || {
         status_of(db, id) == "delivered"
-    });
-    run.stop()
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -400,21 +408,16 @@ program = "{}"
         ),
     );
     let id = enqueue_one(&db);
-    let mut run = Running::spawn(outboxd(
-        &db,
-        &[
-            "--log-format",
-            "text",
-            "run",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-    ));
-    wait_until("the event to be dead-lettered", WAIT, || {
-        run.assert_alive();
+    let args = [
+        "--log-format",
+        "text",
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+    ];
+    let (_, stderr) = run_until(outboxd(&db, &args), "the event to be dead-lettered", || {
         status_of(&db, id) == "dead"
     });
-    let (_, stderr) = run.stop();
     let forged: Vec<&str> = stderr.lines().filter(|l| l.contains("FORGED")).collect();
     assert!(!forged.is_empty(), "the reason is logged:\n{stderr}");
     for line in &forged {
@@ -466,12 +469,9 @@ fn run_writes_one_json_line_per_event_whatever_the_payload_whitespace() {
         )
         .unwrap();
 
-    let mut run = Running::spawn(outboxd(&db, &["run"]));
-    wait_until("both events delivered", WAIT, || {
-        run.assert_alive();
+    let (stdout, stderr) = run_until(outboxd(&db, &["run"]), "both events delivered", || {
         db.count("status = 'delivered'") == 2
     });
-    let (stdout, stderr) = run.stop();
     // Split as eagerly as any reader does (Python's str.splitlines).
     let lines: Vec<&str> = stdout
         .split([
@@ -495,6 +495,32 @@ fn run_writes_one_json_line_per_event_whatever_the_payload_whitespace() {
         stdout.contains("\"n\":123456789012345678901234567890}"),
         "{stdout}"
     );
+}
+
+#[test]
+fn jsonl_delivery_fields_come_from_the_config() {
+    let db = TestDb::new();
+    let config = db.write(
+        "outboxd.toml",
+        r#"[[consumer]]
+name = "audit"
+types = ["*"]
+[consumer.sink]
+kind = "jsonl"
+path = "out.jsonl"
+delivery_fields = true
+"#,
+    );
+    let id = enqueue_one(&db);
+    let args = ["run", "--config", config.to_str().unwrap()];
+    run_until(outboxd(&db, &args), "the event to be delivered", || {
+        status_of(&db, id) == "delivered"
+    });
+    let text = std::fs::read_to_string(db.file("out.jsonl")).unwrap();
+    let line: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
+    assert_eq!(line["event_id"], id.to_string());
+    assert_eq!(line["tenant_id"], "acme");
+    assert_eq!(line["legacy"], false);
 }
 
 // ---------------------------------------------------------------------------
