@@ -57,9 +57,10 @@ pub fn build(
     default_retry: &RetryPolicy,
 ) -> Result<Vec<ConsumerSpec>, ConfigError> {
     let mut consumers = Vec::with_capacity(raw.len());
+    let secret_vars = sink::secret_env_vars(raw.iter().map(|rc| &rc.sink));
     for (i, rc) in raw.into_iter().enumerate() {
         let at = format!("consumer[{i}]");
-        let sink = sink::build(c, &format!("{at}.sink"), &rc.sink)?;
+        let sink = sink::build(c, &format!("{at}.sink"), &rc.sink, &secret_vars)?;
         if let Some(limit) = sink.time_limit() {
             if lease < limit {
                 return Err(c.err(
