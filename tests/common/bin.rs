@@ -385,10 +385,12 @@ pub fn is_root() -> bool {
 
 /// Where a running process's output goes.
 enum Captured {
-    /// Collected in memory by two threads.
+    /// Collected in memory by two threads, joined once the process has
+    /// exited so that every byte it wrote is there.
     Pipes {
         stdout: Arc<Mutex<Vec<u8>>>,
         stderr: Arc<Mutex<Vec<u8>>>,
+        readers: Vec<std::thread::JoinHandle<()>>,
     },
     /// stderr appended to a file (it survives the process, and many
     /// processes of one test may share a directory of logs).
@@ -411,25 +413,30 @@ impl Running {
             .stderr(Stdio::piped())
             .spawn()
             .expect("the program runs");
-        let collect = |mut r: Box<dyn Read + Send>| {
+        let mut readers = Vec::new();
+        let mut collect = |mut r: Box<dyn Read + Send>| {
             let buf = Arc::new(Mutex::new(Vec::new()));
             let b = buf.clone();
-            std::thread::spawn(move || {
-                let mut chunk = [0u8; 4096];
+            readers.push(std::thread::spawn(move || {
+                let mut chunk = [0u8; 8192];
                 while let Ok(n) = r.read(&mut chunk) {
                     if n == 0 {
                         break;
                     }
                     b.lock().unwrap().extend_from_slice(&chunk[..n]);
                 }
-            });
+            }));
             buf
         };
         let stdout = collect(Box::new(child.stdout.take().unwrap()));
         let stderr = collect(Box::new(child.stderr.take().unwrap()));
         Running {
             child,
-            captured: Captured::Pipes { stdout, stderr },
+            captured: Captured::Pipes {
+                stdout,
+                stderr,
+                readers,
+            },
         }
     }
 
@@ -499,11 +506,27 @@ impl Running {
         self.child.try_wait().unwrap().is_some()
     }
 
-    /// Waits for the process to end, at most `timeout`.
+    /// Panics, with its stderr, if the process has exited.
+    pub fn assert_alive(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("outboxd exited early ({status}):\n{}", self.stderr());
+        }
+    }
+
+    /// Waits for the process to end, at most `timeout`; then its output is
+    /// complete.
     pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
+                if let Captured::Pipes { readers, .. } = &mut self.captured {
+                    // The pipes close with the process, unless a child it
+                    // left behind holds them: wait for that a little only.
+                    let until = Instant::now() + Duration::from_secs(5);
+                    while readers.iter().any(|r| !r.is_finished()) && Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
                 return status;
             }
             if Instant::now() > deadline {
@@ -527,9 +550,7 @@ impl Running {
     /// Waits until stderr says the relay runs (its consumers registered).
     pub fn wait_started(&mut self) {
         super::wait_until("outboxd to start", WAIT, || {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("outboxd exited early ({status}):\n{}", self.stderr());
-            }
+            self.assert_alive();
             self.stderr().contains("outboxd running")
         });
     }
