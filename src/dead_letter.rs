@@ -26,8 +26,10 @@ use crate::router::Pattern;
 /// Rows changed per transaction by requeue and discard.
 const BATCH: usize = 1000;
 
-/// One dead-lettered event, as an operator sees it.
+/// One dead-lettered event, as an operator sees it (read with [`list`] or
+/// [`show`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct DeadLetter {
     /// The row id (what `show`, `requeue` and `discard` take).
     pub row_id: i64,

@@ -327,15 +327,20 @@ impl Enqueuer {
         }
         let Some(key) = e.idempotency_key.as_deref() else {
             // Only an idempotency key can make the insert a no-op.
-            return Err(Error::Database {
-                op: "enqueue an event",
-                source: rusqlite::Error::StatementChangedRows(inserted),
+            return Err(Error::Invariant {
+                what: format!(
+                    "an event without an idempotency key was not inserted ({inserted} rows)"
+                ),
             });
         };
+        // The insert met a conflict on the key inside this transaction, so
+        // the row holding it is there to read.
         existing_event(conn, e.tenant.as_deref(), key)?
             .map(Enqueued::Duplicate)
-            .ok_or_else(|| Error::NotFound {
-                what: format!("the event holding idempotency key {key:?}"),
+            .ok_or_else(|| Error::Invariant {
+                what: format!(
+                    "the event holding idempotency key {key:?} conflicted but cannot be read"
+                ),
             })
     }
 }

@@ -468,15 +468,7 @@ fn type_name(v: rusqlite::types::ValueRef<'_>) -> &'static str {
 
 /// Cuts long input in error messages so a hostile row cannot flood the log.
 fn truncate(s: &str) -> String {
-    const MAX: usize = 80;
-    if s.len() <= MAX {
-        return s.to_string();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    crate::text::clip(s, 80, crate::text::Keep::Head).into_owned()
 }
 
 #[cfg(test)]

@@ -100,6 +100,24 @@ pub enum Error {
         /// What was looked for ("event 01J…").
         what: String,
     },
+    /// Something outboxd relies on did not hold: a row it just wrote is
+    /// gone, or a statement that must change one row changed another
+    /// number. A bug, or another program changing outboxd's rows mid-way;
+    /// not a missing row the caller asked for (that is [`Error::NotFound`]).
+    #[error("internal inconsistency: {what}; please report it")]
+    Invariant {
+        /// What did not hold.
+        what: String,
+    },
+    /// A consumer name that neither the dedup ledger nor the caller knows
+    /// (a replay to a misspelt consumer would otherwise do nothing).
+    #[error("no consumer is named {name:?}; {}", known_list(known))]
+    UnknownConsumer {
+        /// The name given.
+        name: String,
+        /// The names the database (and the caller) know, sorted.
+        known: Vec<String>,
+    },
     /// The connection pool could not hand out a connection.
     #[error("cannot get a database connection from the pool: {0}")]
     Pool(#[from] r2d2::Error),
@@ -145,6 +163,14 @@ impl Error {
             self,
             Error::SchemaTooNew { .. } | Error::NotMigrated | Error::SchemaOutdated { .. }
         )
+    }
+}
+
+fn known_list(known: &[String]) -> String {
+    if known.is_empty() {
+        "no consumer has delivered any event in this database yet".into()
+    } else {
+        format!("known consumers: {}", known.join(", "))
     }
 }
 

@@ -78,8 +78,7 @@
 //! #     "event_id": outboxd::EventId::new().to_string(), "event_type": "article.created.v1",
 //! #     "event_version": 1, "causation_id": null, "correlation_id": null,
 //! #     "occurred_at": "2026-11-30T07:18:00Z", "payload": {"id": 7}})).unwrap();
-//! # let d = Delivery { envelope, attempt: 1, consumer: "comments".into(), legacy: false,
-//! #     tenant_id: Some("acme".into()), ordering_key: None };
+//! # let d = Delivery::new(envelope).consumer("comments").tenant_id(Some("acme".into()));
 //! assert_eq!(consumer.deliver(&d), Outcome::Delivered);
 //! // Delivered again (a crash before the relay recorded it): nothing is posted.
 //! assert_eq!(consumer.deliver(&d), Outcome::Delivered);
@@ -663,9 +662,8 @@ impl Intents {
             )
             .map_err(Error::db("claim an intent"))?;
         if n != 1 {
-            return Err(Error::Database {
-                op: "claim an intent",
-                source: rusqlite::Error::StatementChangedRows(n),
+            return Err(Error::Invariant {
+                what: format!("claiming {key} changed {n} rows under the write lock, not 1"),
             }
             .into());
         }
@@ -689,8 +687,11 @@ impl Intents {
             params![result, now, claim.id],
         )
         .map_err(Error::db("complete an intent"))?;
-        select(conn, &claim.key)?.ok_or_else(|| Error::NotFound {
-            what: format!("{} (row {}) after completing it", claim.key, claim.id),
+        select(conn, &claim.key)?.ok_or_else(|| Error::Invariant {
+            what: format!(
+                "{} (row {}) is gone right after completing it",
+                claim.key, claim.id
+            ),
         })
     }
 
@@ -769,8 +770,8 @@ fn insert_or_get(conn: &Connection, key: &IntentKey, now: Timestamp) -> Result<I
     )
     .and_then(|mut s| s.execute(params![key.tenant, key.key, key.marker(), now.as_millis()]))
     .map_err(Error::db("record an intent"))?;
-    Ok(select(conn, key)?.ok_or_else(|| Error::NotFound {
-        what: format!("{key} right after recording it"),
+    Ok(select(conn, key)?.ok_or_else(|| Error::Invariant {
+        what: format!("{key} is gone right after recording it"),
     })?)
 }
 
@@ -895,6 +896,20 @@ pub(crate) fn purge_completed_batch(
         older_than.as_millis(),
         i64::try_from(batch).unwrap_or(i64::MAX)
     ])
+}
+
+/// How many completed intents completed before `older_than` (what a purge
+/// with that cutoff would delete).
+pub(crate) fn count_completed_before(
+    conn: &Connection,
+    older_than: Timestamp,
+) -> rusqlite::Result<u64> {
+    conn.query_row(
+        "SELECT count(*) FROM publish_intents WHERE status = 'completed' AND completed_at < ?1",
+        [older_than.as_millis()],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n.max(0) as u64)
 }
 
 /// Deletes completed intents that completed before `older_than`, `batch`

@@ -365,6 +365,41 @@ fn replay_by_type_time_range_id_and_all() {
     assert_eq!(out, "replayed 6 events to consumer audit\n");
     assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (1, 0));
 
+    // 10.13: a consumer the database has never seen is an error listing
+    // the ones it knows (audit has no deliveries left, so it is not among
+    // them); with --config, the config's consumers are known too.
+    let pending = db.count("status = 'pending'");
+    let err = Outboxd::on(&db.path).fails(
+        &["replay", "--consumer", "indexr", "--all"],
+        INPUT,
+        "no consumer is named \"indexr\"",
+    );
+    assert!(err.contains("indexer"), "{err}");
+    assert_eq!(
+        db.count("status = 'pending'"),
+        pending,
+        "nothing was replayed"
+    );
+    let config = db.write(
+        "outboxd.toml",
+        "[[consumer]]\nname = \"audit\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"audit.jsonl\"\n",
+    );
+    let c = config.to_str().unwrap();
+    Outboxd::on(&db.path).fails(
+        &["replay", "--consumer", "audit", "--all"],
+        INPUT,
+        "no consumer is named \"audit\"",
+    );
+    let out = Outboxd::on(&db.path).expect(
+        &["replay", "--consumer", "audit", "--all", "--config", c],
+        OK,
+    );
+    assert_eq!(out, "replayed 0 events to consumer audit\n");
+    assert!(
+        !db.file("audit.jsonl").exists(),
+        "the config's sinks are not built"
+    );
+
     // No filter and no --all, a bad id, a bad time, an empty range.
     Outboxd::on(&db.path).fails(&["replay", "--consumer", "audit"], USAGE, "--all");
     Outboxd::on(&db.path).fails(
@@ -422,6 +457,22 @@ fn purge_dry_run_counts_and_purge_deletes() {
         [old],
     )
     .unwrap();
+    // Publish intents: one completed 40 days ago, one just now.
+    for k in ["comment/1", "comment/2"] {
+        let key = IntentKey::system(k).unwrap();
+        intents::send(
+            &conn,
+            &key,
+            |_| Ok::<_, String>(None),
+            |_| Ok("posted".to_string()),
+        )
+        .unwrap();
+    }
+    conn.execute(
+        "UPDATE publish_intents SET completed_at = ?1 WHERE idempotency_key = 'comment/1'",
+        params![now_ms() - 40 * DAY_MS],
+    )
+    .unwrap();
     drop(conn);
 
     let before = db.count("1 = 1");
@@ -429,15 +480,35 @@ fn purge_dry_run_counts_and_purge_deletes() {
     assert!(out.contains("would delete 3 delivered events"), "{out}");
     assert!(out.contains("would delete 6 dedup entries"), "{out}");
     assert!(out.contains("kept every dead letter"), "{out}");
+    // 10.15: purge says it deletes completed publish intents too.
+    assert!(
+        out.contains("would delete 1 completed publish intent (completed over 30d ago)"),
+        "{out}"
+    );
     let r = Outboxd::on(&db.path).json(
         &["purge", "--dry-run", "--json", "--dead-retention", "10d"],
         OK,
     );
     assert_eq!(
-        (&r["delivered"], &r["dead"], &r["dedup_entries"]),
-        (&3.into(), &1.into(), &6.into()),
+        (
+            &r["delivered"],
+            &r["dead"],
+            &r["dedup_entries"],
+            &r["intents"]
+        ),
+        (&3.into(), &1.into(), &6.into(), &1.into()),
         "{r}"
     );
+    let r = Outboxd::on(&db.path).json(
+        &["purge", "--dry-run", "--json", "--intent-retention", "1d"],
+        OK,
+    );
+    assert_eq!(r["intents"], 1, "{r}");
+    let r = Outboxd::on(&db.path).json(
+        &["purge", "--dry-run", "--json", "--intent-retention", "0s"],
+        OK,
+    );
+    assert_eq!(r["intents"], 2, "{r}");
     assert_eq!(db.count("1 = 1"), before, "a dry run deletes nothing");
 
     let out = Outboxd::on(&db.path).run(&["purge"]);
@@ -445,12 +516,17 @@ fn purge_dry_run_counts_and_purge_deletes() {
     assert!(out.stderr.is_empty(), "no progress bar off a terminal");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("deleted 3 delivered events"), "{text}");
+    assert!(
+        text.contains("deleted 1 completed publish intent "),
+        "{text}"
+    );
+    assert_eq!(db.scalar::<i64>("SELECT count(*) FROM publish_intents"), 1);
     assert_eq!(db.count("status = 'delivered'"), 3);
     assert_eq!(db.count("status = 'dead'"), 1, "dead letters are kept");
     assert_eq!(ledger(&db, "indexer") + ledger(&db, "audit"), 6);
 
     let out = Outboxd::on(&db.path).expect(&["purge", "--dead-retention", "10d"], OK);
-    assert!(out.contains("deleted 1 dead letters"), "{out}");
+    assert!(out.contains("deleted 1 dead letter "), "{out}");
     assert_eq!(db.count("status = 'dead'"), 0);
 
     // A dedup window shorter than the retention is refused, naming the flags.
@@ -459,19 +535,23 @@ fn purge_dry_run_counts_and_purge_deletes() {
         INPUT,
         "--dedup-ttl",
     );
-    // A retention so long it would wrap around into the future is refused.
-    Outboxd::on(&db.path).fails(
+    // 10.4: a retention so long that "now minus it" would wrap around into
+    // the future (and purge everything) keeps everything.
+    let out = Outboxd::on(&db.path).expect(
         &[
             "purge",
             "--delivered-retention",
             "200000000000d",
             "--dedup-ttl",
             "200000000000d",
+            "--intent-retention",
+            "200000000000d",
         ],
-        INPUT,
-        "100 years",
+        OK,
     );
+    assert!(out.contains("deleted 0 delivered events"), "{out}");
     assert_eq!(db.count("status = 'delivered'"), 3);
+    assert_eq!(ledger(&db, "indexer") + ledger(&db, "audit"), 6);
     // A longer retention alone raises the default dedup window with it.
     let out = Outboxd::on(&db.path).expect(&["purge", "--delivered-retention", "30d"], OK);
     assert!(out.contains("dedup entries (over 30d ago)"), "{out}");

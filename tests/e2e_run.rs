@@ -523,6 +523,57 @@ program = "./slow.sh"
     assert_eq!(sb.count("status = 'dead'"), 0);
 }
 
+/// 10.4: a `[purge] delivered_retention` so large that "now minus it" once
+/// wrapped around into the future (and purged every delivered row and its
+/// dedup entries) keeps every row. The relay's housekeeping (a purge batch,
+/// then the stale check) runs as it starts; a row due an hour ago behind
+/// one of its ordering key held by another relay's live lease (so never
+/// claimed here) makes the stale check log, which shows the tick, purge
+/// included, has run. The control, a 1s retention, shows this test sees a
+/// purge when there is one.
+#[test]
+fn a_huge_delivered_retention_in_the_config_purges_nothing() {
+    for (retention, purged) in [("200000000000d", false), ("1s", true)] {
+        let sb = Sandbox::migrated();
+        sb.enqueue(&[
+            event("order.placed.v1", Value::Null),
+            event("order.placed.v1", Value::Null),
+            event("order.placed.v1", Value::Null).ordering_key("k"),
+            event("order.placed.v1", Value::Null).ordering_key("k"),
+        ]);
+        let now = outboxd::Timestamp::now().as_millis();
+        let (day_ago, hour_ago, in_an_hour) = (now - 86_400_000, now - 3_600_000, now + 3_600_000);
+        sb.conn()
+            .execute_batch(&format!(
+                "UPDATE event_outbox SET status = 'delivered', finished_at = {day_ago} WHERE id < 3;
+                 UPDATE event_outbox SET claim_token = 'another-relay', lease_until = {in_an_hour},
+                        available_at = {in_an_hour} WHERE id = 3;
+                 UPDATE event_outbox SET available_at = {hour_ago} WHERE id = 4;"
+            ))
+            .unwrap();
+        let config = sb.write(
+            "outboxd.toml",
+            &format!(
+                "database = \"app.db\"\n\
+                 [purge]\ndelivered_retention = \"{retention}\"\ndedup_ttl = \"{retention}\"\n\
+                 [alerts]\nstale_after = \"1s\"\n{BASE_CONSUMER}"
+            ),
+        );
+        let mut run = sb.spawn(&["run", "--config", config.to_str().unwrap()]);
+        wait_until("the first housekeeping tick", WAIT, || {
+            run.assert_alive();
+            run.stderr().contains("stale events")
+        });
+        assert!(run.stop().success());
+        let old_left = sb.count(&format!("status = 'delivered' AND finished_at = {day_ago}"));
+        assert_eq!(
+            old_left,
+            if purged { 0 } else { 2 },
+            "retention {retention}"
+        );
+    }
+}
+
 /// `[alerts] max_dead` is checked as the relay starts (then every 30 s),
 /// with the same words as `status`.
 #[test]

@@ -112,17 +112,9 @@ fn replay_delivers_again_to_one_consumer_only() {
     relay.shutdown(LONG).unwrap();
 
     let mut conn = db.conn();
-    let filter = ReplayFilter {
-        consumer: "a".into(),
-        event_type: Some(Pattern::parse("a.*").unwrap()),
-        ..ReplayFilter::default()
-    };
+    let filter = ReplayFilter::new("a").event_type(Pattern::parse("a.*").unwrap());
     assert_eq!(replay(&mut conn, &filter, Timestamp::now()).unwrap(), 2);
-    let by_id = ReplayFilter {
-        consumer: "b".into(),
-        ids: vec![ids[2]],
-        ..ReplayFilter::default()
-    };
+    let by_id = ReplayFilter::new("b").ids([ids[2]]);
     assert_eq!(replay(&mut conn, &by_id, Timestamp::now()).unwrap(), 1);
     let relay = start();
     wait_until("replayed", LONG, || {
@@ -162,10 +154,7 @@ fn purge_removes_only_what_is_past_retention_and_never_pending_or_dead() {
         now - 15 * day,
     ))
     .unwrap();
-    let mut policy = PurgePolicy {
-        batch_size: 3,
-        ..PurgePolicy::default()
-    };
+    let mut policy = PurgePolicy::default().batch_size(3);
     let mut conn = db.conn();
     let dry = purge_dry_run(&conn, &policy, Timestamp::now()).unwrap();
     assert_eq!((dry.delivered, dry.dead, dry.dedup_entries), (4, 0, 1));

@@ -222,10 +222,7 @@ fn build_rejects_bad_settings_naming_the_setting_and_the_consumer() {
     let noop = |_: &Delivery| Outcome::Delivered;
     let one = || Relay::builder("x.db").consumer("a", ["a.b.v1"], noop);
     let quick = RetryPolicy::default().jitter(0.0);
-    let no_batch = PurgePolicy {
-        batch_size: 0,
-        ..PurgePolicy::default()
-    };
+    let no_batch = PurgePolicy::default().batch_size(0);
     type Case = (
         outboxd::RelayBuilder,
         Setting,

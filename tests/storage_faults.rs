@@ -273,13 +273,12 @@ fn workload(db: &Path, normal_sync: bool, persist: bool, clear: impl FnOnce()) -
         if settled {
             // Everything is finished: purge delivered rows and the ledger.
             run.purge_started = faultvfs::ops();
-            let policy = PurgePolicy {
-                delivered_retention: Duration::ZERO,
-                dedup_ttl: Duration::ZERO,
-                dead_retention: None,
-                intent_retention: Duration::ZERO,
-                batch_size: 2,
-            };
+            let policy = PurgePolicy::default()
+                .delivered_retention(Duration::ZERO)
+                .dedup_ttl(Duration::ZERO)
+                .dead_retention(None)
+                .intent_retention(Duration::ZERO)
+                .batch_size(2);
             let now = outboxd::Clock::now(&clock).plus(Duration::from_secs(1));
             if let Err(e) = outboxd::purge::purge(c, &policy, now) {
                 run.note(Surfaced::Lib(e));

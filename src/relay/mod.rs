@@ -52,21 +52,25 @@
 //! outcomes that arrive within the grace period, releases whatever is still
 //! leased after it, and ends.
 
-mod backoff;
 mod claim;
+mod housekeeping;
+mod metrics;
+mod plan;
+mod retry;
 mod worker;
 mod writer;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
 
-pub use backoff::{
+pub use crate::router::UnroutedPolicy;
+pub use metrics::{ConsumerMetrics, Metrics, MetricsSnapshot};
+pub use retry::{
     RetryPolicy, DEFAULT_JITTER, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_INITIAL,
     DEFAULT_RETRY_MAX_DELAY, MAX_RETRY_ATTEMPTS,
 };
@@ -75,7 +79,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::consumer::Consumer;
 use crate::error::{Error, Result, Setting, SettingError};
 use crate::purge::PurgePolicy;
-use crate::router::Pattern;
+use crate::router::{Pattern, Routes};
 
 /// Rows claimed per transaction by default.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
@@ -108,24 +112,13 @@ pub const MIN_HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(1);
 pub const MAX_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(86_400);
 /// The oldest due event may wait this long before the stale alert fires.
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(300);
-/// The grace period the handle's `Drop` gives in-flight deliveries.
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// The grace period a dropped [`RelayHandle`] gives in-flight deliveries
+/// (call [`RelayHandle::shutdown`] to choose another).
+pub const DEFAULT_DROP_GRACE: Duration = Duration::from_secs(10);
 
-/// What to do with an event no consumer subscribes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UnroutedPolicy {
-    /// Dead-letter it, saying no consumer takes its type (the default: it is
-    /// never dropped silently, and a consumer added later can requeue it).
-    #[default]
-    DeadLetter,
-    /// Mark it delivered and log it at INFO.
-    Skip,
-}
-
-/// A registered consumer.
+/// A registered consumer, as the workers run it.
 pub(crate) struct ConsumerEntry {
     pub name: String,
-    pub patterns: Vec<Pattern>,
     pub consumer: Box<dyn Consumer>,
     pub retry: RetryPolicy,
 }
@@ -141,13 +134,13 @@ pub(crate) struct Settings {
     pub housekeeping_interval: Duration,
     pub stale_after: Duration,
     pub purge: Option<PurgePolicy>,
-    pub unrouted: UnroutedPolicy,
 }
 
 /// Builds a [`Relay`]. Every setting has a named default; [`build`]
 /// validates them all and returns an error naming the first bad one.
 ///
 /// [`build`]: RelayBuilder::build
+#[must_use = "a builder does nothing until build() is called"]
 pub struct RelayBuilder {
     path: PathBuf,
     consumers: Vec<(String, Vec<String>, Box<dyn Consumer>)>,
@@ -317,6 +310,7 @@ impl RelayBuilder {
         }
         let mut names = HashSet::new();
         let mut consumers = Vec::with_capacity(self.consumers.len());
+        let mut patterns = Vec::with_capacity(self.consumers.len());
         for (position, (name, types, consumer)) in self.consumers.into_iter().enumerate() {
             validate_consumer_name(&name).map_err(|e| e.consumer_at(position))?;
             if !names.insert(name.clone()) {
@@ -338,7 +332,7 @@ impl RelayBuilder {
                 .consumer_at(position)
                 .into());
             }
-            let patterns = types
+            let parsed = types
                 .iter()
                 .enumerate()
                 .map(|(i, t)| {
@@ -350,9 +344,9 @@ impl RelayBuilder {
                     })
                 })
                 .collect::<std::result::Result<Vec<_>, _>>()?;
+            patterns.push(parsed);
             consumers.push(ConsumerEntry {
                 name,
-                patterns,
                 consumer,
                 retry: self.retry.clone(),
             });
@@ -386,9 +380,9 @@ impl RelayBuilder {
                 housekeeping_interval: self.housekeeping_interval,
                 stale_after: self.stale_after,
                 purge: self.purge,
-                unrouted: self.unrouted,
             },
             consumers,
+            routes: Routes::new(patterns, self.unrouted),
             clock: self.clock,
         })
     }
@@ -439,9 +433,11 @@ fn check_duration(setting: Setting, d: Duration, lo: Duration, hi: Duration) -> 
 }
 
 /// A configured relay, ready to [`start`](Relay::start).
+#[must_use = "a relay does nothing until it is started"]
 pub struct Relay {
     settings: Settings,
     consumers: Vec<ConsumerEntry>,
+    routes: Routes,
     clock: Arc<dyn Clock>,
 }
 
@@ -467,24 +463,73 @@ impl Relay {
     }
 
     /// Opens the write connection, checks the schema is current, and starts
-    /// the writer and worker threads.
+    /// the worker threads and the writer thread. Fails, with nothing left
+    /// running, when the database cannot be used or a thread cannot be
+    /// started ([`Error::Spawn`]).
     pub fn start(self) -> Result<RelayHandle> {
+        let Relay {
+            settings,
+            consumers,
+            routes,
+            clock,
+        } = self;
         let metrics = Arc::new(Metrics::new(
-            self.consumers.iter().map(|c| c.name.clone()).collect(),
+            consumers.iter().map(|c| c.name.clone()).collect(),
         ));
         let (control_tx, control_rx) = crossbeam_channel::bounded(64);
+        let (workers, flush_interval) = (settings.workers, settings.flush_interval);
+        let consumers = Arc::new(consumers);
         let writer = writer::Writer::open(
-            self.settings,
-            Arc::new(self.consumers),
-            self.clock,
+            settings,
+            consumers.clone(),
+            routes,
+            clock,
             metrics.clone(),
             control_rx,
         )?;
+        // The writer claims no more rows than this channel holds, so its
+        // sends never block; outcomes are unbounded, so a worker never blocks.
+        let (jobs_tx, jobs_rx) = crossbeam_channel::bounded(writer.capacity());
+        let (outcomes_tx, outcomes_rx) = crossbeam_channel::unbounded();
+        let mut pool = Vec::with_capacity(workers);
+        for n in 0..workers {
+            let (consumers, jobs, outcomes) =
+                (consumers.clone(), jobs_rx.clone(), outcomes_tx.clone());
+            let name = format!("outboxd-worker-{n}");
+            let spawned = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || worker::run(consumers, jobs, outcomes, flush_interval));
+            match spawned {
+                Ok(handle) => pool.push(handle),
+                Err(source) => {
+                    // A relay short of workers would claim rows it cannot
+                    // deliver: stop the ones started (they end when the jobs
+                    // channel closes) and report.
+                    drop(jobs_tx);
+                    for handle in pool {
+                        let _ = handle.join();
+                    }
+                    return Err(Error::Spawn {
+                        thread: name,
+                        source,
+                    });
+                }
+            }
+        }
+        drop(outcomes_tx);
+        let pool = writer::Pool {
+            jobs: jobs_tx,
+            unstarted: jobs_rx,
+            outcomes: outcomes_rx,
+            workers: pool,
+        };
+        // If this spawn fails, the closure (and with it the jobs sender) is
+        // dropped, and the workers end on their own.
         let thread = std::thread::Builder::new()
-            .name("outboxd-writer".into())
-            .spawn(move || writer.run())
+            .name(WRITER_THREAD.into())
+            .spawn(move || writer.run(pool))
             .map_err(|source| Error::Spawn {
-                thread: "outboxd-writer".into(),
+                thread: WRITER_THREAD.into(),
                 source,
             })?;
         Ok(RelayHandle {
@@ -495,6 +540,9 @@ impl Relay {
     }
 }
 
+/// The writer thread's name.
+const WRITER_THREAD: &str = "outboxd-writer";
+
 /// Messages from the handle to the writer.
 pub(crate) enum Control {
     Notify,
@@ -502,7 +550,9 @@ pub(crate) enum Control {
 }
 
 /// A running relay. Dropping it shuts the relay down with
-/// [`DEFAULT_SHUTDOWN_GRACE`] and waits for it.
+/// [`DEFAULT_DROP_GRACE`] and waits for it: keep it for as long as the
+/// relay should run.
+#[must_use = "dropping the handle stops the relay at once"]
 pub struct RelayHandle {
     control: Sender<Control>,
     thread: Option<JoinHandle<Result<()>>>,
@@ -549,7 +599,7 @@ impl RelayHandle {
         match self.thread.take() {
             Some(t) => t.join().unwrap_or_else(|panic| {
                 Err(Error::Panicked {
-                    thread: "outboxd-writer".into(),
+                    thread: WRITER_THREAD.into(),
                     message: worker::panic_message(&*panic),
                 })
             }),
@@ -561,110 +611,8 @@ impl RelayHandle {
 impl Drop for RelayHandle {
     fn drop(&mut self) {
         if self.thread.is_some() {
-            let _ = self.control.send(Control::Shutdown(DEFAULT_SHUTDOWN_GRACE));
+            let _ = self.control.send(Control::Shutdown(DEFAULT_DROP_GRACE));
             let _ = self.join_inner();
         }
-    }
-}
-
-/// Counters a host can read while the relay runs (see
-/// [`RelayHandle::metrics`]). All counts are since start.
-#[derive(Debug)]
-pub struct Metrics {
-    consumers: Vec<String>,
-    per_consumer: Vec<[AtomicU64; 3]>,
-    delivered: AtomicU64,
-    retried: AtomicU64,
-    dead_lettered: AtomicU64,
-    fenced_out: AtomicU64,
-    claimed: AtomicU64,
-    commits: AtomicU64,
-    busy_retries: AtomicU64,
-    errors: AtomicU64,
-    claim_micros_total: AtomicU64,
-    commit_micros_total: AtomicU64,
-    stale_events: AtomicU64,
-    oldest_due_ms: AtomicU64,
-}
-
-/// A copy of the relay's counters at one moment.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct MetricsSnapshot {
-    /// Events marked delivered (every consumer succeeded).
-    pub delivered: u64,
-    /// Retries scheduled.
-    pub retried: u64,
-    /// Events dead-lettered (poison, attempts spent, invalid, unrouted).
-    pub dead_lettered: u64,
-    /// Outcomes refused because the claim had passed to another relay.
-    pub fenced_out: u64,
-    /// Rows claimed.
-    pub claimed: u64,
-    /// Write transactions committed.
-    pub commits: u64,
-    /// Transactions retried after SQLITE_BUSY.
-    pub busy_retries: u64,
-    /// Write transactions that failed for another reason (and were retried).
-    pub errors: u64,
-    /// Total time spent in claim statements, in microseconds.
-    pub claim_micros_total: u64,
-    /// Total time spent in write transactions, in microseconds.
-    pub commit_micros_total: u64,
-    /// Due events older than the stale threshold at the last check.
-    pub stale_events: u64,
-    /// Age of the oldest due event at the last check, in milliseconds.
-    pub oldest_due_ms: u64,
-    /// Per consumer: (name, delivered, retry, poison) results.
-    pub per_consumer: Vec<(String, u64, u64, u64)>,
-}
-
-impl Metrics {
-    fn new(consumers: Vec<String>) -> Metrics {
-        let z = || AtomicU64::new(0);
-        Metrics {
-            per_consumer: consumers.iter().map(|_| [z(), z(), z()]).collect(),
-            consumers,
-            delivered: z(),
-            retried: z(),
-            dead_lettered: z(),
-            fenced_out: z(),
-            claimed: z(),
-            commits: z(),
-            busy_retries: z(),
-            errors: z(),
-            claim_micros_total: z(),
-            commit_micros_total: z(),
-            stale_events: z(),
-            oldest_due_ms: z(),
-        }
-    }
-
-    /// A copy of every counter.
-    pub fn snapshot(&self) -> MetricsSnapshot {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        MetricsSnapshot {
-            delivered: g(&self.delivered),
-            retried: g(&self.retried),
-            dead_lettered: g(&self.dead_lettered),
-            fenced_out: g(&self.fenced_out),
-            claimed: g(&self.claimed),
-            commits: g(&self.commits),
-            busy_retries: g(&self.busy_retries),
-            errors: g(&self.errors),
-            claim_micros_total: g(&self.claim_micros_total),
-            commit_micros_total: g(&self.commit_micros_total),
-            stale_events: g(&self.stale_events),
-            oldest_due_ms: g(&self.oldest_due_ms),
-            per_consumer: self
-                .consumers
-                .iter()
-                .zip(&self.per_consumer)
-                .map(|(n, c)| (n.clone(), g(&c[0]), g(&c[1]), g(&c[2])))
-                .collect(),
-        }
-    }
-
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
     }
 }

@@ -47,13 +47,14 @@ Exit codes:
   4  schema error: no outboxd schema (run `outboxd migrate`), or a schema
      older or newer than this binary
   5  invalid input: bad JSON, invalid event type, payload too large, an id
-     that is not found, a discard of several rows without --yes
+     that is not found, a consumer the database does not know, a discard of
+     several rows without --yes
   6  configuration error: a config file field is wrong, a sink cannot be
      built (missing program, bad URL, missing secret), the metrics address
      is in use; found at start-up, before any event is claimed
   7  internal error: a thread could not be started (the system's limit on
-     threads or memory was reached) or one of outboxd's threads panicked (a
-     bug: please report it with the log)
+     threads or memory was reached), or one of outboxd's threads panicked or
+     found its own data inconsistent (a bug: please report it with the log)
   130  `run` stopped by a second SIGINT/SIGTERM during its graceful shutdown";
 
 /// An error the binary raises itself, tagged with its exit code. Library
@@ -124,8 +125,9 @@ fn library(e: &outboxd::Error) -> Exit {
         | E::PayloadTooLarge { .. }
         | E::Payload(_)
         | E::InvalidSetting { .. }
-        | E::NotFound { .. } => Exit::Input,
-        E::Spawn { .. } | E::Panicked { .. } => Exit::Internal,
+        | E::NotFound { .. }
+        | E::UnknownConsumer { .. } => Exit::Input,
+        E::Spawn { .. } | E::Panicked { .. } | E::Invariant { .. } => Exit::Internal,
         _ => Exit::Database,
     }
 }
@@ -193,6 +195,15 @@ mod tests {
             message: "index out of bounds".into(),
         });
         assert_eq!(classify(&e), Exit::Internal);
+        let e = anyhow::Error::new(outboxd::Error::Invariant {
+            what: "a claimed row vanished".into(),
+        });
+        assert_eq!(classify(&e), Exit::Internal);
+        let e = anyhow::Error::new(outboxd::Error::UnknownConsumer {
+            name: "serch".into(),
+            known: vec!["search".into()],
+        });
+        assert_eq!(classify(&e), Exit::Input);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use anyhow::Result;
 use outboxd::connection::ReadMode;
 use outboxd::intents::{self, IntentStatus};
 use outboxd::schema::LATEST_VERSION;
+use outboxd::status::{Problem, Thresholds};
 use outboxd::Timestamp;
 use rusqlite::Connection;
 use serde::Serialize;
@@ -333,6 +334,16 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
         Ok(s) => s,
         Err(e) => return vec![Finding::failed("outbox", "read the outbox", e)],
     };
+    // Doctor warns on any dead letter; the thresholds are checked by the
+    // library, as for `status`.
+    let crossed = s.problems(&Thresholds::new(stale_after, Some(0)));
+    let stale = crossed.iter().find_map(|p| match p {
+        Problem::Stale { oldest_due_age, .. } => Some(*oldest_due_age),
+        _ => None,
+    });
+    let dead = crossed
+        .iter()
+        .any(|p| matches!(p, Problem::TooManyDead { .. }));
     let mut found = Vec::new();
     found.push(if s.expired_leases > 0 {
         Finding::new(
@@ -358,8 +369,8 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
             format!("no expired leases ({} live)", s.leases_held),
         )
     });
-    found.push(match s.oldest_due_age {
-        Some(age) if age > stale_after => Finding::new(
+    found.push(match (stale, s.oldest_due_age) {
+        (Some(age), _) => Finding::new(
             "stale-events",
             Severity::Warning,
             format!(
@@ -370,7 +381,7 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
             ),
         )
         .action("check that `outboxd run` is running and its consumers are reachable"),
-        Some(age) => Finding::ok(
+        (None, Some(age)) => Finding::ok(
             "stale-events",
             format!(
                 "{} due; the oldest has waited {}",
@@ -378,9 +389,9 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
                 human(age)
             ),
         ),
-        None => Finding::ok("stale-events", "no event is waiting"),
+        (None, None) => Finding::ok("stale-events", "no event is waiting"),
     });
-    found.push(if s.counts.dead > 0 {
+    found.push(if dead {
         Finding::new(
             "dead-letters",
             Severity::Warning,

@@ -151,10 +151,7 @@ fn json(i: &Intent, now: Timestamp) -> serde_json::Value {
 
 fn purge(global: &Global, args: &PurgeArgs) -> Result<Exit> {
     let conn = database::for_writing(&global.db)?;
-    let cutoff = Timestamp::from_millis(
-        Timestamp::now().as_millis()
-            - i64::try_from(args.older_than.as_millis()).unwrap_or(i64::MAX),
-    );
+    let cutoff = Timestamp::now().minus(args.older_than);
     let n = intents::purge_completed(&conn, cutoff, PURGE_BATCH)?;
     writeln!(
         std::io::stdout().lock(),

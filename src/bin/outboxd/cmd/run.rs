@@ -11,8 +11,9 @@ use outboxd::Timestamp;
 
 use super::{database, Global};
 use crate::args::parse_duration;
-use crate::config::{resolve_listen, Alerts, Config};
+use crate::config::{alerts, resolve_listen, Config};
 use crate::exit::{Exit, Failure};
+use outboxd::status::Thresholds;
 
 /// Shown under `outboxd run --help`.
 pub const EXAMPLES: &str = "\
@@ -85,7 +86,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     if !report.was_current() {
         tracing::info!(from = report.from, to = report.to, "migrated the database");
     }
-    let alerts = config.alerts.clone();
+    let alerts = config.alerts;
     let config_file = config
         .file
         .as_ref()
@@ -181,14 +182,15 @@ fn install_signal_handler() -> Result<Receiver<()>> {
 /// Logs when the dead letters cross `[alerts] max_dead` (and when they fall
 /// back); returns whether they are over it now. (Stale events: the relay
 /// logs them itself, against the same `[alerts] stale_after`.)
-fn check_dead_letters(db: &Path, alerts: &Alerts, was_over: bool) -> bool {
+fn check_dead_letters(db: &Path, thresholds: &Thresholds, was_over: bool) -> bool {
     let status = outboxd::connection::open_read_only(db)
         .and_then(|conn| outboxd::status::status(&conn, Timestamp::now()));
     match status {
         Ok(s) => {
-            let over = alerts
-                .check(&s)
-                .into_iter()
+            let over = s
+                .problems(thresholds)
+                .iter()
+                .map(alerts::describe)
                 .find(|p| p.threshold == "max-dead");
             match &over {
                 Some(p) if !was_over => tracing::warn!("{} (alerts.max_dead)", p.message),

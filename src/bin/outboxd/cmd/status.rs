@@ -12,8 +12,9 @@ use outboxd::Timestamp;
 use super::support::human;
 use super::{database, Global};
 use crate::args::parse_duration;
-use crate::config::{self, Alerts};
+use crate::config::{alerts, Config};
 use crate::exit::{Exit, Failure};
+use outboxd::status::Thresholds;
 
 /// Shown under `outboxd status --help`.
 pub const EXAMPLES: &str = "\
@@ -64,17 +65,13 @@ pub struct Args {
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let (db, mut alerts) = match &args.config {
         Some(file) => {
-            let (db, alerts) =
-                config::load_alerts(file).map_err(|e| Failure::config(e.to_string()))?;
-            (global.db_with_config(db.as_deref()), alerts)
+            let c = Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?;
+            (global.db_with_config(c.database.as_deref()), c.alerts)
         }
         // Without a config, any dead letter is a problem.
         None => (
             global.db.clone(),
-            Alerts {
-                max_dead: Some(0),
-                ..Alerts::default()
-            },
+            Thresholds::new(outboxd::relay::DEFAULT_STALE_AFTER, Some(0)),
         ),
     };
     if let Some(d) = args.stale_after {
@@ -85,7 +82,11 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     let (conn, mode) = database::for_inspection(&db)?;
     let status = outboxd::status::status(&conn, Timestamp::now())?;
-    let problems = alerts.check(&status);
+    let problems: Vec<_> = status
+        .problems(&alerts)
+        .iter()
+        .map(alerts::describe)
+        .collect();
     let note = database::read_mode_note(mode);
     let mut out = std::io::stdout().lock();
     if args.json {

@@ -35,6 +35,7 @@ use std::time::Duration;
 use outboxd::error::{Setting, SettingError};
 use outboxd::purge::PurgePolicy;
 use outboxd::relay::RelayBuilder;
+use outboxd::status::Thresholds;
 use outboxd::{Delivery, Outcome, Relay, RetryPolicy};
 use serde::Deserialize;
 
@@ -49,7 +50,6 @@ pub mod relay;
 pub mod retry;
 pub mod sink;
 
-pub use alerts::Alerts;
 pub use consumer::ConsumerSpec;
 pub use log::{LogFormat, LogSettings};
 pub use metrics::resolve_listen;
@@ -100,7 +100,7 @@ pub struct Config {
     /// The relay's TTL purge; None when disabled.
     pub purge: Option<PurgePolicy>,
     /// Alert thresholds.
-    pub alerts: Alerts,
+    pub alerts: Thresholds,
     /// Logging.
     pub log: LogSettings,
     /// Where to serve Prometheus metrics.
@@ -119,7 +119,7 @@ impl Config {
             relay: RelaySettings::default(),
             retry: RetryPolicy::default(),
             purge: Some(PurgePolicy::default()),
-            alerts: Alerts::default(),
+            alerts: Thresholds::default(),
             log: LogSettings::default(),
             metrics: None,
             consumers: vec![ConsumerSpec {
@@ -362,15 +362,32 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
     })
 }
 
-/// What `status` takes from a config file: the database (None when the
-/// file names none) and the `[alerts]` thresholds. The file is checked as
-/// `check-config` checks it, except that its sinks are not built, so no
-/// secret needs to be set and no file is created.
-pub fn load_alerts(file: &Path) -> Result<(Option<PathBuf>, Alerts), ConfigError> {
-    let text = read(file)?;
-    let raw = parse_raw(&text, file)?;
-    let s = check_settings(&Checker::new(file), &raw)?;
-    Ok((s.database, s.alerts))
+/// What the operator commands (`status`, `replay`) take from a config
+/// file, read by [`Config::load_without_sinks`].
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// The database, when the file names one.
+    pub database: Option<PathBuf>,
+    /// The `[alerts]` thresholds.
+    pub alerts: Thresholds,
+    /// The consumers' names.
+    pub consumers: Vec<String>,
+}
+
+impl Config {
+    /// Reads a config file for an operator command: checked as
+    /// `check-config` checks it, except that its sinks are not built, so no
+    /// secret needs to be set and no file is created.
+    pub fn load_without_sinks(file: &Path) -> Result<Summary, ConfigError> {
+        let text = read(file)?;
+        let raw = parse_raw(&text, file)?;
+        let s = check_settings(&Checker::new(file), &raw)?;
+        Ok(Summary {
+            database: s.database,
+            alerts: s.alerts,
+            consumers: raw.consumer.iter().map(|c| c.name.clone()).collect(),
+        })
+    }
 }
 
 /// A config's settings, checked: everything but the sinks.
@@ -379,7 +396,7 @@ struct Settings {
     relay: RelaySettings,
     retry: RetryPolicy,
     purge: Option<PurgePolicy>,
-    alerts: Alerts,
+    alerts: Thresholds,
     log: LogSettings,
     metrics: Option<SocketAddr>,
 }
@@ -397,7 +414,7 @@ fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigEr
         retry::apply(t, RetryPolicy::default())
     });
     let purge = purge::policy(&raw.purge);
-    let alerts = alerts::alerts(&raw.alerts);
+    let alerts = alerts::thresholds(&raw.alerts);
     let log = log::check(c, &raw.log)?;
     let metrics = metrics::check(c, &raw.metrics)?;
     let settings = RelayWide {
@@ -423,7 +440,7 @@ struct RelayWide<'a> {
     relay: &'a RelaySettings,
     retry: &'a RetryPolicy,
     purge: &'a Option<PurgePolicy>,
-    alerts: &'a Alerts,
+    alerts: &'a Thresholds,
 }
 
 impl RelayWide<'_> {

@@ -25,11 +25,12 @@ pub fn policy(p: &RawPurge) -> Option<PurgePolicy> {
         return None;
     }
     let d = PurgePolicy::default();
-    Some(PurgePolicy {
-        delivered_retention: p.delivered_retention.map_or(d.delivered_retention, |x| x.0),
-        dedup_ttl: p.dedup_ttl.map_or(d.dedup_ttl, |x| x.0),
-        dead_retention: p.dead_retention.map(|x| x.0),
-        intent_retention: p.intent_retention.map_or(d.intent_retention, |x| x.0),
-        batch_size: p.batch_size.unwrap_or(d.batch_size),
-    })
+    Some(
+        PurgePolicy::default()
+            .delivered_retention(p.delivered_retention.map_or(d.delivered_retention, |x| x.0))
+            .dedup_ttl(p.dedup_ttl.map_or(d.dedup_ttl, |x| x.0))
+            .dead_retention(p.dead_retention.map(|x| x.0))
+            .intent_retention(p.intent_retention.map_or(d.intent_retention, |x| x.0))
+            .batch_size(p.batch_size.unwrap_or(d.batch_size)),
+    )
 }

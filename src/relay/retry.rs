@@ -1,7 +1,11 @@
-//! Retry policies: how long a failed delivery waits, and when to give up.
+//! The retry rules: each consumer's policy (how long a failed delivery
+//! waits, when to give up) and the verdict that combines the outcomes of
+//! all the consumers a row was delivered to into one decision for the row.
 
 use std::time::Duration;
 
+use crate::clock::Timestamp;
+use crate::consumer::Outcome;
 use crate::error::{Setting, SettingError};
 
 /// When to try a failed delivery again: exponential backoff from `initial`,
@@ -151,10 +155,206 @@ impl RetryPolicy {
     }
 }
 
+/// One consumer's outcome for a row, with the policy that governs it.
+pub(crate) struct Report<'a> {
+    /// The consumer's name.
+    pub consumer: &'a str,
+    /// Its retry policy.
+    pub policy: &'a RetryPolicy,
+    /// What it reported.
+    pub outcome: &'a Outcome,
+}
+
+/// What becomes of a row once all its consumers have reported.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Verdict {
+    /// Every consumer succeeded.
+    Delivered,
+    /// Deliver again at `at` (to the consumers that failed: the others have
+    /// their ledger entries). `attempt` is the attempt that failed.
+    Retry {
+        at: Timestamp,
+        attempt: u32,
+        reason: String,
+    },
+    /// A consumer said poison: dead-letter now, spending no attempt.
+    Poison { reason: String },
+    /// A failing consumer has spent its attempts: dead-letter, counting this
+    /// attempt.
+    GaveUp { attempts: u32, reason: String },
+}
+
+/// Combines the reports of one row's delivery.
+///
+/// - Any poison dead-letters the row (the first poison's reason).
+/// - Otherwise any retry schedules one for the row, `failures_before + 1`
+///   failures in all: the row waits as long as the slowest retrying
+///   consumer's schedule (with jitter from `unit`, a draw in [0, 1) per
+///   retrying consumer) and at least any Retry-After a consumer gave.
+/// - When any retrying consumer's policy has no attempt left, the row is
+///   dead-lettered instead ("gave up after N attempts").
+pub(crate) fn verdict<'a>(
+    reports: impl IntoIterator<Item = Report<'a>>,
+    failures_before: u32,
+    now: Timestamp,
+    mut unit: impl FnMut() -> f64,
+) -> Verdict {
+    let failures = failures_before.saturating_add(1);
+    let mut retries: Vec<(&str, &str)> = Vec::new();
+    // Some(wait) while every retrying consumer has attempts left.
+    let mut wait = Some(Duration::ZERO);
+    for r in reports {
+        match r.outcome {
+            Outcome::Delivered => {}
+            Outcome::Poison { reason } => {
+                return Verdict::Poison {
+                    reason: format!("consumer {} rejected it as poison: {reason}", r.consumer),
+                }
+            }
+            Outcome::Retry { reason, after } => {
+                retries.push((r.consumer, reason));
+                let delay = r.policy.delay_with_jitter(failures, unit());
+                wait = match (wait, delay) {
+                    (Some(w), Some(d)) => Some(w.max(d).max(after.unwrap_or_default())),
+                    _ => None,
+                };
+            }
+        }
+    }
+    if retries.is_empty() {
+        return Verdict::Delivered;
+    }
+    let reason = retries
+        .iter()
+        .map(|(consumer, r)| format!("consumer {consumer}: {r}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    match wait {
+        Some(wait) => Verdict::Retry {
+            at: now.plus(wait),
+            attempt: failures,
+            reason,
+        },
+        None => Verdict::GaveUp {
+            attempts: failures,
+            reason: format!("gave up after {failures} attempts: {reason}"),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    const NOW: Timestamp = Timestamp::from_millis(1_000_000);
+
+    fn report<'a>(consumer: &'a str, policy: &'a RetryPolicy, outcome: &'a Outcome) -> Report<'a> {
+        Report {
+            consumer,
+            policy,
+            outcome,
+        }
+    }
+
+    #[test]
+    fn all_delivered_is_delivered_and_a_poison_wins_over_retries() {
+        let p = RetryPolicy::default();
+        let ok = Outcome::Delivered;
+        let retry = Outcome::retry("down");
+        let poison = Outcome::poison("bad payload");
+        let v = verdict([report("a", &p, &ok), report("b", &p, &ok)], 0, NOW, || 0.0);
+        assert_eq!(v, Verdict::Delivered);
+        let v = verdict(
+            [report("a", &p, &retry), report("b", &p, &poison)],
+            0,
+            NOW,
+            || 0.0,
+        );
+        assert_eq!(
+            v,
+            Verdict::Poison {
+                reason: "consumer b rejected it as poison: bad payload".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_retry_waits_for_the_slowest_schedule_and_any_retry_after() {
+        let fast = RetryPolicy::default()
+            .initial(Duration::from_secs(1))
+            .jitter(0.0);
+        let slow = RetryPolicy::default()
+            .initial(Duration::from_secs(60))
+            .jitter(0.0);
+        let down = Outcome::retry("down");
+        let later = Outcome::retry_after("busy", Duration::from_secs(600));
+        let v = verdict(
+            [report("a", &fast, &down), report("b", &slow, &down)],
+            0,
+            NOW,
+            || 0.0,
+        );
+        assert_eq!(
+            v,
+            Verdict::Retry {
+                at: NOW.plus(Duration::from_secs(60)),
+                attempt: 1,
+                reason: "consumer a: down; consumer b: down".into()
+            }
+        );
+        let v = verdict([report("a", &fast, &later)], 2, NOW, || 0.0);
+        let Verdict::Retry { at, attempt, .. } = v else {
+            panic!("{v:?}")
+        };
+        assert_eq!((at, attempt), (NOW.plus(Duration::from_secs(600)), 3));
+    }
+
+    #[test]
+    fn jitter_is_drawn_per_retrying_consumer() {
+        let p = RetryPolicy::default()
+            .initial(Duration::from_secs(100))
+            .jitter(0.5);
+        let down = Outcome::retry("down");
+        let mut draws = vec![0.0, 1.0].into_iter();
+        let v = verdict(
+            [report("a", &p, &down), report("b", &p, &down)],
+            0,
+            NOW,
+            || draws.next().unwrap(),
+        );
+        let Verdict::Retry { at, .. } = v else {
+            panic!("{v:?}")
+        };
+        assert_eq!(at, NOW.plus(Duration::from_secs(150)));
+    }
+
+    #[test]
+    fn a_consumer_out_of_attempts_gives_the_row_up_even_if_another_has_some_left() {
+        let two = RetryPolicy::default().max_attempts(2).jitter(0.0);
+        let ten = RetryPolicy::default().jitter(0.0);
+        let down = Outcome::retry("down");
+        let after = Outcome::retry_after("busy", Duration::from_secs(5));
+        // The first failure of a 2-attempt policy still retries...
+        assert!(matches!(
+            verdict([report("a", &two, &down)], 0, NOW, || 0.0),
+            Verdict::Retry { .. }
+        ));
+        // ...the second gives up, whatever the others (or Retry-After) say.
+        let v = verdict(
+            [report("a", &ten, &after), report("b", &two, &down)],
+            1,
+            NOW,
+            || 0.0,
+        );
+        assert_eq!(
+            v,
+            Verdict::GaveUp {
+                attempts: 2,
+                reason: "gave up after 2 attempts: consumer a: busy; consumer b: down".into()
+            }
+        );
+    }
 
     #[test]
     fn default_schedule_is_thirty_seconds_doubling_to_an_hour() {
