@@ -36,6 +36,26 @@ fn kill(db: &TestDb, sql_where: &str) {
         .unwrap();
 }
 
+/// Two completed publish intents, comment/1 completed 40 days ago and
+/// comment/2 just now.
+fn completed_intents(conn: &Connection) {
+    for k in ["comment/1", "comment/2"] {
+        let key = IntentKey::system(k).unwrap();
+        intents::send(
+            conn,
+            &key,
+            |_| Ok::<_, String>(None),
+            |_| Ok("posted".to_string()),
+        )
+        .unwrap();
+    }
+    conn.execute(
+        "UPDATE publish_intents SET completed_at = ?1 WHERE idempotency_key = 'comment/1'",
+        params![now_ms() - 40 * DAY_MS],
+    )
+    .unwrap();
+}
+
 /// Runs a relay with two consumers until every event is delivered.
 fn deliver_all(db: &TestDb) {
     let total = db.count("1 = 1");
@@ -457,22 +477,7 @@ fn purge_dry_run_counts_and_purge_deletes() {
         [old],
     )
     .unwrap();
-    // Publish intents: one completed 40 days ago, one just now.
-    for k in ["comment/1", "comment/2"] {
-        let key = IntentKey::system(k).unwrap();
-        intents::send(
-            &conn,
-            &key,
-            |_| Ok::<_, String>(None),
-            |_| Ok("posted".to_string()),
-        )
-        .unwrap();
-    }
-    conn.execute(
-        "UPDATE publish_intents SET completed_at = ?1 WHERE idempotency_key = 'comment/1'",
-        params![now_ms() - 40 * DAY_MS],
-    )
-    .unwrap();
+    completed_intents(&conn);
     drop(conn);
 
     let before = db.count("1 = 1");
@@ -758,22 +763,7 @@ fn intents_list_shows_open_intents_and_purge_deletes_old_completed_ones() {
         |_| Err("smtp said no".to_string()),
     );
     assert!(e.is_err());
-    for k in ["comment/1", "comment/2"] {
-        let key = IntentKey::system(k).unwrap();
-        intents::send(
-            &conn,
-            &key,
-            |_| Ok::<_, String>(None),
-            |_| Ok("posted".to_string()),
-        )
-        .unwrap();
-    }
-    // One completed intent is old.
-    conn.execute(
-        "UPDATE publish_intents SET completed_at = ?1 WHERE idempotency_key = 'comment/1'",
-        params![now_ms() - 40 * DAY_MS],
-    )
-    .unwrap();
+    completed_intents(&conn);
     drop(conn);
 
     let text = Outboxd::on(&db.path).expect(&["intents", "list"], OK);
