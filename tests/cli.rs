@@ -277,6 +277,14 @@ fn unknown_flags_are_usage_errors() {
     sb.fails(&["enqueue", "--tpye", "a.b.v1"], USAGE, "--tpye");
     sb.fails(&["enqueue"], USAGE, "--type");
     sb.fails(&["status", "--yaml"], USAGE, "--yaml");
+    // 10.16: a log level that is no level is refused, not taken as a target.
+    let err = sb.fails(&["--log-level", "verbose", "status"], USAGE, "verbose");
+    assert!(err.contains("allowed: error, warn"), "{err}");
+    sb.fails(
+        &["--log-level", "info,outboxd=loud", "status"],
+        USAGE,
+        "loud",
+    );
     sb.fails(&["launch"], USAGE, "launch");
     sb.fails(
         &[
@@ -354,13 +362,29 @@ fn an_oversized_payload_is_refused() {
         "larger than the limit of 8 bytes",
     );
     assert!(err.contains("--max-payload-bytes"), "{err}");
+    // From a file: its size.
+    let file = sb.write("big.json", "\"0123456789abcdef\"");
+    sb.fails(
+        &[
+            "enqueue",
+            "--type",
+            "a.b.v1",
+            "--payload-file",
+            file.to_str().unwrap(),
+            "--max-payload-bytes",
+            "8",
+        ],
+        INPUT,
+        "payload is 18 bytes, larger than the limit of 8 bytes",
+    );
     // The default limit is 1 MiB, from stdin too.
     let big = format!("\"{}\"", "x".repeat(1024 * 1024));
     sb.fails_with_stdin(
         &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
         big.as_bytes(),
         INPUT,
-        "larger than the limit of 1048576 bytes",
+        // 10.16: the actual size, not "more than the limit".
+        "payload is 1048578 bytes, larger than the limit of 1048576 bytes",
     );
     assert_eq!(outbox_rows(&sb.db()), 0);
     // Just under the limit is fine.

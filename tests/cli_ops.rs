@@ -246,6 +246,44 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
     assert_eq!(one["payload"], r#"{"n":2}"#, "{one}");
     assert!(one["reason"].as_str().unwrap().contains("no customer"));
 
+    // 10.15: an event id in lower case finds the row, whichever case the
+    // producer stored it in (the SQL contract accepts lower case).
+    let lower = ids[0].to_string().to_lowercase();
+    let text = Outboxd::on(&db.path).expect(&["dead", "show", &lower], OK);
+    assert!(text.contains(&ids[0].to_string()), "{text}");
+    let foreign = "01jdq7x6zb5n4q2w8v1k3m9t0r";
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload, status, last_error, finished_at)
+             VALUES (?1, 'order.paid.v1', 'null', 'dead', 'poison: legacy', 1)",
+            [foreign],
+        )
+        .unwrap();
+    for id in [foreign.to_string(), foreign.to_uppercase()] {
+        let text = Outboxd::on(&db.path).expect(&["dead", "show", &id], OK);
+        assert!(text.contains("poison: legacy"), "{id}: {text}");
+    }
+
+    // 10.16: `dead list` shows the end of a long reason, where its cause is.
+    db.conn()
+        .execute(
+            "UPDATE event_outbox SET last_error = ?1 WHERE event_id = ?2",
+            [
+                format!(
+                    "webhook https://hooks.example.com/x answered 500: {} THE CAUSE",
+                    "x".repeat(200)
+                ),
+                foreign.to_string(),
+            ],
+        )
+        .unwrap();
+    let text = Outboxd::on(&db.path).expect(&["dead", "list"], OK);
+    let line = text.lines().find(|l| l.contains(foreign)).unwrap();
+    assert!(
+        line.ends_with("xxx THE CAUSE") && line.contains('…'),
+        "{line}"
+    );
+
     // Not found: a clear message and exit code 5.
     Outboxd::on(&db.path).fails(&["dead", "show", "999"], INPUT, "not found");
     Outboxd::on(&db.path).fails(&["dead", "show", "not-an-id"], INPUT, "not-an-id");

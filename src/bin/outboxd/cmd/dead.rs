@@ -5,6 +5,7 @@ use std::io::Write;
 use anyhow::Result;
 use outboxd::dead_letter::{self, DeadLetter, Selector};
 use outboxd::router::Pattern;
+use outboxd::text::{clip, Keep};
 use outboxd::Timestamp;
 
 use super::support::{count, not_found};
@@ -29,7 +30,8 @@ const NOT_FOUND_HINT: &str = "see the dead letters with `outboxd dead list`";
 /// The `dead` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Args {
-    /// List dead letters, newest first: row id, event id, type, attempts, reason.
+    /// List dead letters, newest first: row id, event id, type, attempts, and
+    /// the end of the reason (where the cause is; `dead show` has it whole).
     #[command(after_help = LIST_HELP)]
     List(ListArgs),
     /// Show one dead letter in full: reason, attempts and payload.
@@ -178,7 +180,7 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
             d.event_type,
             d.attempts,
             d.dead_at.map_or_else(|| "-".into(), |t| t.to_string()),
-            one_line(d.reason.as_deref().unwrap_or("-"), 80)
+            reason_tail(d.reason.as_deref().unwrap_or("-"), 80)
         )?;
     }
     Ok(Exit::Ok)
@@ -257,13 +259,9 @@ fn dead_letters(n: u64) -> String {
     count(n, "dead letter", "dead letters")
 }
 
-/// The text on one line, cut to `max` characters.
-fn one_line(text: &str, max: usize) -> String {
+/// A reason on one line, cut to `max` bytes keeping its end: reasons lead
+/// with context ("webhook … answered 500: ") and end with the cause.
+fn reason_tail(text: &str, max: usize) -> String {
     let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() <= max {
-        return flat;
-    }
-    let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
-    cut.push('…');
-    cut
+    clip(&flat, max, Keep::Tail).into_owned()
 }

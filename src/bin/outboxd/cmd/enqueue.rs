@@ -121,8 +121,13 @@ fn build_event(args: &Args) -> Result<Event> {
     Ok(event)
 }
 
-/// Reads a payload file (`-` for stdin), stopping one byte past the limit so
-/// an endless stream cannot exhaust memory.
+/// How far past the limit an oversized payload is counted (not kept), to
+/// say its size: an endless stream on stdin must still end the command.
+const SIZE_COUNT_CAP: u64 = 1 << 30;
+
+/// Reads a payload file (`-` for stdin), keeping at most one byte past the
+/// limit so a huge or endless stream cannot exhaust memory; an oversized
+/// one is counted to the end (up to 1 GiB) so the error gives its size.
 fn read_payload(file: &Path, limit: usize) -> Result<String> {
     let name = if file == Path::new("-") {
         "stdin".to_string()
@@ -131,18 +136,25 @@ fn read_payload(file: &Path, limit: usize) -> Result<String> {
     };
     let cannot_read =
         |e: std::io::Error| Failure::input(format!("cannot read the payload from {name}: {e}"));
-    let reader: Box<dyn Read> = if file == Path::new("-") {
+    let mut reader: Box<dyn Read> = if file == Path::new("-") {
         Box::new(std::io::stdin().lock())
     } else {
         Box::new(std::fs::File::open(file).map_err(cannot_read)?)
     };
     let mut bytes = Vec::new();
-    reader
+    (&mut reader)
         .take(limit as u64 + 1)
         .read_to_end(&mut bytes)
         .map_err(cannot_read)?;
     if bytes.len() > limit {
-        return Err(too_large(format!("more than {limit}"), limit).into());
+        let rest = std::io::copy(&mut reader.take(SIZE_COUNT_CAP), &mut std::io::sink())
+            .map_err(cannot_read)?;
+        let size = if rest == SIZE_COUNT_CAP {
+            format!("more than {}", bytes.len() as u64 + rest)
+        } else {
+            (bytes.len() as u64 + rest).to_string()
+        };
+        return Err(too_large(size, limit).into());
     }
     String::from_utf8(bytes).map_err(|_| {
         Failure::input(format!(
