@@ -264,7 +264,8 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
         assert!(text.contains("poison: legacy"), "{id}: {text}");
     }
 
-    // 10.16: `dead list` shows the end of a long reason, where its cause is.
+    // 10.16: `dead list` shows a long reason's start and its end, where the
+    // cause is.
     db.conn()
         .execute(
             "UPDATE event_outbox SET last_error = ?1 WHERE event_id = ?2",
@@ -283,10 +284,144 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
         line.ends_with("xxx THE CAUSE") && line.contains('…'),
         "{line}"
     );
+    assert!(line.contains("webhook https://hook"), "{line}");
 
     // Not found: a clear message and exit code 5.
     Outboxd::on(&db.path).fails(&["dead", "show", "999"], INPUT, "not found");
     Outboxd::on(&db.path).fails(&["dead", "show", "not-an-id"], INPUT, "not-an-id");
+}
+
+/// 10.15: `dead edit` repairs a row a producer wrote that the relay could
+/// not read, checked as the relay checks a row, then requeues it; a repair
+/// that leaves the row unreadable changes nothing.
+#[test]
+fn dead_edit_repairs_a_malformed_row_and_requeues_it() {
+    let db = TestDb::new();
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload)
+             VALUES ('not-a-ulid', 'order.placed', '{bad json')",
+            [],
+        )
+        .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let run_relay = |until: &str| {
+        let seen = seen.clone();
+        let relay = Relay::builder(&db.path)
+            .consumer("indexer", ["*"], move |d: &Delivery| {
+                seen.lock().unwrap().push(d.envelope.clone());
+                Outcome::Delivered
+            })
+            .build()
+            .unwrap()
+            .start()
+            .unwrap();
+        wait_until(until, LONG, || db.count(until) == 1);
+        relay.shutdown(LONG).unwrap();
+    };
+    run_relay("status = 'dead'");
+    let reason: String = db.scalar("SELECT last_error FROM event_outbox");
+    assert!(reason.contains("invalid event type"), "{reason}");
+
+    let bin = Outboxd::on(&db.path);
+    // Still unreadable (the id, the payload): refused, nothing changed.
+    let err = bin.fails(
+        &["dead", "edit", "1", "--type", "order.placed.v1"],
+        INPUT,
+        "not-a-ulid",
+    );
+    assert!(err.contains("invalid event id"), "{err}");
+    let err = bin.fails(
+        &[
+            "dead",
+            "edit",
+            "1",
+            "--type",
+            "order.placed.v1",
+            "--new-event-id",
+        ],
+        INPUT,
+        "payload",
+    );
+    assert!(err.contains("JSON"), "{err}");
+    assert_eq!(
+        db.count("event_type = 'order.placed' AND event_id = 'not-a-ulid'"),
+        1
+    );
+    // The flags are checked before the database is touched.
+    bin.fails(
+        &["dead", "edit", "1", "--type", "Order.Placed"],
+        USAGE,
+        "Order.Placed",
+    );
+    bin.fails(&["dead", "edit", "1"], USAGE, "--type");
+    bin.fails(
+        &["dead", "edit", "999", "--type", "a.b.v1"],
+        INPUT,
+        "not found",
+    );
+    bin.fails(
+        &[
+            "dead",
+            "edit",
+            "1",
+            "--payload",
+            "\"0123456789\"",
+            "--max-payload-bytes",
+            "8",
+        ],
+        INPUT,
+        "payload is 12 bytes",
+    );
+
+    let out = bin.json(
+        &[
+            "dead",
+            "edit",
+            "1",
+            "--type",
+            "order.placed.v1",
+            "--payload",
+            "{\"id\": 7}",
+            "--new-event-id",
+            "--json",
+        ],
+        OK,
+    );
+    assert_eq!(out["event_type"], "order.placed.v1", "{out}");
+    assert_eq!(out["requeued"], false, "{out}");
+    assert_eq!(
+        out["changed"],
+        serde_json::json!(["event_id", "event_type", "payload"])
+    );
+    let id = out["event_id"].as_str().unwrap().to_string();
+    outboxd::EventId::parse(&id).unwrap();
+    assert_eq!(
+        db.count("status = 'dead' AND event_version = 1"),
+        1,
+        "still dead"
+    );
+    // By its new event id, in lower case: requeue as it is repaired.
+    let text = bin.expect(
+        &[
+            "dead",
+            "fix",
+            &id.to_lowercase(),
+            "--causation-id",
+            "cmd-1",
+            "--requeue",
+        ],
+        OK,
+    );
+    assert!(text.contains("requeued"), "{text}");
+    assert_eq!(db.count("status = 'pending' AND attempts = 0"), 1);
+
+    run_relay("status = 'delivered'");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].event_id.to_string(), id);
+    assert_eq!(seen[0].causation_id.as_deref(), Some("cmd-1"));
+    assert_eq!(seen[0].payload.get(), "{\"id\": 7}");
 }
 
 #[test]

@@ -52,7 +52,7 @@
 //! outcomes that arrive within the grace period, releases whatever is still
 //! leased after it, and ends.
 
-mod claim;
+pub(crate) mod claim;
 mod housekeeping;
 mod metrics;
 mod plan;

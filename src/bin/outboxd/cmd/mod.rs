@@ -15,6 +15,7 @@ pub mod doctor;
 pub mod enqueue;
 pub mod intents;
 pub mod migrate;
+pub mod payload;
 pub mod purge;
 pub mod replay;
 pub mod run;
