@@ -49,30 +49,35 @@ impl Delivery {
     }
 
     /// The attempt number (1 on the first try).
+    #[must_use]
     pub fn attempt(mut self, attempt: u32) -> Self {
         self.attempt = attempt;
         self
     }
 
     /// The consumer's name.
+    #[must_use]
     pub fn consumer(mut self, name: impl Into<String>) -> Self {
         self.consumer = name.into();
         self
     }
 
     /// Marks the delivery as one of a legacy row (no event id of its own).
+    #[must_use]
     pub fn legacy(mut self, legacy: bool) -> Self {
         self.legacy = legacy;
         self
     }
 
     /// The event's tenant.
+    #[must_use]
     pub fn tenant_id(mut self, tenant: Option<String>) -> Self {
         self.tenant_id = tenant;
         self
     }
 
     /// The event's ordering key.
+    #[must_use]
     pub fn ordering_key(mut self, key: Option<String>) -> Self {
         self.ordering_key = key;
         self

@@ -76,30 +76,35 @@ impl Default for PurgePolicy {
 
 impl PurgePolicy {
     /// How long delivered rows are kept after delivery.
+    #[must_use]
     pub fn delivered_retention(mut self, d: Duration) -> Self {
         self.delivered_retention = d;
         self
     }
 
     /// How long dedup ledger entries are kept (at least as long as delivered rows).
+    #[must_use]
     pub fn dedup_ttl(mut self, d: Duration) -> Self {
         self.dedup_ttl = d;
         self
     }
 
     /// How long dead letters are kept; None keeps them.
+    #[must_use]
     pub fn dead_retention(mut self, d: Option<Duration>) -> Self {
         self.dead_retention = d;
         self
     }
 
     /// How long completed publish intents are kept.
+    #[must_use]
     pub fn intent_retention(mut self, d: Duration) -> Self {
         self.intent_retention = d;
         self
     }
 
     /// Rows deleted per transaction.
+    #[must_use]
     pub fn batch_size(mut self, n: usize) -> Self {
         self.batch_size = n;
         self

@@ -75,24 +75,28 @@ impl ReplayFilter {
     }
 
     /// Only these event ids (none: any id).
+    #[must_use]
     pub fn ids(mut self, ids: impl IntoIterator<Item = EventId>) -> Self {
         self.ids = ids.into_iter().collect();
         self
     }
 
     /// Only event types matching `pattern`.
+    #[must_use]
     pub fn event_type(mut self, pattern: Pattern) -> Self {
         self.event_type = Some(pattern);
         self
     }
 
     /// Only events that occurred at or after `t`.
+    #[must_use]
     pub fn since(mut self, t: Timestamp) -> Self {
         self.since = Some(t);
         self
     }
 
     /// Only events that occurred before `t`.
+    #[must_use]
     pub fn until(mut self, t: Timestamp) -> Self {
         self.until = Some(t);
         self
@@ -101,6 +105,7 @@ impl ReplayFilter {
     /// Declares the consumers that exist (a config's consumers), so a
     /// replay to one of them that has no deliveries yet replays nothing
     /// rather than failing as [`Error::UnknownConsumer`].
+    #[must_use]
     pub fn known_consumers<I, S>(mut self, names: I) -> Self
     where
         I: IntoIterator<Item = S>,

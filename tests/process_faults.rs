@@ -30,7 +30,7 @@ use common::bin::{Outboxd, Running, Sandbox};
 use common::wait_until;
 use libtest_mimic::{Arguments, Trial};
 use outboxd::Event;
-use rand::Rng;
+use rand::RngExt;
 use rusqlite::Connection;
 
 const WAIT: Duration = Duration::from_secs(120);

@@ -33,24 +33,47 @@
 //!
 //! ## Threads and channels
 //!
-//! One **writer** thread owns the relay's only write connection. It claims
-//! batches of due rows, sends one job per row into a bounded `jobs` channel,
-//! and records the outcomes that come back on the `outcomes` channel, many
-//! per `BEGIN IMMEDIATE` transaction (group commit). **Workers** take jobs,
-//! run the consumers (catching panics) and send outcomes, in small groups
-//! while more jobs wait (so the writer wakes once per group); they never
-//! touch SQLite. Each write transaction records the outcomes gathered so
-//! far and claims the next batch in one go. While another connection is
-//! writing (seen through `data_version`), transactions shrink to 16 rows
-//! and the writer leaves the lock free for a millisecond after each, so a
-//! host's commit waits for one short transaction rather than a train. The writer claims no more rows than the `jobs` channel holds, so
-//! its sends never block; `outcomes` is unbounded, so a worker never blocks
-//! either. A `control` channel carries `notify` and `shutdown` from the
-//! handle. Shutdown: the writer stops claiming, takes the jobs no worker has
-//! started back out of the channel and releases their leases, drops the
-//! jobs sender (so each worker ends after its current job), records the
-//! outcomes that arrive within the grace period, releases whatever is still
-//! leased after it, and ends.
+//! [`Relay::start`] starts the **workers** and then one **writer** thread,
+//! which owns the relay's only write connection; if any thread cannot
+//! start, nothing is left running and `start` fails.
+//!
+//! - The writer claims batches of due rows and sends one job per row into a
+//!   bounded `jobs` channel. It claims no more rows than that channel
+//!   holds, so its sends never block.
+//! - Workers take jobs, run the consumers (catching panics) and send the
+//!   outcomes back on the unbounded `outcomes` channel, so a worker never
+//!   blocks either. A worker that has more jobs waiting holds its outcomes
+//!   briefly and sends them as a group, so the writer wakes once per group.
+//!   Workers never touch SQLite.
+//! - The writer records the outcomes gathered so far, extends leases that
+//!   are half spent, and claims the next batch, all in one `BEGIN
+//!   IMMEDIATE` transaction (group commit).
+//! - A `control` channel carries `notify` and `shutdown` from the handle.
+//!
+//! While another connection is writing (seen through `data_version`), the
+//! writer's transactions carry at most 16 rows, and after a full one it
+//! leaves the lock free for a millisecond, so a host's commit waits for one
+//! short transaction rather than a train of them.
+//!
+//! Shutdown: the writer stops claiming, takes the jobs no worker has started
+//! back out of the channel and releases their leases, drops the jobs sender
+//! (so each worker ends after its current job), records the outcomes that
+//! arrive within the grace period, releases whatever is still leased after
+//! it, and ends.
+//!
+//! ## Where each decision lives
+//!
+//! - `writer`: the thread, its state and the SQL transaction; no policy.
+//! - `plan`: whether to write now, and what (claim, record, heartbeat).
+//! - [`router`](crate::router): which consumers take a claimed row, and what
+//!   happens to one nobody takes ([`UnroutedPolicy`]).
+//! - [`dedup`](crate::dedup): which of them had the event already.
+//! - `retry`: [`RetryPolicy`] and the verdict over a row's outcomes
+//!   (delivered, retry when, or dead letter and why).
+//! - `housekeeping`: purge ticks, WAL checkpoint, the stale check.
+//! - `claim`: the claim statement and the token-fenced writes.
+//! - `worker`: running consumers.
+//! - `metrics`: the counters behind [`RelayHandle::metrics`].
 
 pub(crate) mod claim;
 mod housekeeping;
@@ -495,13 +518,12 @@ impl Relay {
         for n in 0..workers {
             let (consumers, jobs, outcomes) =
                 (consumers.clone(), jobs_rx.clone(), outcomes_tx.clone());
-            let name = format!("outboxd-worker-{n}");
-            let spawned = std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || worker::run(consumers, jobs, outcomes, flush_interval));
+            let spawned = spawn(format!("outboxd-worker-{n}"), move || {
+                worker::run(consumers, jobs, outcomes, flush_interval)
+            });
             match spawned {
                 Ok(handle) => pool.push(handle),
-                Err(source) => {
+                Err(e) => {
                     // A relay short of workers would claim rows it cannot
                     // deliver: stop the ones started (they end when the jobs
                     // channel closes) and report.
@@ -509,10 +531,7 @@ impl Relay {
                     for handle in pool {
                         let _ = handle.join();
                     }
-                    return Err(Error::Spawn {
-                        thread: name,
-                        source,
-                    });
+                    return Err(e);
                 }
             }
         }
@@ -525,13 +544,7 @@ impl Relay {
         };
         // If this spawn fails, the closure (and with it the jobs sender) is
         // dropped, and the workers end on their own.
-        let thread = std::thread::Builder::new()
-            .name(WRITER_THREAD.into())
-            .spawn(move || writer.run(pool))
-            .map_err(|source| Error::Spawn {
-                thread: WRITER_THREAD.into(),
-                source,
-            })?;
+        let thread = spawn(WRITER_THREAD.into(), move || writer.run(pool))?;
         Ok(RelayHandle {
             control: control_tx,
             thread: Some(thread),
@@ -542,6 +555,28 @@ impl Relay {
 
 /// The writer thread's name.
 const WRITER_THREAD: &str = "outboxd-writer";
+
+/// Starts a named thread of the relay.
+fn spawn<T, F>(name: String, f: F) -> Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    #[cfg(test)]
+    if tests::spawn_fails(&name) {
+        return Err(Error::Spawn {
+            thread: name,
+            source: std::io::Error::other("refused by the test"),
+        });
+    }
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(f)
+        .map_err(|source| Error::Spawn {
+            thread: name,
+            source,
+        })
+}
 
 /// Messages from the handle to the writer.
 pub(crate) enum Control {
@@ -573,8 +608,9 @@ impl RelayHandle {
         self.join_inner()
     }
 
-    /// Waits until the relay stops (after a shutdown from another handle
-    /// clone is impossible, so this is for a relay whose writer failed).
+    /// Waits for the relay to stop without asking it to. The writer ends by
+    /// itself only when it fails ([`Error::Panicked`]): pair it with
+    /// [`is_finished`](Self::is_finished) to notice a relay that died.
     pub fn join(mut self) -> Result<()> {
         self.join_inner()
     }
@@ -614,5 +650,69 @@ impl Drop for RelayHandle {
             let _ = self.control.send(Control::Shutdown(DEFAULT_DROP_GRACE));
             let _ = self.join_inner();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+    use crate::consumer::{Delivery, Outcome};
+
+    thread_local! {
+        /// The thread whose start `Relay::start` on this thread fails.
+        static REFUSE: RefCell<Option<String>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn spawn_fails(name: &str) -> bool {
+        REFUSE.with(|r| r.borrow().as_deref() == Some(name))
+    }
+
+    /// Regression (issue 10): a worker that could not start was logged and
+    /// the relay ran on, claiming and heart-beating rows it had too few
+    /// workers for (with none, forever); a writer that could not start was
+    /// reported as an invalid setting. Now `start` fails with the thread's
+    /// name, and nothing runs.
+    #[test]
+    fn a_relay_that_cannot_start_a_thread_stops_and_says_which() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut conn = crate::connection::open(&path).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        crate::Enqueuer::new()
+            .allow_autocommit(true)
+            .enqueue(&conn, &crate::Event::new("a.b.v1", &1).unwrap())
+            .unwrap();
+        for thread in ["outboxd-worker-0", "outboxd-worker-2", WRITER_THREAD] {
+            REFUSE.with(|r| *r.borrow_mut() = Some(thread.to_string()));
+            let (seen_tx, seen) = crossbeam_channel::unbounded();
+            let started = Relay::builder(&path)
+                .consumer("a", ["*"], move |_: &Delivery| {
+                    seen_tx.send(()).unwrap();
+                    Outcome::Delivered
+                })
+                .workers(3)
+                .build()
+                .unwrap()
+                .start();
+            let Err(Error::Spawn { thread: name, .. }) = &started else {
+                panic!("start must fail when {thread} cannot start");
+            };
+            assert_eq!(name, thread);
+            assert!(started.err().unwrap().to_string().contains(thread));
+            // Nothing claimed, nothing delivered: the relay never ran.
+            let touched: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM event_outbox
+                      WHERE claim_token IS NOT NULL OR status <> 'pending'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(touched, 0, "{thread}");
+            assert!(seen.try_recv().is_err(), "{thread}");
+        }
+        REFUSE.with(|r| *r.borrow_mut() = None);
     }
 }

@@ -117,7 +117,9 @@ fn deliver(entry: &ConsumerEntry, job: &Job) -> Outcome {
         });
     match &outcome {
         Outcome::Delivered => tracing::debug!("delivered"),
-        Outcome::Retry { reason, .. } => tracing::warn!(%reason, "delivery failed, will retry"),
+        // Whether it is tried again is the writer's verdict (the retries may
+        // be spent), logged once it is recorded.
+        Outcome::Retry { reason, .. } => tracing::warn!(%reason, "delivery failed"),
         Outcome::Poison { reason } => {
             tracing::warn!(%reason, "consumer rejected the event as poison")
         }

@@ -181,7 +181,7 @@ impl Note {
                 attempt,
                 at,
             } => {
-                tracing::info!(row_id, %event_id, attempt, retry_at = %at, "delivery failed; will retry")
+                tracing::info!(row_id, %event_id, attempt, retry_at = %at, "retry scheduled: will retry")
             }
             Note::Poison {
                 row_id,

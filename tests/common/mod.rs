@@ -118,3 +118,6 @@ impl Recorder {
         self.seen.lock().unwrap().len()
     }
 }
+
+/// Starting relays in tests: `db.relay()…started()`, `stop`, `Gate`.
+pub mod relay;

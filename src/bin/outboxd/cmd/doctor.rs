@@ -423,10 +423,7 @@ fn open_intents(conn: &Connection, now: Timestamp) -> Finding {
         .count();
     let abandoned = open
         .iter()
-        .filter(|i| {
-            i.claimed_until(intents::DEFAULT_LEASE)
-                .is_some_and(|until| until <= now)
-        })
+        .filter(|i| i.claimed_until().is_some_and(|until| until <= now))
         .count();
     if failed + abandoned > 0 {
         Finding::new(

@@ -117,7 +117,7 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
 
 /// What an operator should know about an open intent.
 fn note(i: &Intent, now: Timestamp) -> String {
-    match (i.status, i.claimed_until(intents::DEFAULT_LEASE)) {
+    match (i.status, i.claimed_until()) {
         (IntentStatus::Failed, _) => format!(
             "failed: {}",
             i.last_error.as_deref().unwrap_or("(no reason recorded)")
@@ -144,7 +144,7 @@ fn json(i: &Intent, now: Timestamp) -> serde_json::Value {
         "last_error": i.last_error,
         "created_at": i.created_at,
         "updated_at": i.updated_at,
-        "claimed_until": i.claimed_until(intents::DEFAULT_LEASE),
+        "claimed_until": i.claimed_until(),
         "note": note(i, now),
     })
 }
