@@ -36,6 +36,7 @@
 //! - [`clock`]: time as an input.
 //! - [`status`]: a read-only snapshot of the outbox for operators.
 //! - [`intents`]: publish intents, outside writes that are never posted twice.
+//! - [`repair`]: fixing a malformed dead letter's columns, checked as the relay would.
 //! - [`text`]: clipping text others wrote before it goes into a message or a dead letter.
 //! - [`sinks`] (feature `sinks`): ready-made consumers: JSON lines, a child program, a webhook.
 #![warn(missing_docs)]
@@ -51,6 +52,7 @@ pub mod error;
 pub mod intents;
 pub mod purge;
 pub mod relay;
+pub mod repair;
 pub mod replay;
 pub mod router;
 pub mod schema;

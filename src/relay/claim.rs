@@ -104,8 +104,9 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
 }
 
 /// A timestamp column. The schema's CHECK keeps these INTEGER milliseconds;
-/// anything else is reported rather than trusted.
-fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, EnvelopeError> {
+/// anything else is reported rather than trusted. (Also the repair's check,
+/// [`crate::repair`].)
+pub(crate) fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, EnvelopeError> {
     // Only the times an envelope can carry (see check_time).
     match v {
         ValueRef::Integer(ms) => check_time(ms, column),

@@ -75,7 +75,7 @@
 //! - `worker`: running consumers.
 //! - `metrics`: the counters behind [`RelayHandle::metrics`].
 
-mod claim;
+pub(crate) mod claim;
 mod housekeeping;
 mod metrics;
 mod plan;
