@@ -32,6 +32,9 @@ use serde::Deserialize;
 
 use crate::args::parse_duration;
 
+mod http;
+pub use http::{HttpServe, HttpSettings};
+
 /// How long in-flight deliveries may finish after SIGINT or SIGTERM, unless
 /// configured. Below the packaged systemd unit's `TimeoutStopSec=40`.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -203,6 +206,8 @@ pub struct Config {
     pub log: LogSettings,
     /// Where to serve Prometheus metrics.
     pub metrics: Option<SocketAddr>,
+    /// `[http]`: the console, metrics and health check.
+    pub http: HttpSettings,
     /// The consumers, at least one.
     pub consumers: Vec<ConsumerSpec>,
 }
@@ -230,6 +235,7 @@ impl Config {
             },
             log: LogSettings::default(),
             metrics: None,
+            http: HttpSettings::default(),
             consumers: vec![ConsumerSpec {
                 name: "stdout".into(),
                 types: vec!["*".into()],
@@ -318,6 +324,8 @@ struct RawConfig {
     log: RawLog,
     #[serde(default)]
     metrics: RawMetrics,
+    #[serde(default)]
+    http: http::RawHttp,
     #[serde(default)]
     consumer: Vec<RawConsumer>,
 }
@@ -699,6 +707,9 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
         Some(addr) => Some(resolve_listen(addr).map_err(|m| c.err("metrics.listen", m))?),
     };
 
+    // [http]
+    let http = raw.http.validate().map_err(|(f, m)| c.err(f, m))?;
+
     // [[consumer]]
     if raw.consumer.is_empty() {
         return Err(c.err(
@@ -797,6 +808,7 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
             format: raw.log.format,
         },
         metrics,
+        http,
         consumers,
     })
 }

@@ -47,26 +47,21 @@ pub struct Args {
 
 /// A crossed threshold.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-struct Problem {
+pub struct Problem {
     /// Which threshold: "stale-after" or "max-dead".
-    threshold: &'static str,
+    pub threshold: &'static str,
     /// What was found and what to do.
-    message: String,
+    pub message: String,
 }
 
 /// Prints a snapshot of the outbox; exit 1 when a threshold is crossed.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let conn = outboxd::connection::open_read_only(&global.db)?;
     let status = outboxd::status::status(&conn, Timestamp::now())?;
-    let problems = problems(&status, args);
+    let problems = problems(&status, args.stale_after, args.max_dead);
     let mut out = std::io::stdout().lock();
     if args.json {
-        let mut value = serde_json::to_value(&status)?;
-        if let Some(map) = value.as_object_mut() {
-            map.insert("healthy".into(), problems.is_empty().into());
-            map.insert("problems".into(), serde_json::to_value(&problems)?);
-        }
-        serde_json::to_writer(&mut out, &value)?;
+        serde_json::to_writer(&mut out, &json(&status, &problems)?)?;
         writeln!(out)?;
     } else {
         write_text(&mut out, &global.db.display().to_string(), &status)?;
@@ -86,26 +81,39 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     })
 }
 
-fn problems(s: &Status, args: &Args) -> Vec<Problem> {
+/// `status --json`: the status with "healthy" and "problems" (also the body
+/// of the console's /healthz).
+pub fn json(status: &Status, problems: &[Problem]) -> serde_json::Result<serde_json::Value> {
+    let mut value = serde_json::to_value(status)?;
+    if let Some(map) = value.as_object_mut() {
+        map.insert("healthy".into(), problems.is_empty().into());
+        map.insert("problems".into(), serde_json::to_value(problems)?);
+    }
+    Ok(value)
+}
+
+/// The thresholds `s` crosses: the health verdict of `status` (and of the
+/// console's overview and /healthz).
+pub fn problems(s: &Status, stale_after: Duration, max_dead: u64) -> Vec<Problem> {
     let mut found = Vec::new();
-    if let Some(age) = s.oldest_due_age.filter(|age| *age > args.stale_after) {
+    if let Some(age) = s.oldest_due_age.filter(|age| *age > stale_after) {
         found.push(Problem {
             threshold: "stale-after",
             message: format!(
                 "the oldest due event has waited {} (more than {}); is `outboxd run` \
                  running and able to deliver? `outboxd doctor` checks for expired leases",
                 human(age),
-                human(args.stale_after)
+                human(stale_after)
             ),
         });
     }
-    if s.counts.dead > args.max_dead {
+    if s.counts.dead > max_dead {
         found.push(Problem {
             threshold: "max-dead",
             message: format!(
                 "{} dead letters (more than {}); see them with `outboxd dead list`, then \
                  `outboxd dead requeue` or `outboxd dead discard`",
-                s.counts.dead, args.max_dead
+                s.counts.dead, max_dead
             ),
         });
     }
