@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use super::resolve_listen;
+use super::{resolve_listen, Checker, ConfigError};
 
 /// The shortest token accepted: shorter ones can be guessed.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -64,36 +64,32 @@ impl std::fmt::Debug for HttpServe {
     }
 }
 
-impl RawHttp {
-    /// Checks the section; an error is (field path, message). The token
-    /// itself is read and checked against the address by
-    /// [`HttpSettings::serve`], so `check-config` reports a missing one too.
-    pub fn validate(self) -> Result<HttpSettings, (String, String)> {
-        let listen = match &self.listen {
-            None => None,
-            Some(a) => Some(resolve_listen(a).map_err(|m| ("http.listen".to_string(), m))?),
-        };
-        if let Some(name) = &self.token_env {
-            if name.is_empty() || name.contains('=') || name.contains('\0') {
-                return Err((
-                    "http.token_env".into(),
-                    format!(
-                        "{name:?} is not an environment variable name; name the variable \
-                         that holds the token, such as OUTBOXD_HTTP_TOKEN"
-                    ),
-                ));
-            }
+/// Checks `[http]`. The token is read and checked against the address here
+/// too (so `check-config` reports a missing one), and again by
+/// [`HttpSettings::serve`] once `--http` may have changed the address.
+pub fn check(c: &Checker<'_>, raw: RawHttp) -> Result<HttpSettings, ConfigError> {
+    let listen = match &raw.listen {
+        None => None,
+        Some(a) => Some(resolve_listen(a).map_err(|m| c.err("http.listen", m))?),
+    };
+    if let Some(name) = &raw.token_env {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(c.err(
+                "http.token_env",
+                format!(
+                    "{name:?} is not an environment variable name; name the variable that \
+                     holds the token, such as OUTBOXD_HTTP_TOKEN"
+                ),
+            ));
         }
-        let settings = HttpSettings {
-            listen,
-            token_env: self.token_env,
-            read_only: self.read_only.unwrap_or(false),
-        };
-        settings
-            .serve(None)
-            .map_err(|(field, m)| (field.to_string(), m))?;
-        Ok(settings)
     }
+    let settings = HttpSettings {
+        listen,
+        token_env: raw.token_env,
+        read_only: raw.read_only.unwrap_or(false),
+    };
+    settings.serve(None).map_err(|(field, m)| c.err(field, m))?;
+    Ok(settings)
 }
 
 impl HttpSettings {
@@ -151,44 +147,46 @@ impl HttpSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::tests::{parse, STDOUT};
 
-    fn raw(listen: &str, token_env: Option<&str>) -> RawHttp {
-        RawHttp {
-            listen: Some(listen.into()),
-            token_env: token_env.map(str::to_string),
-            read_only: None,
+    fn http(listen: &str, token_env: Option<&str>) -> Result<HttpSettings, ConfigError> {
+        let mut text = format!("{STDOUT}[http]\nlisten = \"{listen}\"\n");
+        if let Some(t) = token_env {
+            text.push_str(&format!("token_env = \"{t}\"\n"));
         }
+        parse(&text).map(|c| c.http)
     }
 
     #[test]
     fn loopback_needs_no_token() {
-        let s = raw("127.0.0.1:9464", None).validate().unwrap();
+        let s = http("127.0.0.1:9464", None).unwrap();
         let serve = s.serve(None).unwrap().unwrap();
         assert_eq!(serve.listen.to_string(), "127.0.0.1:9464");
         assert!(serve.token.is_none() && !serve.read_only);
         let serve = s.serve(Some("[::1]:1".parse().unwrap())).unwrap().unwrap();
         assert_eq!(serve.listen.to_string(), "[::1]:1", "--http wins");
+        assert_eq!(parse(STDOUT).unwrap().http, HttpSettings::default());
     }
 
     #[test]
     fn another_address_without_a_token_is_refused() {
-        let (field, msg) = raw("0.0.0.0:9464", None).validate().unwrap_err();
-        assert_eq!(field, "http.listen");
-        assert!(msg.contains("not a loopback address"), "{msg}");
-        // An override from the command line is checked the same way.
-        let s = HttpSettings::default();
-        let (field, _) = s.serve(Some("0.0.0.0:1".parse().unwrap())).unwrap_err();
+        let e = http("0.0.0.0:9464", None).unwrap_err();
+        assert_eq!(e.field, "http.listen");
+        assert!(e.message.contains("not a loopback address"), "{e}");
+        // An address from the command line is checked the same way.
+        let (field, _) = HttpSettings::default()
+            .serve(Some("0.0.0.0:1".parse().unwrap()))
+            .unwrap_err();
         assert_eq!(field, "http.listen");
     }
 
     #[test]
     fn the_token_variable_must_hold_a_long_token() {
-        let name = "OUTBOXD_TEST_HTTP_TOKEN_UNSET_7f3a";
-        let (field, msg) = raw("0.0.0.0:9464", Some(name)).validate().unwrap_err();
-        assert_eq!(field, "http.token_env");
-        assert!(msg.contains("not set"), "{msg}");
-        let (field, _) = raw("127.0.0.1:1", Some("A=B")).validate().unwrap_err();
-        assert_eq!(field, "http.token_env");
+        let e = http("0.0.0.0:9464", Some("OUTBOXD_TEST_HTTP_TOKEN_UNSET_7f3a")).unwrap_err();
+        assert_eq!(e.field, "http.token_env");
+        assert!(e.message.contains("not set"), "{e}");
+        let e = http("127.0.0.1:1", Some("A=B")).unwrap_err();
+        assert_eq!(e.field, "http.token_env");
     }
 
     #[test]
