@@ -213,6 +213,11 @@ pub fn svg(series: &Series) -> Markup {
                 @for points in runs(*pick) {
                     polyline class={"series " (class)} points=(points) { title { (name) } }
                 }
+                // The latest minute as a dot, so a lone minute (a relay
+                // that just started) still shows.
+                @if let Some((i, Some(c))) = series.minutes.iter().enumerate().rev().find(|(_, m)| m.is_some()) {
+                    circle class={"dot " (class)} cx=(format!("{:.1}", x(i))) cy=(format!("{:.1}", y(pick(c)))) r="3" { title { (name) ": " (pick(c)) } }
+                }
             }
         }
         ul class="legend" {
@@ -268,6 +273,7 @@ mod tests {
         assert_eq!(s.total(), c(4, 3), "rows outside the hour are left out");
         let text = svg(&s).into_string();
         assert_eq!(text.matches("<polyline").count(), 3, "{text}");
+        assert_eq!(text.matches("<circle").count(), 3, "{text}");
         assert!(
             !text.contains("retried"),
             "the table has no retries: {text}"

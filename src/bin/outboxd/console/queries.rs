@@ -285,22 +285,27 @@ const SQL_EVENT: &str = "SELECT id, event_id, event_type, tenant_id, status, att
      substr(CAST(payload AS BLOB), 1, ?2), length(CAST(payload AS BLOB)) \
      FROM event_outbox WHERE id = ?1";
 
+// An id as given, in upper case (canonical) and in lower case: foreign
+// producers write either, and upper(event_id) would defeat the index.
 const SQL_ROWS_WITH_EVENT_ID: &str =
-    "SELECT id FROM event_outbox WHERE event_id IN (?1, ?2) ORDER BY id LIMIT 20";
+    "SELECT id FROM event_outbox WHERE event_id IN (?1, ?2, ?3) ORDER BY id LIMIT 20";
 
 const SQL_PROGRESS: &str = "SELECT consumer, delivered_at FROM delivered_events \
      WHERE event_key = ?1 ORDER BY consumer";
+
+/// An event id as given, canonical (upper case) and in lower case.
+fn id_forms(id: &str) -> [String; 3] {
+    let canonical = EventId::parse(id).map_or_else(|_| id.to_ascii_uppercase(), |e| e.to_string());
+    [id.to_string(), canonical, id.to_ascii_lowercase()]
+}
 
 /// Finds an event by row id (digits) or event id (a ULID in any case).
 pub fn find_event(conn: &Connection, id: &str) -> rusqlite::Result<Option<EventDetail>> {
     let row_id = if let Ok(n) = id.parse::<i64>() {
         Some(n)
     } else {
-        let canonical = EventId::parse(id)
-            .map(|e| e.to_string())
-            .unwrap_or_default();
         conn.prepare_cached(SQL_ROWS_WITH_EVENT_ID)?
-            .query_row(params![canonical, id], |r| r.get(0))
+            .query_row(id_forms(id), |r| r.get(0))
             .optional()?
     };
     let Some(row_id) = row_id else {
@@ -363,9 +368,7 @@ pub fn find_event(conn: &Connection, id: &str) -> rusqlite::Result<Option<EventD
     if let Some(event_id) = &detail.row.event_id {
         detail.same_id = conn
             .prepare_cached(SQL_ROWS_WITH_EVENT_ID)?
-            .query_map(params![event_id.to_ascii_uppercase(), event_id], |r| {
-                r.get(0)
-            })?
+            .query_map(id_forms(event_id), |r| r.get(0))?
             .collect::<rusqlite::Result<Vec<i64>>>()?
             .into_iter()
             .filter(|id| *id != detail.row.id)
