@@ -11,7 +11,8 @@
 //!   cannot read the console.
 //! - **CSRF.** Every state change is a POST that carries the console's CSRF
 //!   token (random per process, written into each form) and comes from the
-//!   console's own origin (`Origin`, else `Referer`).
+//!   console's own origin: the `Origin` (else `Referer`) names the `Host`, or
+//!   the `X-Forwarded-Host` of a reverse proxy in front (either scheme).
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -103,14 +104,27 @@ impl Auth {
     /// Checks that a POST comes from the console's own pages: the same
     /// origin, and the CSRF token in the form.
     pub fn check_post(&self, req: &Request, form: &Params) -> Result<(), Refusal> {
-        let host = req.header("host").unwrap_or("");
-        let own = format!("http://{host}");
-        let same_origin = match (req.header("origin"), req.header("referer")) {
-            (Some(origin), _) => origin == own,
-            (None, Some(referer)) => referer.starts_with(&format!("{own}/")),
-            (None, None) => false,
+        // The console's own authority: the Host, or the one a reverse proxy
+        // in front of it was asked for (a page on another site can set
+        // neither on a form it makes the browser send).
+        let ours: Vec<&str> = [req.header("host"), req.header("x-forwarded-host")]
+            .into_iter()
+            .flatten()
+            .filter(|h| !h.is_empty())
+            .collect();
+        let authority = |url: &str| -> Option<String> {
+            let rest = url
+                .strip_prefix("http://")
+                .or_else(|| url.strip_prefix("https://"))?;
+            Some(rest.split('/').next().unwrap_or("").to_string())
         };
-        if host.is_empty() || !same_origin {
+        let sender = match (req.header("origin"), req.header("referer")) {
+            (Some(origin), _) => authority(origin),
+            (None, Some(referer)) => authority(referer),
+            (None, None) => None,
+        };
+        let same_origin = sender.is_some_and(|s| ours.iter().any(|h| *h == s));
+        if !same_origin {
             return Err(Refusal::Forbidden(
                 "this form was not sent from the console's own pages (Origin check); \
                  nothing was changed"
@@ -128,13 +142,14 @@ impl Auth {
     }
 
     /// The Set-Cookie value logging in with `given`, or None when it is not
-    /// the token.
-    pub fn login(&self, given: &str) -> Option<String> {
+    /// the token. `secure` (a TLS proxy in front) adds `Secure`.
+    pub fn login(&self, given: &str, secure: bool) -> Option<String> {
         let token = self.token.as_ref()?;
         eq(given.trim(), &token.secret).then(|| {
             format!(
-                "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict",
-                token.session
+                "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{}",
+                token.session,
+                if secure { "; Secure" } else { "" }
             )
         })
     }
@@ -229,8 +244,9 @@ mod tests {
             auth.admit(&req(&[host, ("authorization", "Bearer wrong")])),
             Err(Refusal::Unauthenticated)
         );
-        assert!(auth.login("wrong").is_none());
-        let set = auth.login(TOKEN).unwrap();
+        assert!(auth.login("wrong", false).is_none());
+        assert!(auth.login(TOKEN, true).unwrap().ends_with("; Secure"));
+        let set = auth.login(TOKEN, false).unwrap();
         assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"));
         assert!(!set.contains(TOKEN), "the cookie does not carry the token");
         let value = set.split(';').next().unwrap();
@@ -264,6 +280,13 @@ mod tests {
                 "{headers:?}"
             );
         }
+        // Behind a TLS proxy that passes its own name.
+        let proxied = [
+            ("host", "127.0.0.1:9464"),
+            ("x-forwarded-host", "console.example.com"),
+            ("origin", "https://console.example.com"),
+        ];
+        assert_eq!(auth.check_post(&req(&proxied), &good), Ok(()));
         let stale = Params(vec![(CSRF_FIELD.into(), "0".repeat(64))]);
         assert!(auth.check_post(&req(&[host, origin]), &stale).is_err());
         assert!(auth

@@ -101,8 +101,9 @@ impl<T: Send + Sync + 'static> Cached<T> {
     }
 
     /// The latest measure if it started at most `fresh` ago; otherwise asks
-    /// for a new one and waits up to `wait` for it, then returns the latest
-    /// there is (older, or None before the first measure ends).
+    /// for a new one and waits up to `wait` for it (not at all when the last
+    /// one took longer than `wait`), then returns the latest there is
+    /// (older, or None before the first measure ends).
     pub fn get(&self, fresh: Duration, wait: Duration) -> Option<Arc<Measured<T>>> {
         let asked = Instant::now();
         let is_fresh = |m: &Measured<T>| asked.saturating_duration_since(m.started) <= fresh;
@@ -112,6 +113,11 @@ impl<T: Send + Sync + 'static> Cached<T> {
         }
         st.wanted = true;
         self.shared.changed.notify_all();
+        // A measure that took longer than we may wait will not be ready in
+        // time: answer with the last one at once.
+        if st.latest.as_deref().is_some_and(|m| m.took > wait) {
+            return st.latest.clone();
+        }
         let deadline = asked + wait;
         loop {
             if st.latest.as_deref().is_some_and(is_fresh) {

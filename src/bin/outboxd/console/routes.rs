@@ -728,7 +728,8 @@ fn login(app: &App, req: &Request) -> Response {
     if let Err(refusal) = app.auth.check_post(req, &form) {
         return refused(app, refusal);
     }
-    match app.auth.login(form.get("token").unwrap_or("")) {
+    let behind_tls = req.header("x-forwarded-proto") == Some("https");
+    match app.auth.login(form.get("token").unwrap_or(""), behind_tls) {
         Some(cookie) => Response::see_other("/").with_header("Set-Cookie", cookie),
         None => login_page(app, 401, Some("That is not the token.")),
     }
