@@ -51,6 +51,7 @@ pub fn check(
     let lease = relay.lease;
     let mut names = std::collections::HashSet::new();
     let mut consumers = Vec::with_capacity(raw.len());
+    let secret_vars = sink::secret_env_vars(raw.iter().map(|rc| &rc.sink));
     for (i, rc) in raw.into_iter().enumerate() {
         let at = format!("consumer[{i}]");
         let name = &rc.name;
@@ -88,7 +89,7 @@ pub fn check(
                 c.err(format!("{at}.types[{j}]"), msg)
             })?;
         }
-        let sink = sink::build(c, &format!("{at}.sink"), &rc.sink)?;
+        let sink = sink::build(c, &format!("{at}.sink"), &rc.sink, &secret_vars)?;
         if let Some(limit) = sink.time_limit() {
             if lease < limit {
                 return Err(c.err(

@@ -130,7 +130,7 @@ impl Config {
                 name: "stdout".into(),
                 types: vec!["*".into()],
                 retry: RetryPolicy::default(),
-                sink: sink::jsonl::stdout(),
+                sink: sink::jsonl::stdout(false),
             }],
         }
     }

@@ -19,8 +19,14 @@ pub const KEYS: &[&str] = &[
 ];
 
 /// Builds a command sink; a program that cannot be found or run is an
-/// error at `program`.
-pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
+/// error at `program`. The program does not inherit `secret_vars`, the
+/// variables the config reads secrets from.
+pub fn build(
+    c: &Checker<'_>,
+    at: &str,
+    s: &RawSink,
+    secret_vars: &[String],
+) -> Result<Sink, ConfigError> {
     let program = s.program.as_ref().ok_or_else(|| {
         c.err(
             format!("{at}.program"),
@@ -43,6 +49,7 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
     if s.clear_env == Some(true) {
         sink = sink.env_clear();
     }
+    sink = sink.env_remove(secret_vars);
     for (k, v) in s.env.iter().flatten() {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
             return Err(c.err(

@@ -6,15 +6,30 @@ use super::{RawSink, Sink};
 use crate::config::{Checker, ConfigError};
 
 /// The keys a jsonl sink takes.
-pub const KEYS: &[&str] = &["kind", "path", "fsync"];
+pub const KEYS: &[&str] = &["kind", "path", "fsync", "delivery_fields"];
 
-/// The sink of `outboxd run` without a config: JSON lines on stdout.
-pub fn stdout() -> Sink {
-    Sink::new(JsonlSink::stdout(), "jsonl stdout")
+/// JSON lines on stdout: the sink of `outboxd run` without a config (no
+/// delivery fields), and of `path = "-"`.
+pub fn stdout(delivery_fields: bool) -> Sink {
+    Sink::new(
+        JsonlSink::stdout().delivery_fields(delivery_fields),
+        describe("stdout", delivery_fields),
+    )
+}
+
+/// "jsonl TARGET", and whether lines carry the delivery fields.
+fn describe(target: &str, delivery_fields: bool) -> String {
+    let fields = if delivery_fields {
+        " with tenant_id and legacy"
+    } else {
+        ""
+    };
+    format!("jsonl {target}{fields}")
 }
 
 /// Builds a jsonl sink.
 pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
+    let delivery_fields = s.delivery_fields == Some(true);
     let path = s.path.as_ref().ok_or_else(|| {
         c.err(
             format!("{at}.path"),
@@ -28,12 +43,13 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
                 "cannot sync stdout; use fsync only with a file path",
             ));
         }
-        return Ok(stdout());
+        return Ok(stdout(delivery_fields));
     }
     let file = c.resolve(path);
     let fsync = s.fsync.unwrap_or(false);
-    let sink =
-        JsonlSink::file(&file, fsync).map_err(|e| c.err(format!("{at}.path"), e.to_string()))?;
+    let sink = JsonlSink::file(&file, fsync)
+        .map_err(|e| c.err(format!("{at}.path"), e.to_string()))?
+        .delivery_fields(delivery_fields);
     let target = format!("{}{}", file.display(), if fsync { " (fsync)" } else { "" });
-    Ok(Sink::new(sink, format!("jsonl {target}")))
+    Ok(Sink::new(sink, describe(&target, delivery_fields)))
 }

@@ -132,6 +132,8 @@ raw_sink! {
     path: PathBuf,
     /// fsync after every line.
     fsync: bool,
+    /// Add tenant_id and legacy to each line.
+    delivery_fields: bool,
     // command
     /// The program to run.
     program: String,
@@ -165,8 +167,24 @@ raw_sink! {
     max_response_bytes: u64,
 }
 
-/// Builds the sink at `at` (`consumer[0].sink`).
-pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
+/// Every environment variable the config's sinks read a secret from. Each
+/// command sink keeps them from its program; a kind that adds a `*_env`
+/// secret key lists it here.
+pub fn secret_env_vars<'a>(sinks: impl Iterator<Item = &'a RawSink>) -> Vec<String> {
+    sinks
+        .flat_map(|s| s.secret_env.iter().chain(s.secrets_env.iter().flatten()))
+        .cloned()
+        .collect()
+}
+
+/// Builds the sink at `at` (`consumer[0].sink`); `secret_vars` are the
+/// config's [`secret_env_vars`].
+pub fn build(
+    c: &Checker<'_>,
+    at: &str,
+    s: &RawSink,
+    secret_vars: &[String],
+) -> Result<Sink, ConfigError> {
     let (allowed, kind) = match s.kind {
         SinkKind::Jsonl => (jsonl::KEYS, "jsonl"),
         SinkKind::Command => (command::KEYS, "command"),
@@ -183,7 +201,7 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
     }
     match s.kind {
         SinkKind::Jsonl => jsonl::build(c, at, s),
-        SinkKind::Command => command::build(c, at, s),
+        SinkKind::Command => command::build(c, at, s, secret_vars),
         SinkKind::Webhook => webhook::build(c, at, s),
     }
 }

@@ -111,9 +111,10 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
     let sink = b.build().map_err(|e| {
         use outboxd::sinks::WebhookError as W;
         let (field, source) = match &e {
-            W::InvalidUrl { .. } | W::UrlScheme { .. } | W::UrlHost { .. } => {
-                (format!("{at}.url"), None)
-            }
+            W::InvalidUrl { .. }
+            | W::UrlScheme { .. }
+            | W::UrlHost { .. }
+            | W::PrivateAddress { .. } => (format!("{at}.url"), None),
             W::Header { .. } => (format!("{at}.headers"), None),
             W::SecretPrefix { index }
             | W::SecretBase64 { index }
