@@ -189,7 +189,9 @@ impl Plan {
                 },
             )?;
             if metrics_only {
-                tracing::info!(address = %c.addr(), "serving Prometheus metrics at /metrics and health at /healthz");
+                // As the metrics server logged it before the console (scripts
+                // and tests read the address from this line).
+                tracing::info!(address = ?Some(c.addr()), "serving Prometheus metrics at /metrics (and /healthz)");
             } else {
                 tracing::info!(
                     "serving the console at http://{}/ (with /metrics and /healthz)",

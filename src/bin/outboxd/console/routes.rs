@@ -44,17 +44,9 @@ const CSS: &str = include_str!("console.css");
 /// Answers one request.
 pub fn handle(app: &App, req: &Request) -> Response {
     let path = req.path.as_str();
-    match app.auth.admit(req) {
-        Ok(()) => {}
-        Err(Refusal::Forbidden(m)) => return Response::text(403, format!("{m}\n")),
-        Err(Refusal::Unauthenticated) => {
-            let open = !app.metrics_only && matches!(path, "/login" | "/console.css");
-            if !open {
-                return unauthenticated(app, req);
-            }
-        }
-    }
     if app.metrics_only {
+        // The `[metrics]` server: counts only, no token, any Host, as it
+        // was before the console existed.
         return match (req.method, path) {
             (Method::Get, "/metrics") => metrics(app),
             (Method::Get, "/healthz") => healthz(app),
@@ -64,6 +56,16 @@ pub fn handle(app: &App, req: &Request) -> Response {
             ),
             _ => Response::text(405, "only GET /metrics and /healthz\n"),
         };
+    }
+    match app.auth.admit(req) {
+        Ok(()) => {}
+        Err(Refusal::Forbidden(m)) => return Response::text(403, format!("{m}\n")),
+        Err(Refusal::Unauthenticated) => {
+            let open = matches!(path, "/login" | "/console.css");
+            if !open {
+                return unauthenticated(app, req);
+            }
+        }
     }
     let result = match (req.method, path) {
         (Method::Get, "/") => overview(app),
@@ -122,9 +124,8 @@ fn page(app: &App, status: u16, title: &str, nav: Nav, body: maud::Markup) -> Re
 }
 
 fn unauthenticated(app: &App, req: &Request) -> Response {
-    let is_page = req.method == Method::Get
-        && !app.metrics_only
-        && !matches!(req.path.as_str(), "/metrics" | "/healthz");
+    let is_page =
+        req.method == Method::Get && !matches!(req.path.as_str(), "/metrics" | "/healthz");
     if is_page {
         login_page(app, 401, None)
     } else {

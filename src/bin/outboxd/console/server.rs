@@ -10,21 +10,26 @@
 //! tiny_http sets no socket timeouts, so the listener gets `SO_RCVTIMEO`
 //! and `SO_SNDTIMEO` before tiny_http takes it: Linux copies both onto every
 //! accepted socket, so a client that stops sending (or reading) is cut off
-//! after [`Limits::io_timeout`] (the test `an_idle_connection_is_closed`
-//! checks the inheritance).
+//! after [`Limits::io_timeout`] (the test
+//! `an_idle_connection_is_closed_after_the_io_timeout` checks the
+//! inheritance). The receive timeout also ends an `accept` that waited that
+//! long, and tiny_http ends its accept thread on any accept error (a
+//! timeout, or too many open files): so the server runs in generations, a
+//! new tiny_http server on the same socket each time the last one stops
+//! accepting ([`generation`]; the test
+//! `the_server_keeps_accepting_after_idle_periods` checks it).
 //!
 //! Two limits of tiny_http 0.12 remain. It does not bound the size of a
 //! request's header lines: the default loopback bind, and the token
 //! elsewhere, are what keep strangers away from the port. And its
 //! connection pool counts a thread as free until that thread wakes, so in a
 //! burst of new connections one may wait behind an idle one for up to the
-//! I/O timeout (5 s, half Prometheus's default scrape timeout); connections
-//! that are already open never hold up a new one.
+//! I/O timeout; connections that are already open never hold up a new one.
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Bounds on what one request may take.
@@ -41,7 +46,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
-            io_timeout: Duration::from_secs(5),
+            io_timeout: Duration::from_secs(10),
             max_body: 64 * 1024,
             handlers: 4,
         }
@@ -224,9 +229,8 @@ pub type Handler = dyn Fn(&Request) -> Response + Send + Sync;
 
 /// A running server.
 pub struct Server {
-    server: Arc<tiny_http::Server>,
-    threads: Vec<JoinHandle<()>>,
     addr: SocketAddr,
+    stop: Arc<AtomicBool>,
 }
 
 impl Server {
@@ -241,29 +245,27 @@ impl Server {
         set_socket_timeout(&listener, Timeout::Recv, Some(limits.io_timeout))?;
         set_socket_timeout(&listener, Timeout::Send, Some(limits.io_timeout))?;
         let addr = listener.local_addr()?;
-        let server = Arc::new(
-            tiny_http::Server::from_listener(listener, None)
-                .map_err(|e| std::io::Error::other(e.to_string()))?,
-        );
-        let mut threads = Vec::new();
-        for n in 0..limits.handlers.max(1) {
-            let server = server.clone();
-            let handler = handler.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("outboxd-http-{n}"))
-                    .spawn(move || {
-                        while let Ok(rq) = server.recv() {
-                            answer(rq, &limits, &*handler);
-                        }
-                    })?,
-            );
-        }
-        Ok(Server {
-            server,
-            threads,
-            addr,
-        })
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut ended = generation(&listener, &limits, &handler, &stop)?;
+        let s = stop.clone();
+        std::thread::Builder::new()
+            .name("outboxd-http".into())
+            .spawn(move || loop {
+                // Until this generation's accept thread ends (or, once
+                // stopped, its handlers have all left).
+                let _ = ended.recv();
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                match generation(&listener, &limits, &handler, &s) {
+                    Ok(next) => ended = next,
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot accept HTTP connections any more");
+                        return;
+                    }
+                }
+            })?;
+        Ok(Server { addr, stop })
     }
 
     /// The address served.
@@ -271,15 +273,56 @@ impl Server {
         self.addr
     }
 
-    /// Stops taking requests and waits for the handler threads.
+    /// Stops taking requests: the handler threads leave once idle for the
+    /// I/O timeout.
     pub fn stop(self) {
-        for _ in &self.threads {
-            self.server.unblock();
-        }
-        for t in self.threads {
-            let _ = t.join();
-        }
+        self.stop.store(true, Ordering::SeqCst);
     }
+}
+
+/// One tiny_http server on a clone of `listener`, with its handler threads.
+/// The receiver hears when its accept thread has ended: tiny_http ends it
+/// on any accept error, and `accept` itself times out after the listener's
+/// receive timeout, so while no client connects a generation lives about
+/// [`Limits::io_timeout`]. Its handlers go on answering the connections it
+/// accepted until none has sent anything for longer than the I/O timeout,
+/// by when the kernel has closed every one of them.
+fn generation(
+    listener: &TcpListener,
+    limits: &Limits,
+    handler: &Arc<Handler>,
+    stop: &Arc<AtomicBool>,
+) -> std::io::Result<crossbeam_channel::Receiver<()>> {
+    let server = Arc::new(
+        tiny_http::Server::from_listener(listener.try_clone()?, None)
+            .map_err(|e| std::io::Error::other(e.to_string()))?,
+    );
+    let (ended_tx, ended_rx) = crossbeam_channel::bounded(1);
+    let accepting = Arc::new(AtomicBool::new(true));
+    let idle = limits.io_timeout + Duration::from_secs(1);
+    for n in 0..limits.handlers.max(1) {
+        let (server, handler, limits) = (server.clone(), handler.clone(), *limits);
+        let (accepting, stop, ended_tx) = (accepting.clone(), stop.clone(), ended_tx.clone());
+        std::thread::Builder::new()
+            .name(format!("outboxd-http-{n}"))
+            .spawn(move || loop {
+                match server.recv_timeout(idle) {
+                    Ok(Some(rq)) => answer(rq, &limits, &*handler),
+                    Ok(None)
+                        if !accepting.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst) =>
+                    {
+                        return;
+                    }
+                    Ok(None) => {}
+                    // The accept thread ended (it says so once).
+                    Err(_) => {
+                        accepting.store(false, Ordering::SeqCst);
+                        let _ = ended_tx.try_send(());
+                    }
+                }
+            })?;
+    }
+    Ok(ended_rx)
 }
 
 /// Reads one request, runs the handler (a panic becomes a 500) and writes
@@ -469,6 +512,23 @@ mod tests {
         // inherited timeout this read would wait the full 20 s and fail.
         s.read_to_end(&mut out).unwrap();
         assert!(started.elapsed() < Duration::from_secs(10));
+        server.stop();
+    }
+
+    #[test]
+    fn the_server_keeps_accepting_after_idle_periods() {
+        let timeout = Duration::from_millis(200);
+        let server = echo_server(Limits {
+            io_timeout: timeout,
+            ..Limits::default()
+        });
+        for round in 0..4 {
+            // Longer than the timeout: the accept in progress times out and
+            // a new generation takes over the socket.
+            std::thread::sleep(timeout * 3);
+            let text = get(server.addr(), &format!("/round{round}"));
+            assert!(text.contains(&format!("/round{round} 0")), "{text}");
+        }
         server.stop();
     }
 
