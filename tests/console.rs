@@ -10,7 +10,8 @@ mod console_support;
 
 use std::time::Duration;
 
-use console_support::{csrf, form, free_addr, get, http, wait_until, Outboxd};
+use common::bin::{code, Running};
+use console_support::{csrf, form, free_addr, get, http, spawn, wait_http, wait_until};
 use rusqlite::params;
 
 const T0: i64 = 1_764_487_080_000;
@@ -30,12 +31,12 @@ fn dead_letters(db: &common::TestDb, ty: &str, n: usize) {
     }
 }
 
-fn console(db: &common::TestDb, extra: &[&str], env: &[(&str, &str)]) -> (Outboxd, String) {
+fn console(db: &common::TestDb, extra: &[&str], env: &[(&str, &str)]) -> (Running, String) {
     let addr = free_addr();
     let mut args = vec!["console", "--http", &addr];
     args.extend_from_slice(extra);
-    let mut p = Outboxd::spawn(&db.path, &args, env);
-    p.wait_http(&addr);
+    let mut p = spawn(&db.path, &args, env);
+    wait_http(&mut p, &addr);
     (p, addr)
 }
 
@@ -180,9 +181,18 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     // Without a token, outboxd refuses to start (a config error).
     let port = free_addr().rsplit(':').next().unwrap().to_string();
     let any = format!("0.0.0.0:{port}");
-    let mut p = Outboxd::spawn(&db.path, &["console", "--http", &any], &[]);
-    assert_eq!(p.wait_exit(), Some(6), "{}", p.log());
-    assert!(p.log().contains("not a loopback address"), "{}", p.log());
+    let mut p = spawn(&db.path, &["console", "--http", &any], &[]);
+    assert_eq!(
+        p.wait(Duration::from_secs(30)).code(),
+        Some(code::CONFIG),
+        "{}",
+        p.stderr()
+    );
+    assert!(
+        p.stderr().contains("not a loopback address"),
+        "{}",
+        p.stderr()
+    );
 
     // With one, every request needs it.
     let token = "s3cret-token-for-the-console-test";
@@ -190,7 +200,7 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
         "outboxd.toml",
         "[http]\ntoken_env = \"CONSOLE_TEST_TOKEN\"\n[[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n",
     );
-    let mut p = Outboxd::spawn(
+    let mut p = spawn(
         &db.path,
         &[
             "console",
@@ -202,7 +212,7 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
         &[("CONSOLE_TEST_TOKEN", token)],
     );
     let addr = format!("127.0.0.1:{port}");
-    p.wait_http(&addr);
+    wait_http(&mut p, &addr);
     for path in ["/", "/dead", "/events/1", "/metrics", "/healthz"] {
         let r = get(&addr, path);
         assert_eq!(r.status, 401, "{path}: {}", r.body);
@@ -281,12 +291,12 @@ fn run_serves_the_console_metrics_and_health_beside_its_relay() {
             out.display()
         ),
     );
-    let mut run = Outboxd::spawn(
+    let mut run = spawn(
         &db.path,
         &["run", "--config", config.to_str().unwrap()],
         &[],
     );
-    run.wait_http(&addr);
+    wait_http(&mut run, &addr);
     db.enqueue(&[
         common::event("article.created.v1", 1),
         common::event("article.created.v1", 2),

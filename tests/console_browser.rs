@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use console_support::{
-    browser_available, free_addr, get, screenshot_dir, wait_until, Browser, Outboxd,
+    browser_available, free_addr, get, screenshot_dir, spawn, wait_http, wait_until, Browser,
 };
 use outboxd::{Event, Timestamp};
 use rusqlite::params;
@@ -86,12 +86,12 @@ fn overview_figures_equal_status_json_and_every_page_is_screenshotted() {
     let db = common::TestDb::new();
     let addr = free_addr();
     let config = run_config(&db, &addr, &jsonl_consumer(&db));
-    let mut run = Outboxd::spawn(
+    let mut run = spawn(
         &db.path,
         &["run", "--config", config.to_str().unwrap()],
         &[],
     );
-    run.wait_http(&addr);
+    wait_http(&mut run, &addr);
     let mut events: Vec<Event> = (0..7)
         .map(|n| common::event("article.created.v1", n))
         .collect();
@@ -258,12 +258,12 @@ fn a_dead_letter_requeued_from_its_page_is_delivered_by_the_running_relay() {
         script.display()
     );
     let config = run_config(&db, &addr, &sink);
-    let mut run = Outboxd::spawn(
+    let mut run = spawn(
         &db.path,
         &["run", "--config", config.to_str().unwrap()],
         &[],
     );
-    run.wait_http(&addr);
+    wait_http(&mut run, &addr);
     let ids = db.enqueue(&[common::event("invoice.issued.v1", 1)]);
     wait_until("the event to be dead-lettered", WAIT, || {
         db.count("status = 'dead'") == 1
@@ -342,8 +342,8 @@ fn hostile_values_render_as_text_and_no_script_runs() {
         &error,
     );
     let addr = free_addr();
-    let mut p = Outboxd::spawn(&db.path, &["console", "--http", &addr], &[]);
-    p.wait_http(&addr);
+    let mut p = spawn(&db.path, &["console", "--http", &addr], &[]);
+    wait_http(&mut p, &addr);
     for path in [format!("/events/{row}"), "/events".into(), "/dead".into()] {
         b.goto(&format!("http://{addr}{path}"));
         assert_eq!(
@@ -371,8 +371,8 @@ fn a_form_on_another_site_changes_nothing_even_with_the_csrf_token() {
     let db = common::TestDb::new();
     insert_dead(&db, "order.placed.v1", "acme", None, "boom");
     let addr = free_addr();
-    let mut p = Outboxd::spawn(&db.path, &["console", "--http", &addr], &[]);
-    p.wait_http(&addr);
+    let mut p = spawn(&db.path, &["console", "--http", &addr], &[]);
+    wait_http(&mut p, &addr);
     // Even a token that leaked does not help a page on another origin.
     let token = console_support::csrf(&get(&addr, "/dead").body);
     let evil = control_server(format!(
@@ -473,7 +473,7 @@ fn readme_screenshot() {
          [[consumer]]\nname = \"webhook\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n",
     );
     let addr = free_addr();
-    let mut p = Outboxd::spawn(
+    let mut p = spawn(
         &db.path,
         &[
             "console",
@@ -484,7 +484,7 @@ fn readme_screenshot() {
         ],
         &[],
     );
-    p.wait_http(&addr);
+    wait_http(&mut p, &addr);
     let b = Browser::start();
     overview_measured_after(&b, &addr, now);
     b.goto(&format!("http://{addr}/"));

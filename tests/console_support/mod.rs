@@ -11,7 +11,9 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+
+use crate::common::bin::{Outboxd, Running};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -21,107 +23,30 @@ pub fn free_addr() -> String {
     l.local_addr().unwrap().to_string()
 }
 
-/// Polls `cond` until it holds or `timeout` passes; panics with `what`.
-pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+pub use crate::common::wait_until;
 
 // ---------------------------------------------------------------------------
 // outboxd.
 
-/// A running `outboxd`, stopped (SIGTERM, then SIGKILL) when dropped. Its
-/// stderr goes to a file beside the database.
-pub struct Outboxd {
-    child: Child,
-    log: PathBuf,
+/// Starts `outboxd --db DB ARGS` (with extra environment variables) through
+/// the tests' one harness for the binary (tests/common/bin.rs).
+pub fn spawn(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Running {
+    let mut cmd = Outboxd::on(db).command(args);
+    cmd.envs(env.iter().copied());
+    Running::spawn(&mut cmd)
 }
 
-impl Outboxd {
-    /// `outboxd --db DB ARGS` with extra environment variables.
-    pub fn spawn(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Outboxd {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let log = db.with_file_name(format!("outboxd-{n}.log"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
-        cmd.env_remove("OUTBOXD_DB")
-            .env_remove("OUTBOXD_CONFIG")
-            .env_remove("RUST_LOG")
-            .arg("--db")
-            .arg(db)
-            .args(args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        Outboxd {
-            child: cmd.spawn().unwrap(),
-            log,
-        }
-    }
-
-    /// Waits until `addr` answers HTTP (or the process exits: a panic with
-    /// its log).
-    pub fn wait_http(&mut self, addr: &str) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("outboxd exited ({status}) before serving:\n{}", self.log());
-            }
-            if TcpStream::connect(addr).is_ok() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "outboxd does not serve {addr}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// What it logged so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits for it to exit (it must within 30 s) and returns its code.
-    pub fn wait_exit(&mut self) -> Option<i32> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "outboxd did not exit:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Outboxd {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// Waits until `addr` takes connections; panics with the log if the
+/// process exits first.
+pub fn wait_http(p: &mut Running, addr: &str) {
+    wait_until(
+        &format!("outboxd to serve {addr}"),
+        Duration::from_secs(60),
+        || {
+            p.assert_alive();
+            TcpStream::connect(addr).is_ok()
+        },
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -5,13 +5,13 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use outboxd::relay::Metrics;
 use outboxd::router::Pattern;
+use outboxd::status::Thresholds;
 
-use super::support::open_migrated_read_only;
+use super::status::thresholds_without_config;
 use super::Global;
 use crate::config::{resolve_listen, Config, HttpServe, HttpSettings};
 use crate::console::{self, Console, Settings};
@@ -59,16 +59,17 @@ pub struct Args {
 
 /// Serves the console until SIGINT or SIGTERM.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+    // The config's settings, not its sinks: the console delivers nothing,
+    // so no secret needs to be set.
     let config = match &args.config {
-        Some(file) => Some(Config::load(file).map_err(|e| Failure::config(e.to_string()))?),
+        Some(file) => {
+            Some(Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?)
+        }
         None => None,
     };
     let log = config.as_ref().map(|c| c.log.clone()).unwrap_or_default();
     crate::init_logging(&global.log, &log, "info");
-    let db = match config.as_ref().and_then(|c| c.database.clone()) {
-        Some(path) if !global.db_explicit => path,
-        _ => global.db.clone(),
-    };
+    let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));
     let mut http = config.as_ref().map(|c| c.http.clone()).unwrap_or_default();
     http.read_only |= args.read_only;
     let listen = match &args.http {
@@ -80,18 +81,21 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     };
     let serve = serve(&http, listen)?.context("no address to serve on")?;
     let listener = bind(serve.listen, "the console", "--http or http.listen")?;
-    open_migrated_read_only(&db)?;
+    super::database::for_reading(&db)?;
     let signals = super::run::install_signal_handler()?;
-    let (stale_after, max_dead) = thresholds(config.as_ref());
     let started = console::start(
         listener,
         Settings {
             db: db.clone(),
             serve,
             metrics_only: false,
-            stale_after,
-            max_dead,
-            consumers: config.as_ref().map(consumers).unwrap_or_default(),
+            thresholds: config
+                .as_ref()
+                .map_or_else(thresholds_without_config, |c| c.alerts),
+            consumers: config
+                .as_ref()
+                .map(|c| patterns(c.consumers.iter().zip(&c.consumer_types)))
+                .unwrap_or_default(),
             relay: None,
         },
     )?;
@@ -112,8 +116,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 pub struct Plan {
     console: Option<(TcpListener, HttpServe)>,
     metrics: Option<TcpListener>,
-    stale_after: Duration,
-    max_dead: u64,
+    thresholds: Thresholds,
     consumers: Vec<(String, Vec<Pattern>)>,
 }
 
@@ -145,13 +148,11 @@ impl Plan {
             Some(addr) => Some(bind(addr, "metrics", "--metrics or metrics.listen")?),
             None => None,
         };
-        let (stale_after, max_dead) = thresholds(Some(config));
         Ok(Plan {
             console,
             metrics,
-            stale_after,
-            max_dead,
-            consumers: consumers(config),
+            thresholds: config.alerts,
+            consumers: patterns(config.consumers.iter().map(|c| (&c.name, &c.types))),
         })
     }
 
@@ -182,8 +183,7 @@ impl Plan {
                     db: db.to_path_buf(),
                     serve,
                     metrics_only,
-                    stale_after: self.stale_after,
-                    max_dead: self.max_dead,
+                    thresholds: self.thresholds,
                     consumers: self.consumers.clone(),
                     relay: Some(relay.clone()),
                 },
@@ -219,27 +219,18 @@ fn bind(addr: SocketAddr, what: &str, flag: &str) -> Result<TcpListener> {
     })
 }
 
-/// The health thresholds: the config's `[alerts]`, else `outboxd status`'s
-/// defaults.
-fn thresholds(config: Option<&Config>) -> (Duration, u64) {
-    match config {
-        Some(c) => (c.alerts.stale_after, c.alerts.max_dead.unwrap_or(0)),
-        None => (outboxd::relay::DEFAULT_STALE_AFTER, 0),
-    }
-}
-
-/// Each consumer's name and the patterns it takes.
-fn consumers(config: &Config) -> Vec<(String, Vec<Pattern>)> {
-    config
-        .consumers
-        .iter()
-        .map(|c| {
-            let patterns = c
-                .types
+/// Each consumer's name and the patterns it takes (a pattern the config
+/// check let through always parses).
+fn patterns<'a>(
+    consumers: impl Iterator<Item = (&'a String, &'a Vec<String>)>,
+) -> Vec<(String, Vec<Pattern>)> {
+    consumers
+        .map(|(name, types)| {
+            let patterns = types
                 .iter()
                 .filter_map(|t| Pattern::parse(t).ok())
                 .collect();
-            (c.name.clone(), patterns)
+            (name.clone(), patterns)
         })
         .collect()
 }

@@ -67,7 +67,7 @@ impl std::fmt::Debug for HttpServe {
 /// Checks `[http]`. The token is read and checked against the address here
 /// too (so `check-config` reports a missing one), and again by
 /// [`HttpSettings::serve`] once `--http` may have changed the address.
-pub fn check(c: &Checker<'_>, raw: RawHttp) -> Result<HttpSettings, ConfigError> {
+pub fn check(c: &Checker<'_>, raw: &RawHttp) -> Result<HttpSettings, ConfigError> {
     let listen = match &raw.listen {
         None => None,
         Some(a) => Some(resolve_listen(a).map_err(|m| c.err("http.listen", m))?),
@@ -85,7 +85,7 @@ pub fn check(c: &Checker<'_>, raw: RawHttp) -> Result<HttpSettings, ConfigError>
     }
     let settings = HttpSettings {
         listen,
-        token_env: raw.token_env,
+        token_env: raw.token_env.clone(),
         read_only: raw.read_only.unwrap_or(false),
     };
     settings.serve(None).map_err(|(field, m)| c.err(field, m))?;

@@ -38,10 +38,11 @@ use outboxd::router::Pattern;
 use outboxd::status::Status;
 use outboxd::Timestamp;
 
-use crate::cmd::status::Problem;
+use crate::config::alerts::Problem;
 use crate::config::HttpServe;
 use cache::Cached;
 use chart::{Counts, History};
+use outboxd::status::Thresholds;
 
 /// The read-only pool.
 pub type Pool = r2d2::Pool<ConnectionManager>;
@@ -59,9 +60,7 @@ pub struct Settings {
     /// Serve only /metrics and /healthz (the legacy `[metrics] listen`).
     pub metrics_only: bool,
     /// The health thresholds (as `outboxd status` takes them).
-    pub stale_after: Duration,
-    /// See `stale_after`.
-    pub max_dead: u64,
+    pub thresholds: Thresholds,
     /// The configured consumers and the types they take (empty without a
     /// config).
     pub consumers: Vec<(String, Vec<Pattern>)>,
@@ -155,12 +154,12 @@ pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
 
     let status = {
         let pool = pool.clone();
-        let (stale_after, max_dead) = (settings.stale_after, settings.max_dead);
+        let thresholds = settings.thresholds;
         Cached::start("outboxd-status", move || {
             let conn = pool.get().map_err(|e| e.to_string())?;
             let status =
                 outboxd::status::status(&conn, Timestamp::now()).map_err(|e| e.to_string())?;
-            let problems = crate::cmd::status::problems(&status, stale_after, max_dead);
+            let problems = crate::cmd::status::problems(&status, &thresholds);
             Ok((status, problems))
         })?
     };

@@ -14,8 +14,8 @@ use super::auth::CSRF_FIELD;
 use super::chart::{self, Series};
 use super::queries::{DeadPage, EventDetail, EventRow, EventsPage, StateFilter, PAYLOAD_CAP};
 use super::server::encode;
-use crate::cmd::status::Problem;
 use crate::cmd::support::human;
+use crate::config::alerts::Problem;
 
 /// What every page needs.
 pub struct Ctx<'a> {

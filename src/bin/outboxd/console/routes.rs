@@ -258,8 +258,8 @@ fn overview(app: &App) -> Result<Response> {
             since_start: relay.as_ref().and_then(|m| {
                 m.per_consumer
                     .iter()
-                    .find(|(n, ..)| n == name)
-                    .map(|(_, d, r, p)| (*d, *r, *p))
+                    .find(|c| &c.name == name)
+                    .map(|c| (c.delivered, c.retried, c.poisoned))
             }),
         })
         .collect();
@@ -328,10 +328,7 @@ fn parse_time(field: &str, s: &str, now: Timestamp) -> std::result::Result<Times
 }
 
 fn parse_pattern(s: &str) -> std::result::Result<Pattern, String> {
-    Pattern::parse(s).map_err(|e| match e {
-        outboxd::Error::InvalidSetting { reason, .. } => format!("type pattern: {reason}"),
-        other => other.to_string(),
-    })
+    Pattern::parse(s).map_err(|e| e.to_string())
 }
 
 /// The consumer names the console knows: configured, then from the ledger.
@@ -572,7 +569,7 @@ fn dead_apply(app: &App, form: &Params) -> Result<Response> {
         Ok(a) => a,
         Err(e) => return Ok(nothing_done(app, Nav::Dead, &e)),
     };
-    let mut conn = crate::cmd::support::open_migrated(&app.db)?;
+    let mut conn = crate::cmd::database::for_writing(&app.db)?;
     let mut changed = 0;
     for s in &action.selectors {
         let n = if action.requeue {
@@ -612,24 +609,22 @@ fn replay_form(p: &Params) -> ReplayForm {
     }
 }
 
-fn replay_filter(f: &ReplayForm) -> std::result::Result<ReplayFilter, String> {
+fn replay_filter(app: &App, f: &ReplayForm) -> std::result::Result<ReplayFilter, String> {
     let now = Timestamp::now();
     if f.consumer.is_empty() {
         return Err("choose the consumer to replay to".into());
     }
-    let filter = ReplayFilter {
-        consumer: f.consumer.clone(),
-        ids: Vec::new(),
-        event_type: (!f.event_type.is_empty())
-            .then(|| parse_pattern(&f.event_type))
-            .transpose()?,
-        since: (!f.since.is_empty())
-            .then(|| parse_time("since", &f.since, now))
-            .transpose()?,
-        until: (!f.until.is_empty())
-            .then(|| parse_time("until", &f.until, now))
-            .transpose()?,
-    };
+    let mut filter = ReplayFilter::new(&f.consumer)
+        .known_consumers(app.consumers.iter().map(|(n, _)| n.clone()));
+    if !f.event_type.is_empty() {
+        filter = filter.event_type(parse_pattern(&f.event_type)?);
+    }
+    if !f.since.is_empty() {
+        filter = filter.since(parse_time("since", &f.since, now)?);
+    }
+    if !f.until.is_empty() {
+        filter = filter.until(parse_time("until", &f.until, now)?);
+    }
     if let (Some(s), Some(u)) = (filter.since, filter.until) {
         if s >= u {
             return Err(format!(
@@ -653,10 +648,15 @@ fn replay(app: &App, req: &Request) -> Result<Response> {
     let (error, count) = if form.consumer.is_empty() {
         (None, None)
     } else {
-        match replay_filter(&form) {
+        match replay_filter(app, &form) {
             Ok(filter) => {
                 let conn = app.pool.get()?;
-                (None, Some(outboxd::replay::count(&conn, &filter)?))
+                match outboxd::replay::count(&conn, &filter) {
+                    Ok(n) => (None, Some(n)),
+                    // A name the database has never seen, with the known ones.
+                    Err(e @ outboxd::Error::UnknownConsumer { .. }) => (Some(e.to_string()), None),
+                    Err(e) => return Err(e.into()),
+                }
             }
             Err(e) => (Some(e), None),
         }
@@ -680,11 +680,11 @@ fn replay(app: &App, req: &Request) -> Result<Response> {
 
 fn replay_apply(app: &App, form: &Params) -> Result<Response> {
     let f = replay_form(form);
-    let filter = match replay_filter(&f) {
+    let filter = match replay_filter(app, &f) {
         Ok(filter) => filter,
         Err(e) => return Ok(nothing_done(app, Nav::Replay, &e)),
     };
-    let mut conn = crate::cmd::support::open_migrated(&app.db)?;
+    let mut conn = crate::cmd::database::for_writing(&app.db)?;
     let n =
         outboxd::replay::replay(&mut conn, &filter, Timestamp::now()).context("cannot replay")?;
     tracing::info!(replayed = n, consumer = %f.consumer, "replayed from the console");
