@@ -115,6 +115,13 @@ pub fn open_read_only_with_mode(path: impl AsRef<Path>) -> Result<(Connection, R
     match open_reader(path, ReadMode::Shared) {
         Ok(conn) => Ok((conn, ReadMode::Shared)),
         Err(e) if cannot_create_wal_index(path, &e) => {
+            // Whether this user may read the file is asked of SQLite, never
+            // of a descriptor opened beside it: closing that descriptor
+            // would release every lock this process holds on the file
+            // (another connection's too), and a foreign connection could
+            // then checkpoint and delete a WAL still in use
+            // (sqlite.org/howtocorrupt.html, section 2.2).
+            let conn = open_reader(path, ReadMode::Immutable).map_err(|e| open_error(path, e))?;
             if sidecar(path, "-wal").exists() {
                 return Err(Error::Open {
                     path: path.to_path_buf(),
@@ -129,7 +136,6 @@ pub fn open_read_only_with_mode(path: impl AsRef<Path>) -> Result<(Connection, R
                     ),
                 });
             }
-            let conn = open_reader(path, ReadMode::Immutable).map_err(|e| open_error(path, e))?;
             Ok((conn, ReadMode::Immutable))
         }
         Err(e) => Err(open_error(path, e)),
@@ -153,14 +159,14 @@ fn open_reader(path: &Path, mode: ReadMode) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
-/// True when `e` is SQLite failing to create the missing `-shm` WAL index
-/// of a database this user may read (so: the directory is not writable).
+/// True when `e` may be SQLite failing to create the missing `-shm` WAL
+/// index (the directory is not writable); the caller then learns whether
+/// the file itself can be read by opening it as immutable.
 fn cannot_create_wal_index(path: &Path, e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen)
     ) && !sidecar(path, "-shm").exists()
-        && std::fs::File::open(path).is_ok()
 }
 
 /// `app.db` + `-wal`: a file SQLite keeps beside the database.

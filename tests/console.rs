@@ -390,3 +390,115 @@ fn pages_show_rows_that_foreign_producers_wrote_badly() {
     assert_eq!(get(&addr, "/events?type=Bad").status, 400);
     assert_eq!(get(&addr, "/nope").status, 404);
 }
+
+/// A console action under `run` must not open the database file outside
+/// SQLite: on Linux closing any descriptor of a file drops every POSIX lock
+/// the process holds on it, the relay's too, and the next foreign
+/// connection to close then checkpoints and deletes the WAL the relay is
+/// still writing (sqlite.org/howtocorrupt.html, 2.2).
+#[test]
+fn a_console_requeue_under_run_keeps_the_relays_locks_and_its_wal() {
+    let db = common::TestDb::new();
+    dead_letters(&db, "article.created.v1", 1);
+    let addr = free_addr();
+    let out = db.file("out.jsonl");
+    let config = db.write(
+        "outboxd.toml",
+        &format!(
+            "[[consumer]]\nname = \"file\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"{}\"\n",
+            out.display()
+        ),
+    );
+    let mut run = spawn(
+        &db.path,
+        &["run", "--config", config.to_str().unwrap(), "--http", &addr],
+        &[],
+    );
+    wait_http(&mut run, &addr);
+    let lines = || -> Vec<String> {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let token = csrf(&get(&addr, "/dead").body);
+    let r = http(
+        &addr,
+        "POST",
+        "/dead/apply",
+        &[
+            ("Origin", &format!("http://{addr}")),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        &form(&[("op", "requeue:all"), ("csrf", &token)]),
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    wait_until("the requeued event delivered", WAIT, || lines().len() == 1);
+    // Each look at the table is a foreign connection too.
+    wait_until("the requeued event recorded as delivered", WAIT, || {
+        db.count("status = 'delivered'") == 1
+    });
+
+    assert!(
+        holds_a_lock_on(run.pid(), &db.path),
+        "outboxd run lost its SQLite locks on the database:\n{}",
+        std::fs::read_to_string("/proc/locks").unwrap()
+    );
+    // A foreign connection comes, reads and goes, as `sqlite3 app.db` would.
+    // Through python3's sqlite3 (the system's SQLite): newer SQLites do not
+    // checkpoint on close while another process maps the WAL index, so a
+    // connection of this test's bundled SQLite would hide the damage.
+    let foreign = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys\n\
+             c = sqlite3.connect(sys.argv[1])\n\
+             c.execute('SELECT count(*) FROM event_outbox').fetchone()\n\
+             c.close()",
+        ])
+        .arg(&db.path)
+        .status()
+        .unwrap();
+    assert!(foreign.success());
+    assert!(
+        db.file("app.db-wal").exists(),
+        "the WAL of the running relay was checkpointed and deleted by a foreign connection"
+    );
+
+    let id = db.enqueue(&[common::event("order.placed.v1", 7)])[0].to_string();
+    wait_until("the new event delivered", WAIT, || {
+        lines().iter().any(|l| l.contains(&id))
+    });
+    wait_until("the new event recorded as delivered", WAIT, || {
+        db.count("status = 'delivered'") == 2
+    });
+    run.assert_alive();
+    assert_eq!(run.stop().code(), Some(code::OK), "{}", run.stderr());
+    assert_eq!(
+        lines().iter().filter(|l| l.contains(&id)).count(),
+        1,
+        "delivered exactly once"
+    );
+    let check: String = db.scalar("PRAGMA integrity_check");
+    assert_eq!(check, "ok");
+}
+
+/// True when process `pid` holds a POSIX lock on `path` (/proc/locks): an
+/// SQLite connection in WAL mode keeps a shared lock on its database file
+/// while it is open.
+fn holds_a_lock_on(pid: u32, path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let inode = std::fs::metadata(path).unwrap().ino();
+    std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(1) == Some(&"POSIX")
+                && f.get(4) == Some(&pid.to_string().as_str())
+                && f.get(5)
+                    .and_then(|dev| dev.rsplit(':').next())
+                    .is_some_and(|i| i == inode.to_string())
+        })
+}

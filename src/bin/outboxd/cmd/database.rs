@@ -65,10 +65,17 @@ pub fn read_mode_note(mode: ReadMode) -> Option<&'static str> {
 /// front with a clear message rather than failing on the first write. (As
 /// root, permission bits do not stop writes, so a 0444 file is written
 /// like any other.)
+///
+/// The check asks the kernel (access(2)) and never opens the file: this
+/// process may hold SQLite connections to it (`run` serves the console
+/// beside its relay), and closing any descriptor of a file releases every
+/// POSIX lock the process holds on it, SQLite's included; a foreign
+/// connection would then checkpoint and delete the WAL the relay is
+/// writing (sqlite.org/howtocorrupt.html, section 2.2).
 fn open_writable(path: &Path) -> Result<Connection> {
     if path.is_file() {
-        if let Err(e) = std::fs::OpenOptions::new().write(true).open(path) {
-            if e.kind() == std::io::ErrorKind::PermissionDenied {
+        if let Err(e) = rustix::fs::access(path, rustix::fs::Access::WRITE_OK) {
+            if e == rustix::io::Errno::ACCESS || e == rustix::io::Errno::ROFS {
                 return Err(Failure::database(format!(
                     "cannot open database {}: the file is read-only; this command writes to \
                      it (`outboxd status` works on a read-only file)",
