@@ -10,7 +10,7 @@ mod console_support;
 
 use std::time::Duration;
 
-use common::bin::{code, Running};
+use common::bin::{code, Outboxd, Running};
 use console_support::{csrf, form, free_addr, get, http, spawn, wait_http, wait_until};
 use rusqlite::params;
 
@@ -340,6 +340,37 @@ fn run_serves_the_console_metrics_and_health_beside_its_relay() {
         "{}",
         overview.body
     );
+}
+
+/// Without a config, `run --http`'s /healthz, `outboxd status` and
+/// `outboxd console` give one verdict from the same thresholds (any dead
+/// letter is a problem), with the same fields.
+#[test]
+fn health_under_run_status_and_the_console_agree_without_a_config() {
+    let db = common::TestDb::new();
+    dead_letters(&db, "order.placed.v1", 10);
+    let run_addr = free_addr();
+    let mut run = spawn(&db.path, &["run", "--http", &run_addr], &[]);
+    wait_http(&mut run, &run_addr);
+    let (_console, console_addr) = console(&db, &[], &[]);
+
+    let status = Outboxd::on(&db.path).json(&["status", "--json"], code::PROBLEMS);
+    assert_eq!(status["healthy"], false, "{status}");
+    assert_eq!(status["problems"][0]["threshold"], "max-dead", "{status}");
+    for addr in [&run_addr, &console_addr] {
+        let health = get(addr, "/healthz");
+        assert_eq!(health.status, 503, "{addr}: {}", health.body);
+        let v: serde_json::Value = serde_json::from_str(&health.body).unwrap();
+        for field in ["healthy", "problems", "counts"] {
+            assert_eq!(v[field], status[field], "{addr}: {field}: {v}");
+        }
+        let overview = get(addr, "/");
+        assert!(
+            overview.body.contains("data-threshold=\"max-dead\""),
+            "{addr}: {}",
+            overview.body
+        );
+    }
 }
 
 #[test]

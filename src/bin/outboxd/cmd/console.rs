@@ -11,9 +11,8 @@ use outboxd::relay::Metrics;
 use outboxd::router::Pattern;
 use outboxd::status::Thresholds;
 
-use super::status::thresholds_without_config;
 use super::Global;
-use crate::config::{resolve_listen, Config, HttpServe, HttpSettings};
+use crate::config::{alerts, resolve_listen, Config, HttpServe, HttpSettings};
 use crate::console::{self, Console, Settings};
 use crate::exit::{Exit, Failure};
 
@@ -91,7 +90,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             metrics_only: false,
             thresholds: config
                 .as_ref()
-                .map_or_else(thresholds_without_config, |c| c.alerts),
+                .map_or_else(alerts::without_config, |c| c.alerts),
             consumers: config
                 .as_ref()
                 .map(|c| patterns(c.consumers.iter().zip(&c.consumer_types)))

@@ -123,7 +123,7 @@ impl Config {
             relay: RelaySettings::default(),
             retry: RetryPolicy::default(),
             purge: Some(PurgePolicy::default()),
-            alerts: Thresholds::default(),
+            alerts: alerts::without_config(),
             log: LogSettings::default(),
             metrics: None,
             http: HttpSettings::default(),
