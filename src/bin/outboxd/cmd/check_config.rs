@@ -17,8 +17,8 @@ program must exist and be executable, a webhook's URL must be http(s) and its
 secret variables or files must be present. Prints a summary and exits 0, or
 prints the first problem (file, field path, what is allowed) and exits 6.
 Nothing is claimed and the database is not opened (a JSONL sink's file is
-created if missing). The metrics address is not bound, so this works while
-outboxd runs.
+created if missing). The console and metrics addresses are checked but not
+bound, so this works while outboxd runs.
 
 Example:
   outboxd check-config --config /etc/outboxd/outboxd.toml";
@@ -72,6 +72,17 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             count(n, "dead letter", "dead letters")
         ))
     )?;
+    if let Some(addr) = c.http.listen {
+        writeln!(
+            out,
+            "console:   http://{addr}/ (with /metrics and /healthz){}{}",
+            c.http
+                .token_env
+                .as_ref()
+                .map_or(String::new(), |v| format!(", token from ${v}")),
+            if c.http.read_only { ", read-only" } else { "" }
+        )?;
+    }
     if let Some(addr) = c.metrics {
         writeln!(out, "metrics:   http://{addr}/metrics")?;
     }

@@ -130,14 +130,9 @@ impl Plan {
             None => None,
         };
         let serve = serve(&config.http, listen)?;
-        if let (Some(s), Some(m)) = (&serve, metrics) {
-            if s.listen == m {
-                return Err(Failure::config(format!(
-                    "{m} is both the metrics and the console address; the console serves \
-                     /metrics too, so drop metrics.listen (or --metrics)"
-                ))
-                .into());
-            }
+        if let Some(s) = &serve {
+            crate::config::http::distinct_from_metrics(s.listen, metrics)
+                .map_err(|(field, m)| Failure::config(format!("{field}: {m}")))?;
         }
         let console = match serve {
             Some(s) => Some((bind(s.listen, "the console", "--http or http.listen")?, s)),

@@ -92,6 +92,26 @@ pub fn check(c: &Checker<'_>, raw: &RawHttp) -> Result<HttpSettings, ConfigError
     Ok(settings)
 }
 
+/// Refuses the console and the legacy `[metrics] listen` on one address:
+/// the console serves /metrics itself. The one check for `check-config`
+/// and `run` (whose flags may give either address). An error is (field,
+/// message).
+pub fn distinct_from_metrics(
+    console: SocketAddr,
+    metrics: Option<SocketAddr>,
+) -> Result<(), (&'static str, String)> {
+    match metrics {
+        Some(m) if m == console => Err((
+            "metrics.listen",
+            format!(
+                "{m} is both the metrics and the console address; the console serves \
+                 /metrics too, so drop metrics.listen (or --metrics)"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl HttpSettings {
     /// The server to start, with `listen` (from `--http`) winning over the
     /// section's address; None when neither gives one. Refuses an address

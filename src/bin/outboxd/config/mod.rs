@@ -436,6 +436,9 @@ fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigEr
     let log = log::check(c, &raw.log)?;
     let metrics = metrics::check(c, &raw.metrics)?;
     let http = http::check(c, &raw.http)?;
+    if let Some(console) = http.listen {
+        http::distinct_from_metrics(console, metrics).map_err(|(field, m)| c.err(field, m))?;
+    }
     let settings = RelayWide {
         relay: &relay,
         retry: &retry,
