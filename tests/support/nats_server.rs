@@ -383,6 +383,13 @@ impl StreamAdmin {
         });
     }
 
+    /// Deletes a stream, if it exists.
+    pub fn delete(&self, name: &str) {
+        self.rt.block_on(async {
+            let _ = self.js.delete_stream(name).await;
+        });
+    }
+
     /// Messages in the stream now, or None while it cannot answer.
     pub fn try_count(&self, name: &str) -> Option<u64> {
         self.rt.block_on(async {
