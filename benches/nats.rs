@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, context::Publish};
+use async_nats::jetstream::{self, message::PublishMessage as Publish};
 use async_nats::HeaderMap;
 use common::{env_or, Stats};
 use nats_server::{NatsServer, StreamAdmin};
