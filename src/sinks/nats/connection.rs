@@ -12,7 +12,9 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_nats::connection::State;
-use async_nats::jetstream::context::{Context, ContextBuilder, GetStreamErrorKind};
+use async_nats::jetstream::context::{
+    Context, ContextBuilder, GetStreamErrorKind, PublishError, PublishErrorKind,
+};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::stream;
 use async_nats::{Client, ConnectErrorKind, ConnectOptions, Event, ServerAddr};
@@ -657,8 +659,14 @@ impl Shared {
         let publish = PublishMessage::build().payload(body).headers(headers);
         // Queued on the connection without waiting for earlier publishes;
         // only this worker waits for this acknowledgement.
-        let result =
-            handle.block_on(async { self.js.send_publish(subject.clone(), publish).await?.await });
+        // ack_timeout bounds the whole publish (queueing included), so a
+        // delivery never outlives it: the relay's lease must only cover it.
+        let result = handle.block_on(async {
+            let publish = async { self.js.send_publish(subject.clone(), publish).await?.await };
+            tokio::time::timeout(self.ack_timeout, publish)
+                .await
+                .unwrap_or_else(|_| Err(PublishError::new(PublishErrorKind::TimedOut)))
+        });
         message::outcome(result, &subject, &self.stream, self.ack_timeout)
     }
 }

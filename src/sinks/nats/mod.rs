@@ -195,6 +195,27 @@ pub struct StreamSummary {
     pub created: bool,
 }
 
+impl fmt::Display for StreamSummary {
+    /// `stream EVENTS takes events.> (12 messages, 3 replicas, file storage,
+    /// duplicate window 2m)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "stream {} takes {} ({} messages, {} replica{}, {} storage, duplicate window {})",
+            self.name,
+            self.subjects.join(", "),
+            self.messages,
+            self.replicas,
+            if self.replicas == 1 { "" } else { "s" },
+            match self.storage {
+                Storage::File => "file",
+                Storage::Memory => "memory",
+            },
+            window::human(self.duplicate_window)
+        )
+    }
+}
+
 /// A NATS sink could not be set up. Each variant names the builder field it
 /// is about ([`NatsError::field`]); none holds a secret.
 #[derive(Debug, thiserror::Error)]
@@ -424,6 +445,11 @@ impl NatsSinkBuilder {
     pub fn create_stream(mut self, spec: Option<CreateStream>) -> Self {
         self.create_stream = spec;
         self
+    }
+
+    /// The stream's name.
+    pub fn stream_name(&self) -> &str {
+        &self.stream
     }
 
     /// Checks everything that needs no server: the URLs, the template, the

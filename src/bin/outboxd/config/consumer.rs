@@ -93,7 +93,7 @@ pub fn check(
         if let Some(limit) = sink.time_limit() {
             if lease < limit {
                 return Err(c.err(
-                    format!("{at}.sink.timeout"),
+                    format!("{at}.sink.{}", sink.time_limit_key()),
                     format!(
                         "{limit:?} is longer than relay.lease ({lease:?}); a delivery could \
                          outlive its claim: set relay.lease to at least {limit:?} or shorten \
