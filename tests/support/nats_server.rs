@@ -97,22 +97,28 @@ impl NatsServer {
 
     /// A single server with these settings.
     pub fn with(settings: Settings) -> NatsServer {
+        let mut s = NatsServer::prepare(settings);
+        s.start_again();
+        s
+    }
+
+    /// A single server with these settings on a free port, not started
+    /// yet (for a test of a server that comes up late).
+    pub fn prepare(settings: Settings) -> NatsServer {
         let dir = tempfile::Builder::new()
             .prefix("outboxd-nats-")
             .tempdir()
             .unwrap();
         let port = free_ports(1)[0];
         let conf = write_conf(dir.path(), "n1", port, &settings, None);
-        let mut s = NatsServer {
+        NatsServer {
             port,
             name: "n1".into(),
             conf,
             _dir: Some(dir),
             child: None,
             log: Arc::default(),
-        };
-        s.start_again();
-        s
+        }
     }
 
     /// `nats://127.0.0.1:PORT`.
@@ -258,18 +264,28 @@ impl Cluster {
         self.nodes.iter().map(NatsServer::url).collect()
     }
 
-    /// Polls until the cluster has a JetStream meta leader (account info
-    /// answers), at most 30 s.
+    /// Polls until the cluster has a JetStream meta leader, at most 30 s.
     fn wait_for_jetstream(&self) {
         let rt = runtime();
         let urls = self.urls();
         rt.block_on(async {
-            let client = async_nats::connect(urls.join(",")).await.unwrap();
+            let client = async_nats::connect(addrs(&urls)).await.unwrap();
             let js = jetstream::new(client);
             let deadline = Instant::now() + READY;
             loop {
-                if js.query_account().await.is_ok() {
-                    return;
+                // A JetStream answer, even "stream not found", needs a
+                // meta leader. (Account info does not parse on 2.9.)
+                match js.get_stream("OUTBOXD_READY_PROBE").await {
+                    Ok(_) => return,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            jetstream::context::GetStreamErrorKind::JetStream(_)
+                        ) =>
+                    {
+                        return
+                    }
+                    Err(_) => {}
                 }
                 assert!(
                     Instant::now() < deadline,
@@ -317,6 +333,10 @@ fn write_conf(
     path
 }
 
+fn addrs(urls: &[String]) -> Vec<async_nats::ServerAddr> {
+    urls.iter().map(|u| u.parse().unwrap()).collect()
+}
+
 /// A tokio runtime for the test's own client (reading the stream,
 /// creating streams): the tests themselves are synchronous.
 pub fn runtime() -> tokio::runtime::Runtime {
@@ -359,7 +379,7 @@ impl StreamAdmin {
     pub fn connect_with(urls: &[String], options: async_nats::ConnectOptions) -> StreamAdmin {
         let rt = runtime();
         let js = rt.block_on(async {
-            let client = options.connect(urls.join(",")).await.unwrap();
+            let client = options.connect(addrs(urls)).await.unwrap();
             jetstream::ContextBuilder::new()
                 .timeout(Duration::from_secs(10))
                 .build(client)
@@ -403,6 +423,14 @@ impl StreamAdmin {
             .unwrap_or_else(|| panic!("stream {name} does not answer"))
     }
 
+    /// The server name of the stream's leader, once it has one.
+    pub fn leader(&self, name: &str) -> Option<String> {
+        self.rt.block_on(async {
+            let mut s = self.js.get_stream(name).await.ok()?;
+            s.info().await.ok()?.cluster.as_ref()?.leader.clone()
+        })
+    }
+
     /// The stream's duplicate window.
     pub fn duplicate_window(&self, name: &str) -> Duration {
         self.rt.block_on(async {
@@ -418,13 +446,23 @@ impl StreamAdmin {
         let expected = self.count(name) as usize;
         self.rt.block_on(async {
             let stream = self.js.get_stream(name).await.unwrap();
-            let consumer = stream
-                .create_consumer(jetstream::consumer::pull::Config {
+            // A cluster that just lost a node may still be electing the
+            // leader that places consumers: retry for a while.
+            let deadline = Instant::now() + READY;
+            let consumer = loop {
+                let config = jetstream::consumer::pull::Config {
                     ack_policy: jetstream::consumer::AckPolicy::None,
                     ..Default::default()
-                })
-                .await
-                .unwrap();
+                };
+                match stream.create_consumer(config).await {
+                    Ok(c) => break c,
+                    Err(e) if Instant::now() < deadline => {
+                        eprintln!("cannot create a consumer on {name} yet: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => panic!("cannot create a consumer on {name}: {e}"),
+                }
+            };
             let mut out = Vec::with_capacity(expected);
             while out.len() < expected {
                 let mut batch = consumer
