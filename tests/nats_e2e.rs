@@ -13,7 +13,8 @@
 //! - no server at start-up: outboxd starts, logs it, another consumer
 //!   delivers meanwhile, and the events reach NATS once it is up;
 //! - a missing stream, refused credentials, a bad subject template: exit 6
-//!   naming the field.
+//!   naming the field;
+//! - no log level prints the NATS token or password.
 //!
 //! N is 2,000 in CI, 20,000 under scripts/soak.sh (`OUTBOXD_FULL=1`), or
 //! `OUTBOXD_NATS_EVENTS`. Synchronisation is by bounded polling of the database, the
@@ -75,7 +76,15 @@ struct Running {
 
 impl Running {
     fn start(db: &TestDb, config: &Path) -> Running {
-        let mut child = outboxd(db, &["run", "--config", config.to_str().unwrap()])
+        Running::start_with(db, config, &[], &[])
+    }
+
+    /// With global flags (`--log-level trace`) and environment variables.
+    fn start_with(db: &TestDb, config: &Path, flags: &[&str], env: &[(&str, &str)]) -> Running {
+        let mut args = flags.to_vec();
+        args.extend(["run", "--config", config.to_str().unwrap()]);
+        let mut child = outboxd(db, &args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -495,4 +504,45 @@ fn a_missing_stream_refused_credentials_and_a_bad_template_are_errors_naming_the
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("duplicate_window"), "{text}");
+}
+
+#[test]
+fn no_log_level_prints_the_nats_credentials() {
+    const TOKEN: &str = "NatsToken-Zq81Lp0Xv-secret";
+    let server = NatsServer::with(Settings {
+        auth: Auth::Token(TOKEN.into()),
+        ..Settings::default()
+    });
+    let admin = StreamAdmin::connect_with(
+        &[server.url()],
+        async_nats::ConnectOptions::with_token(TOKEN.into()),
+    );
+    admin.create("EVENTS", &["events.>"], 1);
+    let db = TestDb::new();
+    enqueue(&db, 20);
+    let cfg = config(
+        &db,
+        &[server.url()],
+        "token_env = \"E2E_NATS_TOKEN\"\n",
+        false,
+    );
+    let mut run = Running::start_with(
+        &db,
+        &cfg,
+        &["--log-level", "trace"],
+        &[("E2E_NATS_TOKEN", TOKEN)],
+    );
+    run.wait_for("the events delivered", || {
+        db.count("status = 'delivered'") == 20
+    });
+    let log = run.stderr();
+    assert!(run.stop().success());
+    assert!(
+        log.contains("CONNECT"),
+        "the client's trace is in the log: {log}"
+    );
+    assert!(
+        !log.contains(&TOKEN[..12]),
+        "the token is in the log:\n{log}"
+    );
 }
