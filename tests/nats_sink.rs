@@ -407,3 +407,54 @@ fn an_unreachable_server_is_waited_for() {
     });
     assert_eq!(StreamAdmin::connect(&[server.url()]).count("EVENTS"), 1);
 }
+
+/// examples/nats_consumer.rs, the README's downstream consumer, reads what
+/// the sink published: one line per event, in order.
+#[test]
+fn the_example_consumer_reads_the_published_events() {
+    let server = NatsServer::start();
+    StreamAdmin::connect(&[server.url()]).create("EVENTS", &["events.>"], 1);
+    let sink = short_connect(NatsSink::builder([server.url()], "EVENTS"))
+        .build()
+        .unwrap();
+    let deliveries: Vec<Delivery> = (0..5)
+        .map(|_| delivery("article.created.v1", None))
+        .collect();
+    for d in &deliveries {
+        assert_eq!(sink.deliver(d), Outcome::Delivered);
+    }
+    // `cargo test` builds the examples; a run of this test file alone may not.
+    let exe = std::env::current_exe().unwrap();
+    let example = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/nats_consumer");
+    if !example.exists() {
+        let built = std::process::Command::new(env!("CARGO"))
+            .args(["build", "--example", "nats_consumer"])
+            .status()
+            .unwrap();
+        assert!(built.success());
+    }
+    let out = std::process::Command::new(&example)
+        .args([server.url().as_str(), "EVENTS", "5"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    let expected: Vec<String> = deliveries
+        .iter()
+        .map(|d| d.envelope.event_id.to_string())
+        .collect();
+    assert_eq!(ids, expected);
+}

@@ -218,6 +218,22 @@ mod tests {
         assert!(tight.warning("S", "c").unwrap().contains("40.5s"));
     }
 
+    /// The README's suggestion for a broker in the same network.
+    #[test]
+    fn the_readme_schedule_repeats_within_ten_minutes_and_a_half() {
+        let p = RetryPolicy::default()
+            .initial(Duration::from_secs(1))
+            .max_delay(Duration::from_secs(30))
+            .max_attempts(20);
+        let c = DuplicateWindowCheck::new(
+            &p,
+            Duration::from_secs(30),
+            Duration::from_secs(5),
+            DEFAULT_DUPLICATE_WINDOW,
+        );
+        assert_eq!(human(c.horizon()), "10m21s");
+    }
+
     #[test]
     fn human_durations() {
         assert_eq!(human(Duration::from_millis(250)), "250ms");

@@ -397,3 +397,94 @@ mod with_nats {
         }
     }
 }
+
+#[cfg(all(test, feature = "nats"))]
+mod tests {
+    use crate::config::tests::parse;
+
+    const HEAD: &str =
+        "[[consumer]]\nname = \"bus\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"nats\"\n";
+
+    fn nats(keys: &str) -> Result<crate::config::Config, crate::config::ConfigError> {
+        parse(&format!("{HEAD}{keys}"))
+    }
+
+    fn field(keys: &str) -> String {
+        nats(keys).unwrap_err().field
+    }
+
+    const OK: &str = "servers = [\"nats://127.0.0.1:4222\"]\nstream = \"EVENTS\"\n";
+
+    #[test]
+    fn a_full_sink_parses_without_connecting() {
+        std::env::set_var("CONFIG_UNIT_NATS_TOKEN", "t0ken");
+        let c = nats(&format!(
+            "{OK}subject = \"events.{{tenant}}.{{event_type}}\"\ntoken_env = \"CONFIG_UNIT_NATS_TOKEN\"\n\
+             ack_timeout = \"2s\"\nconnect_timeout = \"1s\"\nrequire_tls = false\n\
+             create_stream = {{ replicas = 3, duplicate_window = \"10m\", max_age = \"1d\", storage = \"memory\" }}\n"
+        ))
+        .unwrap();
+        let d = c.consumers[0].sink.describe();
+        assert!(
+            d.contains("stream EVENTS") && d.contains("events.{tenant}.{event_type}"),
+            "{d}"
+        );
+        assert!(!d.contains("t0ken"), "{d}");
+        assert_eq!(
+            c.consumers[0].sink.time_limit(),
+            Some(std::time::Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn each_mistake_is_named_by_its_key() {
+        assert_eq!(field("stream = \"EVENTS\"\n"), "consumer[0].sink.servers");
+        assert_eq!(
+            field("servers = [\"nats://127.0.0.1:4222\"]\n"),
+            "consumer[0].sink.stream"
+        );
+        assert_eq!(
+            field("servers = [\"nats://a:4222\", \"http://b\"]\nstream = \"EVENTS\"\n"),
+            "consumer[0].sink.servers[1]"
+        );
+        assert_eq!(
+            field(&format!("{OK}subject = \"events.{{nope}}\"\n")),
+            "consumer[0].sink.subject"
+        );
+        assert_eq!(
+            field(&format!("{OK}token_env = \"CONFIG_UNIT_NATS_UNSET\"\n")),
+            "consumer[0].sink.token_env"
+        );
+        assert_eq!(
+            field(&format!("{OK}user = \"u\"\n")),
+            "consumer[0].sink.password_env"
+        );
+        assert_eq!(
+            field(&format!(
+                "{OK}creds_file = \"a.creds\"\nnkey_seed_file = \"a.nk\"\n"
+            )),
+            "consumer[0].sink.nkey_seed_file"
+        );
+        assert_eq!(
+            field(&format!("{OK}creds_file = \"missing.creds\"\n")),
+            "consumer[0].sink.creds_file"
+        );
+        assert_eq!(
+            field(&format!("{OK}create_stream = {{ replicas = 9 }}\n")),
+            "consumer[0].sink.create_stream.replicas"
+        );
+        assert_eq!(
+            field(&format!("{OK}create_stream = {{ storage = \"tape\" }}\n")),
+            "consumer[0].sink.create_stream.storage"
+        );
+        assert_eq!(
+            field(&format!("{OK}url = \"http://x\"\n")),
+            "consumer[0].sink.url"
+        );
+        let e = parse(&format!(
+            "[relay]\nlease = \"2s\"\n{HEAD}{OK}ack_timeout = \"5s\"\n"
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "consumer[0].sink.ack_timeout");
+    }
+}
