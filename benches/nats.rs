@@ -13,7 +13,9 @@
 //! flight, the most an async program gets from W outstanding acks). "threads":
 //! W threads doing the same through `Handle::block_on`, which is how the
 //! relay's W workers drive the sink. The ratio is the relay's median over
-//! the faster baseline's median.
+//! the faster baseline's median. The last column is the same relay with a
+//! consumer that does nothing, on the same events: the relay's own ceiling
+//! (SQLite claims and group commits) at that moment.
 
 mod common;
 #[path = "../tests/support/nats_server.rs"]
@@ -146,22 +148,27 @@ fn bare_threads(url: &str, b: &Batch, w: usize) -> Duration {
     start.elapsed()
 }
 
-/// outboxd's relay with the NATS sink and W workers, from the first claim
-/// until no event is pending.
-fn relay(url: &str, db: &Path, n: usize, w: usize) -> Duration {
-    let sink = NatsSink::builder([url], STREAM)
-        .subject("bench.{event_type}")
-        .build()
-        .unwrap();
+/// outboxd's relay with the NATS sink (or, without `url`, a consumer that
+/// does nothing: the relay's own ceiling) and W workers, from the first
+/// claim until no event is pending.
+fn relay(url: Option<&str>, db: &Path, n: usize, w: usize) -> Duration {
+    let builder = Relay::builder(db);
+    let builder = match url {
+        Some(url) => builder.consumer(
+            "nats",
+            ["*"],
+            NatsSink::builder([url], STREAM)
+                .subject("bench.{event_type}")
+                .build()
+                .unwrap(),
+        ),
+        None => builder.consumer("noop", ["*"], |_: &outboxd::Delivery| {
+            outboxd::Outcome::Delivered
+        }),
+    };
     let check = rusqlite::Connection::open(db).unwrap();
     let start = Instant::now();
-    let handle = Relay::builder(db)
-        .consumer("nats", ["*"], sink)
-        .workers(w)
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+    let handle = builder.workers(w).build().unwrap().start().unwrap();
     let pending = || -> bool {
         check
             .query_row(
@@ -204,10 +211,11 @@ fn main() {
         dir.path(),
         &format!("{n} events of ~170 bytes into a single-node JetStream stream on file storage, {runs} runs each"),
     );
-    println!("| in flight (workers) | bare, tasks: msgs/s | bare, threads: msgs/s | outboxd relay: events/s (min–max) | ratio to the faster bare |");
-    println!("|---|---|---|---|---|");
+    println!("| in flight (workers) | bare, tasks: msgs/s | bare, threads: msgs/s | outboxd relay: events/s (min–max) | ratio to the faster bare | relay, no-op consumer: events/s |");
+    println!("|---|---|---|---|---|---|");
     for &w in &workers {
-        let (mut tasks, mut threads, mut relayed) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut tasks, mut threads, mut relayed, mut noop) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..runs {
             // Interleaved, so a change of load hits all three alike.
             let b = batch(n);
@@ -218,20 +226,24 @@ fn main() {
             threads.push(n as f64 / bare_threads(&url, &b, w).as_secs_f64());
             fresh_stream(&admin);
             let db = prepare_db(dir.path(), &b.events);
-            relayed.push(n as f64 / relay(&url, &db, n, w).as_secs_f64());
+            relayed.push(n as f64 / relay(Some(&url), &db, n, w).as_secs_f64());
             assert_eq!(admin.count(STREAM), n as u64);
+            common::remove_db(&db);
+            let db = prepare_db(dir.path(), &b.events);
+            noop.push(n as f64 / relay(None, &db, n, w).as_secs_f64());
             common::remove_db(&db);
         }
         let (t, th, r) = (Stats::of(tasks), Stats::of(threads), Stats::of(relayed));
         let best = t.median.max(th.median);
         println!(
-            "| {w} | {:.0} | {:.0} | {:.0} ({:.0}–{:.0}) | {:.2} |",
+            "| {w} | {:.0} | {:.0} | {:.0} ({:.0}–{:.0}) | {:.2} | {:.0} |",
             t.median,
             th.median,
             r.median,
             r.min,
             r.max,
-            r.median / best
+            r.median / best,
+            Stats::of(noop).median
         );
     }
     println!("load average at end {}", common::load());
