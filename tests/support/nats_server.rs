@@ -403,6 +403,29 @@ impl StreamAdmin {
         });
     }
 
+    /// Counts every message published on `subject` from now on, repeats
+    /// included (a core NATS subscription sees what JetStream's duplicate
+    /// window drops).
+    pub fn count_published(&self, subject: &str) -> Arc<std::sync::atomic::AtomicU64> {
+        use futures_util::StreamExt;
+        let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let client = self.js.client();
+        let subject = subject.to_string();
+        let c = count.clone();
+        let mut sub = self
+            .rt
+            .block_on(async { client.subscribe(subject).await.unwrap() });
+        self.rt.spawn(async move {
+            while sub.next().await.is_some() {
+                c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        // The subscription is registered once the server answers a flush.
+        self.rt
+            .block_on(async { self.js.client().flush().await.unwrap() });
+        count
+    }
+
     /// Deletes a stream, if it exists.
     pub fn delete(&self, name: &str) {
         self.rt.block_on(async {
