@@ -27,19 +27,17 @@ mod common;
 mod nats_server;
 
 use std::collections::HashSet;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Output};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::bin::{Outboxd, Running, WAIT};
 use common::{wait_until, TestDb};
 use nats_server::{Auth, Cluster, NatsServer, Settings, StreamAdmin};
 use outboxd::{Envelope, Event};
 
 const CONFIG_EXIT: i32 = 6;
-const WAIT: Duration = Duration::from_secs(90);
 
 /// Events per scenario: `OUTBOXD_NATS_EVENTS`, else 20,000 under
 /// `OUTBOXD_FULL=1` (scripts/soak.sh), else 2,000.
@@ -54,111 +52,26 @@ fn events_n() -> usize {
 // ---------------------------------------------------------------------------
 // Helpers.
 
-/// `outboxd --db DB ARGS` with a clean environment.
+/// `outboxd --db DB ARGS` with a clean environment (tests/common/bin.rs).
 fn outboxd(db: &TestDb, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    cmd.current_dir(db.dir.path())
-        .env_remove("OUTBOXD_DB")
-        .env_remove("OUTBOXD_CONFIG")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .arg("--db")
-        .arg(db.db())
-        .args(args);
-    cmd
+    Outboxd::on(db.db()).command(args)
 }
 
-/// A running `outboxd run`, its stderr collected; killed on drop.
-struct Running {
-    child: Child,
-    stderr: Arc<Mutex<Vec<u8>>>,
+/// `outboxd [FLAGS] run --config CONFIG` with `env`, started.
+fn start(db: &TestDb, config: &Path, flags: &[&str], env: &[(&str, &str)]) -> Running {
+    let mut args = flags.to_vec();
+    args.extend(["run", "--config", config.to_str().unwrap()]);
+    let mut run = Running::spawn(outboxd(db, &args).envs(env.iter().copied()));
+    run.wait_started();
+    run
 }
 
-impl Running {
-    fn start(db: &TestDb, config: &Path) -> Running {
-        Running::start_with(db, config, &[], &[])
-    }
-
-    /// With global flags (`--log-level trace`) and environment variables.
-    fn start_with(db: &TestDb, config: &Path, flags: &[&str], env: &[(&str, &str)]) -> Running {
-        let mut args = flags.to_vec();
-        args.extend(["run", "--config", config.to_str().unwrap()]);
-        let mut child = outboxd(db, &args)
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let (mut pipe, buf) = (child.stderr.take().unwrap(), stderr.clone());
-        thread::spawn(move || {
-            let mut chunk = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut chunk) {
-                if n == 0 {
-                    break;
-                }
-                buf.lock().unwrap().extend_from_slice(&chunk[..n]);
-            }
-        });
-        let mut r = Running { child, stderr };
-        wait_until("outboxd to start", WAIT, || {
-            if let Some(status) = r.child.try_wait().unwrap() {
-                panic!("outboxd exited early ({status}):\n{}", r.stderr());
-            }
-            r.stderr().contains("outboxd running")
-        });
-        r
-    }
-
-    fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
-    }
-
-    /// Polls `cond` (failing if outboxd exits meanwhile) until it holds.
-    fn wait_for(&mut self, what: &str, mut cond: impl FnMut() -> bool) {
-        wait_until(what, WAIT, || {
-            self.assert_alive();
-            cond()
-        });
-    }
-
-    fn assert_alive(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("outboxd exited ({status}):\n{}", self.stderr());
-        }
-    }
-
-    fn kill9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    /// SIGTERM; the exit status.
-    fn stop(mut self) -> ExitStatus {
-        Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "outboxd did not stop:\n{}",
-                self.stderr()
-            );
-            thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Polls `cond` until it holds, failing if outboxd exits meanwhile.
+fn wait_for(run: &mut Running, what: &str, mut cond: impl FnMut() -> bool) {
+    wait_until(what, WAIT, || {
+        run.assert_alive();
+        cond()
+    });
 }
 
 /// A nats consumer (and, with `jsonl`, a JSONL consumer writing
@@ -250,8 +163,8 @@ fn every_event_becomes_exactly_one_message_with_the_envelope_as_body() {
     let db = TestDb::new();
     enqueue(&db, n);
     let cfg = config(&db, &[server.url()], "", true);
-    let mut run = Running::start(&db, &cfg);
-    run.wait_for("every event delivered to both consumers", || {
+    let mut run = start(&db, &cfg, &[], &[]);
+    wait_for(&mut run, "every event delivered to both consumers", || {
         db.count("status = 'delivered'") == n as i64
     });
     assert!(run.stop().success());
@@ -281,16 +194,16 @@ fn kill_9_ten_times_mid_run_still_gives_exactly_one_message_per_event() {
         if before >= n as i64 {
             break;
         }
-        let mut run = Running::start(&db, &cfg);
+        let mut run = start(&db, &cfg, &[], &[]);
         // Killed while it publishes: some messages are in the stream whose
         // outcome was never recorded, and the next run publishes them again.
-        run.wait_for(&format!("progress before kill {kill}"), || {
+        wait_for(&mut run, &format!("progress before kill {kill}"), || {
             delivered_to(&db, "nats") >= (before + step).min(n as i64)
         });
         run.kill9();
     }
-    let mut run = Running::start(&db, &cfg);
-    run.wait_for("every event delivered after the kills", || {
+    let mut run = start(&db, &cfg, &[], &[]);
+    wait_for(&mut run, "every event delivered after the kills", || {
         db.count("status = 'delivered'") == n as i64
     });
     assert!(run.stop().success());
@@ -314,8 +227,8 @@ fn a_server_stopped_for_ten_seconds_is_retried_and_nothing_is_lost() {
     let db = TestDb::new();
     enqueue(&db, n);
     let cfg = config(&db, &[server.url()], "", false);
-    let mut run = Running::start(&db, &cfg);
-    run.wait_for("a third delivered", || {
+    let mut run = start(&db, &cfg, &[], &[]);
+    wait_for(&mut run, "a third delivered", || {
         delivered_to(&db, "nats") >= n as i64 / 3
     });
     server.stop();
@@ -333,7 +246,7 @@ fn a_server_stopped_for_ten_seconds_is_retried_and_nothing_is_lost() {
         "the outage came mid-run: events were waiting when the server came back"
     );
     server.start_again();
-    run.wait_for("every event delivered after the restart", || {
+    wait_for(&mut run, "every event delivered after the restart", || {
         db.count("status = 'delivered'") == n as i64
     });
     assert_eq!(db.count("status = 'dead'"), 0, "nothing dead-lettered");
@@ -372,9 +285,9 @@ fn a_cluster_node_killed_mid_run_loses_nothing_and_publishing_continues() {
     let db = TestDb::new();
     enqueue(&db, n);
     let cfg = config(&db, &urls, "create_stream = { replicas = 3 }\n", false);
-    let mut run = Running::start(&db, &cfg);
+    let mut run = start(&db, &cfg, &[], &[]);
     let admin = StreamAdmin::connect(&urls);
-    run.wait_for("a third delivered", || {
+    wait_for(&mut run, "a third delivered", || {
         delivered_to(&db, "nats") >= n as i64 / 3
     });
     // Kill the stream's leader: the hardest node to lose.
@@ -382,7 +295,7 @@ fn a_cluster_node_killed_mid_run_loses_nothing_and_publishing_continues() {
     let victim = cluster.nodes.iter_mut().find(|s| s.name == leader).unwrap();
     victim.kill();
     let at_kill = delivered_to(&db, "nats");
-    run.wait_for("every event delivered after the kill", || {
+    wait_for(&mut run, "every event delivered after the kill", || {
         db.count("status = 'delivered'") == n as i64
     });
     assert!(delivered_to(&db, "nats") > at_kill, "publishing continued");
@@ -406,7 +319,7 @@ fn no_server_at_start_up_is_waited_for_without_holding_other_consumers_back() {
         "create_stream = { replicas = 1 }\n",
         true,
     );
-    let mut run = Running::start(&db, &cfg);
+    let mut run = start(&db, &cfg, &[], &[]);
     assert!(
         run.stderr().contains("cannot connect to NATS"),
         "{}",
@@ -422,7 +335,7 @@ fn no_server_at_start_up_is_waited_for_without_holding_other_consumers_back() {
     );
     assert_eq!(delivered_to(&db, "nats"), 0);
     server.start_again();
-    run.wait_for("every event delivered once NATS is up", || {
+    wait_for(&mut run, "every event delivered once NATS is up", || {
         db.count("status = 'delivered'") == n as i64
     });
     assert!(run.stop().success());
@@ -535,13 +448,13 @@ fn no_log_level_prints_the_nats_credentials() {
         "token_env = \"E2E_NATS_TOKEN\"\n",
         false,
     );
-    let mut run = Running::start_with(
+    let mut run = start(
         &db,
         &cfg,
         &["--log-level", "trace"],
         &[("E2E_NATS_TOKEN", TOKEN)],
     );
-    run.wait_for("the events delivered", || {
+    wait_for(&mut run, "the events delivered", || {
         db.count("status = 'delivered'") == 20
     });
     let log = run.stderr();

@@ -19,22 +19,17 @@ const WAIT: Duration = Duration::from_secs(60);
 
 fn delivery(ty: &str, tenant: Option<&str>) -> Delivery {
     let t = EventType::parse(ty).unwrap();
-    Delivery {
-        envelope: Envelope {
-            event_id: EventId::new(),
-            event_version: t.version(),
-            event_type: t,
-            causation_id: None,
-            correlation_id: None,
-            occurred_at: Timestamp::from_millis(1_764_487_080_123),
-            payload: serde_json::value::RawValue::from_string(r#"{"id":7}"#.into()).unwrap(),
-        },
-        attempt: 1,
-        consumer: "nats".into(),
-        legacy: false,
-        tenant_id: tenant.map(str::to_string),
-        ordering_key: None,
-    }
+    Delivery::new(Envelope {
+        event_id: EventId::new(),
+        event_version: t.version(),
+        event_type: t,
+        causation_id: None,
+        correlation_id: None,
+        occurred_at: Timestamp::from_millis(1_764_487_080_123),
+        payload: serde_json::value::RawValue::from_string(r#"{"id":7}"#.into()).unwrap(),
+    })
+    .consumer("nats")
+    .tenant_id(tenant.map(str::to_string))
 }
 
 fn short_connect(

@@ -120,11 +120,7 @@ pub struct LogOptions {
 }
 
 fn parse_log_level(s: &str) -> Result<String, String> {
-    tracing_subscriber::EnvFilter::try_new(s)
-        .map(|_| s.to_string())
-        .map_err(|e| {
-            format!("{e}; expected error, warn, info, debug, trace or directives such as info,outboxd=debug")
-        })
+    config::log::check_level(s).map(|()| s.to_string())
 }
 
 /// Sets up logging to stderr, once. The level comes from `--log-level`, else

@@ -167,12 +167,12 @@ pub fn render(m: &MetricsSnapshot, status: &Result<Status, String>) -> String {
         }
     }
     let mut per = Vec::new();
-    for (consumer, delivered, retry, poison) in &m.per_consumer {
-        let c = escape(consumer);
+    for consumer in &m.per_consumer {
+        let c = escape(&consumer.name);
         for (result, n) in [
-            ("delivered", delivered),
-            ("retry", retry),
-            ("poison", poison),
+            ("delivered", &consumer.delivered),
+            ("retry", &consumer.retried),
+            ("poison", &consumer.poisoned),
         ] {
             per.push((
                 format!("{{consumer=\"{c}\",result=\"{result}\"}}"),
@@ -271,7 +271,12 @@ mod tests {
         let m = MetricsSnapshot {
             commit_micros_total: 1_500_000,
             commits: 3,
-            per_consumer: vec![("hook".into(), 4, 2, 1)],
+            per_consumer: vec![outboxd::relay::ConsumerMetrics {
+                name: "hook".into(),
+                delivered: 4,
+                retried: 2,
+                poisoned: 1,
+            }],
             ..Default::default()
         };
         let text = render(&m, &Err("no such table".into()));

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use outboxd::schema::LATEST_VERSION;
 use outboxd::Timestamp;
 
-use super::{open_for_writing, Global};
+use super::{database, Global};
 use crate::args::parse_duration;
-use crate::config::{resolve_listen, Config};
+use crate::config::{alerts, resolve_listen, Config};
 use crate::exit::{Exit, Failure};
+use outboxd::status::Thresholds;
 
 /// Shown under `outboxd run --help`.
 pub const EXAMPLES: &str = "\
@@ -65,10 +65,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     };
     crate::init_logging(&global.log, &config.log, "info");
 
-    let db = match &config.database {
-        Some(path) if !global.db_explicit => path.clone(),
-        _ => global.db.clone(),
-    };
+    let db = global.db_with_config(config.database.as_deref());
     let grace = args.shutdown_grace.unwrap_or(config.relay.shutdown_grace);
     let metrics_addr = match &args.metrics {
         Some(a) => Some(resolve_listen(a).map_err(|m| Failure::config(format!("--metrics: {m}")))?),
@@ -92,8 +89,11 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             .map_err(|e| Failure::config(e.to_string()))?;
     }
 
-    migrate(&db)?;
-    let max_dead = config.alerts.max_dead;
+    let report = database::migrate(&db)?;
+    if !report.was_current() {
+        tracing::info!(from = report.from, to = report.to, "migrated the database");
+    }
+    let alerts = config.alerts;
     let config_file = config
         .file
         .as_ref()
@@ -121,7 +121,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     if let Some(listener) = listener {
         let addr = listener.local_addr().ok();
         crate::metrics::spawn(listener, relay.metrics_source(), db.clone())
-            .context("cannot start the metrics thread")?;
+            .map_err(|e| Failure::internal(format!("cannot start the metrics thread: {e}")))?;
         tracing::info!(address = ?addr, "serving Prometheus metrics at /metrics");
     }
     for c in &consumers {
@@ -129,7 +129,8 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     tracing::info!(database = %db.display(), config = %config_file, "outboxd running; SIGINT or SIGTERM stops it");
 
-    let mut last_alert_check = Instant::now();
+    // The dead-letter alert is checked at once, then every ALERT_INTERVAL.
+    let mut last_alert_check: Option<Instant> = None;
     let mut dead_alert = false;
     loop {
         match signals.recv_timeout(LIVENESS_INTERVAL) {
@@ -140,11 +141,11 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             relay.join().context("the relay stopped")?;
             anyhow::bail!("the relay stopped without being asked to");
         }
-        if let Some(max) = max_dead {
-            if last_alert_check.elapsed() >= ALERT_INTERVAL {
-                last_alert_check = Instant::now();
-                dead_alert = check_dead_letters(&db, max, dead_alert);
-            }
+        if alerts.max_dead.is_some()
+            && last_alert_check.is_none_or(|t| t.elapsed() >= ALERT_INTERVAL)
+        {
+            last_alert_check = Some(Instant::now());
+            dead_alert = check_dead_letters(&db, &alerts, dead_alert);
         }
     }
     tracing::info!(
@@ -171,53 +172,42 @@ fn install_signal_handler() -> Result<Receiver<()>> {
             std::process::exit(130);
         }
     })
-    .context("cannot install the SIGINT/SIGTERM handler")?;
+    .map_err(|e| {
+        // ctrlc starts a thread to wait for signals; failing that is the
+        // system's limits, not the user's input.
+        let why = match &e {
+            ctrlc::Error::System(io) => io.to_string(),
+            other => other.to_string(),
+        };
+        Failure::internal(format!(
+            "cannot install the SIGINT/SIGTERM handler: {why}"
+        ))
+    })?;
     Ok(rx)
 }
 
-/// Creates or upgrades the schema, refusing a newer one before opening the
-/// file for writing (as `outboxd migrate` does).
-fn migrate(db: &Path) -> Result<()> {
-    if db.is_file() {
-        let found = outboxd::schema::version(&outboxd::connection::open_read_only(db)?)?;
-        if let Some(found) = found.filter(|v| *v > LATEST_VERSION) {
-            return Err(outboxd::Error::SchemaTooNew {
-                found,
-                supported: LATEST_VERSION,
-            }
-            .into());
-        }
-    }
-    let mut conn = open_for_writing(db)?;
-    let report = outboxd::schema::migrate(&mut conn)?;
-    if !report.was_current() {
-        tracing::info!(from = report.from, to = report.to, "migrated the database");
-    }
-    Ok(())
-}
-
-/// Logs when the dead letters cross `max` (and when they fall back); returns
-/// whether they are over it now.
-fn check_dead_letters(db: &Path, max: u64, was_over: bool) -> bool {
+/// Logs when the dead letters cross `[alerts] max_dead` (and when they fall
+/// back); returns whether they are over it now. (Stale events: the relay
+/// logs them itself, against the same `[alerts] stale_after`.)
+fn check_dead_letters(db: &Path, thresholds: &Thresholds, was_over: bool) -> bool {
     let status = outboxd::connection::open_read_only(db)
         .and_then(|conn| outboxd::status::status(&conn, Timestamp::now()));
     match status {
         Ok(s) => {
-            let over = s.counts.dead > max;
-            if over && !was_over {
-                tracing::warn!(
+            let over = s
+                .problems(thresholds)
+                .iter()
+                .map(alerts::describe)
+                .find(|p| p.threshold == "max-dead");
+            match &over {
+                Some(p) if !was_over => tracing::warn!("{} (alerts.max_dead)", p.message),
+                None if was_over => tracing::info!(
                     dead = s.counts.dead,
-                    max_dead = max,
-                    "dead letters over alerts.max_dead; inspect them with `outboxd dead list`"
-                );
-            } else if !over && was_over {
-                tracing::info!(
-                    dead = s.counts.dead,
-                    max_dead = max,
                     "dead letters back under alerts.max_dead"
-                );
+                ),
+                _ => {}
             }
-            over
+            over.is_some()
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the outbox status for the dead-letter alert");

@@ -7,8 +7,9 @@
 //! refused by name.
 //!
 //! To add a kind: its keys in the `raw_sink!` list below, a variant in
-//! [`SinkKind`] and an arm in [`build`], and a file here with its `KEYS`
-//! and a `build(&Checker, at, &RawSink) -> Result<Sink, ConfigError>`.
+//! [`SinkKind`], an arm in [`build`] and in [`default_retry`], and a file
+//! here with its `KEYS` and a
+//! `build(&Checker, at, &RawSink) -> Result<Sink, ConfigError>`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -54,7 +55,6 @@ pub struct Sink {
     description: String,
     time_limit: Option<Duration>,
     time_limit_key: &'static str,
-    default_retry: Option<RetryPolicy>,
     start: Option<StartHook>,
     probe: Option<ProbeHook>,
 }
@@ -68,7 +68,6 @@ impl Sink {
             description: description.into(),
             time_limit: None,
             time_limit_key: "timeout",
-            default_retry: None,
             start: None,
             probe: None,
         }
@@ -128,21 +127,9 @@ impl Sink {
         self
     }
 
-    /// The kind's own retry schedule, used instead of `[retry]` (a consumer's
-    /// `[consumer.retry]` still applies on top).
-    pub fn with_default_retry(mut self, policy: RetryPolicy) -> Sink {
-        self.default_retry = Some(policy);
-        self
-    }
-
     /// The longest one delivery may take, if the sink bounds it.
     pub fn time_limit(&self) -> Option<Duration> {
         self.time_limit
-    }
-
-    /// The kind's own retry schedule, if it has one.
-    pub fn default_retry(&self) -> Option<RetryPolicy> {
-        self.default_retry.clone()
     }
 
     /// A one-line description without secrets, for logs and check-config.
@@ -269,6 +256,16 @@ raw_sink! {
     ack_timeout: Dur,
     /// Create the stream when it is missing.
     create_stream: nats::RawCreateStream,
+}
+
+/// A kind's own retry schedule, used instead of `[retry]` (a consumer's
+/// `[consumer.retry]` still applies on top): receivers behind a webhook may
+/// be down for a day.
+pub fn default_retry(kind: SinkKind) -> Option<RetryPolicy> {
+    match kind {
+        SinkKind::Webhook => Some(RetryPolicy::webhook()),
+        SinkKind::Jsonl | SinkKind::Command | SinkKind::Nats => None,
+    }
 }
 
 /// Every environment variable the config's sinks read a secret from. Each

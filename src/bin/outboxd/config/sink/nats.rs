@@ -224,11 +224,10 @@ mod with_nats {
     ) -> Result<CreateStream, ConfigError> {
         let at = format!("{at}.create_stream");
         let d = CreateStream::default();
-        let replicas = c
-            .range(&format!("{at}.replicas"), raw.replicas, 1, 5)?
-            .unwrap_or(d.replicas);
+        // The library checks the ranges (replicas 1 to 5, the window
+        // against max_age); its errors name these keys.
         Ok(CreateStream {
-            replicas,
+            replicas: raw.replicas.unwrap_or(d.replicas),
             duplicate_window: positive(c, &at, "duplicate_window", raw.duplicate_window)?
                 .unwrap_or(d.duplicate_window),
             max_age: raw.max_age.map_or(d.max_age, |x| x.0),
