@@ -51,6 +51,11 @@ pub(super) fn headers(d: &Delivery) -> Result<HeaderMap, String> {
         h.insert(name, value);
     }
     h.insert("Outboxd-Attempt", d.attempt.to_string());
+    if d.legacy {
+        // As the webhook sink says it: the id is derived from the row, and
+        // rows carrying the same event are not deduplicated in the outbox.
+        h.insert("Outboxd-Legacy", "true");
+    }
     Ok(h)
 }
 
@@ -140,6 +145,10 @@ mod tests {
         assert_eq!(get("Outboxd-Correlation-Id"), None);
         assert_eq!(get("Outboxd-Ordering-Key"), None);
         assert_eq!(get("Outboxd-Attempt").as_deref(), Some("3"));
+        assert_eq!(get("Outboxd-Legacy"), None);
+        let legacy = Delivery { legacy: true, ..d };
+        let h = headers(&legacy).unwrap();
+        assert_eq!(h.get("Outboxd-Legacy").map(|v| v.as_str()), Some("true"));
     }
 
     #[test]

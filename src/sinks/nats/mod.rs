@@ -14,6 +14,7 @@
 //! | `Outboxd-Causation-Id`, `Outboxd-Correlation-Id` | when the event has them |
 //! | `Outboxd-Ordering-Key` | when the event has one |
 //! | `Outboxd-Attempt` | 1 on the first try, 2 on the first retry… |
+//! | `Outboxd-Legacy` | `true` for a legacy row; absent otherwise |
 //!
 //! A legacy row (written without an event id) gets the id the relay derives
 //! for it ([`EventId::for_legacy_row`]: a ULID of the row's creation time and
