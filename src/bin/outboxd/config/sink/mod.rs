@@ -74,18 +74,21 @@ impl Sink {
     }
 
     /// The key that sets the time limit, when it is not `timeout`.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // only nats uses it so far
     pub fn with_time_limit_key(mut self, key: &'static str) -> Sink {
         self.time_limit_key = key;
         self
     }
 
     /// A connection step for `outboxd run` (see [`StartHook`]).
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // only nats uses it so far
     pub fn with_start(mut self, hook: StartHook) -> Sink {
         self.start = Some(hook);
         self
     }
 
     /// A look at the destination for check-config and doctor.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // only nats uses it so far
     pub fn with_probe(mut self, hook: ProbeHook) -> Sink {
         self.probe = Some(hook);
         self

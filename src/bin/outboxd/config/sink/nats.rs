@@ -31,6 +31,7 @@ pub const KEYS: &[&str] = &[
 
 /// `create_stream = { … }` as written.
 #[derive(Debug, Deserialize)]
+#[cfg_attr(not(feature = "nats"), allow(dead_code))]
 #[serde(deny_unknown_fields)]
 pub struct RawCreateStream {
     replicas: Option<usize>,
