@@ -234,7 +234,7 @@ pub fn filters_overlap(a: &str, b: &str) -> bool {
 
 /// Long producer-written text cut for a dead letter's reason.
 fn shorten(s: &str) -> String {
-    crate::sinks::bounded_text(s.as_bytes(), 120, false)
+    crate::text::clip(s, 120, crate::text::Keep::Head).into_owned()
 }
 
 #[cfg(test)]
