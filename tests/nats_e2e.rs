@@ -309,7 +309,7 @@ fn a_cluster_node_killed_mid_run_loses_nothing_and_publishing_continues() {
 
 #[test]
 fn no_server_at_start_up_is_waited_for_without_holding_other_consumers_back() {
-    let n = events_n().min(1_000);
+    let n = events_n();
     let mut server = NatsServer::prepare(Settings::default());
     let db = TestDb::new();
     enqueue(&db, n);
