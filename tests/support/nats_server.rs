@@ -470,11 +470,14 @@ impl StreamAdmin {
         self.rt.block_on(async {
             let stream = self.js.get_stream(name).await.unwrap();
             // A cluster that just lost a node may still be electing the
-            // leader that places consumers: retry for a while.
-            let deadline = Instant::now() + READY;
+            // leader that places consumers: retry for a while. One replica
+            // in memory: the reader needs no raft group of its own.
+            let deadline = Instant::now() + 2 * READY;
             let consumer = loop {
                 let config = jetstream::consumer::pull::Config {
                     ack_policy: jetstream::consumer::AckPolicy::None,
+                    num_replicas: 1,
+                    memory_storage: true,
                     ..Default::default()
                 };
                 match stream.create_consumer(config).await {
