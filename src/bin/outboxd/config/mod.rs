@@ -199,6 +199,51 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
+/// A whole number from `LO` to `HI` (`u64::MAX`: no upper bound), the
+/// range the setting allows (the library's constants): a wrong type or a
+/// number outside it is refused while parsing, with the line, in the
+/// setting's own range ("expected a whole number from 1 to 1000"), not the
+/// range of the Rust type that holds it.
+#[derive(Debug, Clone, Copy)]
+pub struct Whole<const LO: u64, const HI: u64>(pub u64);
+
+impl<const LO: u64, const HI: u64> Whole<LO, HI> {
+    /// The value as a `usize` (every bound outboxd uses fits in one).
+    pub fn get(self) -> usize {
+        usize::try_from(self.0).unwrap_or(usize::MAX)
+    }
+}
+
+impl<'de, const LO: u64, const HI: u64> Deserialize<'de> for Whole<LO, HI> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor<const LO: u64, const HI: u64>;
+        impl<const LO: u64, const HI: u64> serde::de::Visitor<'_> for Visitor<LO, HI> {
+            type Value = Whole<LO, HI>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                if HI == u64::MAX {
+                    write!(f, "a whole number ({LO} or more)")
+                } else {
+                    write!(f, "a whole number from {LO} to {HI}")
+                }
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
+                if (LO..=HI).contains(&n) {
+                    Ok(Whole(n))
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Unsigned(n), &self))
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::invalid_value(serde::de::Unexpected::Signed(n), &self)),
+                }
+            }
+        }
+        d.deserialize_u64(Visitor::<LO, HI>)
+    }
+}
+
 /// The whole file as written: one field per section.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -588,12 +633,27 @@ pub(crate) mod tests {
             (
                 "[relay]\nworkers = \"two\"",
                 "relay.workers",
-                "expected a whole number (0 or more), found the text \"two\"",
+                "expected a whole number from 1 to 1024, found the text \"two\"",
+            ),
+            (
+                "[relay]\nworkers = 0",
+                "relay.workers",
+                "0 is out of range; expected a whole number from 1 to 1024",
             ),
             (
                 "[retry]\nmax_attempts = 99999999999",
                 "retry.max_attempts",
-                "99999999999 is out of range; expected a whole number from 0 to 4294967295",
+                "99999999999 is out of range; expected a whole number from 1 to 1000",
+            ),
+            (
+                "[retry]\nmax_attempts = \"ten\"",
+                "retry.max_attempts",
+                "expected a whole number from 1 to 1000, found the text \"ten\"",
+            ),
+            (
+                "[purge]\nbatch_size = -1",
+                "purge.batch_size",
+                "-1 is out of range; expected a whole number from 1 to 100000",
             ),
             (
                 "[retry]\njitter = \"x\"",

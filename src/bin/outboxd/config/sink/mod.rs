@@ -19,7 +19,7 @@ use outboxd::consumer::{Consumer, Delivery, Outcome};
 use outboxd::RetryPolicy;
 use serde::Deserialize;
 
-use super::{Checker, ConfigError, Dur};
+use super::{Checker, ConfigError, Dur, Whole};
 
 pub mod command;
 pub mod jsonl;
@@ -233,7 +233,7 @@ raw_sink! {
     /// Extra request headers.
     headers: BTreeMap<String, String>,
     /// The most response bytes read.
-    max_response_bytes: u64,
+    max_response_bytes: Whole<1, { u64::MAX }>,
     // nats
     /// The NATS server URLs.
     servers: Vec<String>,
