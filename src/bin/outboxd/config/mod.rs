@@ -702,6 +702,38 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn setting_errors_echo_durations_in_the_units_people_write() {
+        let cases = [
+            (
+                "[relay]\nlease = \"0s\"",
+                "relay.lease",
+                "0s is too short; allowed: 1s or more",
+            ),
+            (
+                "[relay]\npoll_interval = \"2m\"",
+                "relay.poll_interval",
+                "2m is out of range; allowed: 1ms to 1m",
+            ),
+            (
+                "[purge]\ndelivered_retention = \"14d\"\ndedup_ttl = \"7d\"",
+                "purge.dedup_ttl",
+                "7d is shorter than purge.delivered_retention (14d); the dedup window must \
+                 cover every kept row",
+            ),
+            (
+                "[retry]\ninitial = \"1h\"\nmax_delay = \"30m\"",
+                "retry.max_delay",
+                "30m is shorter than retry.initial (1h); allowed: retry.initial or longer",
+            ),
+        ];
+        for (section, field, want) in cases {
+            let e = parse(&format!("{section}\n{STDOUT}")).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert_eq!(e.message, want, "{e}");
+        }
+    }
+
+    #[test]
     fn unknown_keys_are_refused_with_the_allowed_ones() {
         let e = parse(&format!("{STDOUT}[relay]\nworkerz = 2\n")).unwrap_err();
         assert!(e.field.starts_with("relay"), "{e}");
