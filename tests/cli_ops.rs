@@ -707,11 +707,18 @@ fn purge_dry_run_counts_and_purge_deletes() {
     assert!(out.contains("deleted 1 dead letter "), "{out}");
     assert_eq!(db.count("status = 'dead'"), 0);
 
-    // A dedup window shorter than the retention is refused, naming the flags.
-    Outboxd::on(&db.path).fails(
+    // A dedup window shorter than the retention is refused, naming the
+    // flags (not the config's fields) and the durations as written.
+    let err = Outboxd::on(&db.path).fails(
         &["purge", "--delivered-retention", "2d", "--dedup-ttl", "1d"],
         INPUT,
-        "--dedup-ttl",
+        "--dedup-ttl: 1d is shorter than --delivered-retention (2d)",
+    );
+    assert!(!err.contains("purge.delivered_retention"), "{err}");
+    Outboxd::on(&db.path).fails(
+        &["purge", "--dedup-ttl", "1d"],
+        INPUT,
+        "--dedup-ttl: 1d is shorter than --delivered-retention (7d, its default)",
     );
     // 10.4: a retention so long that "now minus it" would wrap around into
     // the future (and purge everything) keeps everything.
