@@ -193,6 +193,11 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
         "{}",
         p.stderr()
     );
+    assert!(
+        p.stderr().contains("--http-token-env VAR"),
+        "the message names the command-line way: {}",
+        p.stderr()
+    );
 
     // With one, every request needs it.
     let token = "s3cret-token-for-the-console-test";
@@ -263,6 +268,43 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     let r = http(&addr, "GET", "/dead", &[("Cookie", session)], "");
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.body.contains("article.created.v1"));
+}
+
+#[test]
+fn run_takes_the_console_token_variable_from_the_command_line() {
+    let db = common::TestDb::new();
+    let port = free_addr().rsplit(':').next().unwrap().to_string();
+    let any = format!("0.0.0.0:{port}");
+    let token = "a-token-from-the-command-line-42";
+    let mut p = spawn(
+        &db.path,
+        &["run", "--http", &any, "--http-token-env", "RUN_TEST_TOKEN"],
+        &[("RUN_TEST_TOKEN", token)],
+    );
+    let addr = format!("127.0.0.1:{port}");
+    wait_http(&mut p, &addr);
+    assert_eq!(get(&addr, "/healthz").status, 401);
+    let bearer = format!("Bearer {token}");
+    let r = http(&addr, "GET", "/healthz", &[("Authorization", &bearer)], "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    // An unset variable is refused, naming it.
+    let mut p = spawn(
+        &db.path,
+        &[
+            "console",
+            "--http",
+            &free_addr(),
+            "--http-token-env",
+            "UNSET_TOKEN_VAR_9z",
+        ],
+        &[],
+    );
+    assert_eq!(p.wait(WAIT).code(), Some(code::CONFIG), "{}", p.stderr());
+    assert!(
+        p.stderr().contains("UNSET_TOKEN_VAR_9z is not set"),
+        "{}",
+        p.stderr()
+    );
 }
 
 #[test]
