@@ -25,6 +25,15 @@ use crate::exit::Failure;
 
 /// Creates or upgrades the schema (the file too, if missing).
 pub fn migrate(path: &Path) -> Result<MigrationReport> {
+    if let Some(dir) = missing_directory(path) {
+        return Err(Failure::database(format!(
+            "cannot create database {}: the directory {} does not exist; create it first \
+             (outboxd creates the file, not its directory)",
+            path.display(),
+            dir.display()
+        ))
+        .into());
+    }
     let mut conn = open_writable(path)?;
     Ok(outboxd::schema::migrate(&mut conn)?)
 }
@@ -88,9 +97,24 @@ fn open_writable(path: &Path) -> Result<Connection> {
     Ok(outboxd::connection::open(path)?)
 }
 
+/// The database's directory, when it does not exist (then neither the file
+/// nor `migrate` can be of use there).
+fn missing_directory(path: &Path) -> Option<&Path> {
+    path.parent()
+        .filter(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+}
+
 /// Refuses a database file that does not exist, for commands that must not
 /// create one.
 fn require_existing(path: &Path) -> Result<()> {
+    if let Some(dir) = missing_directory(path) {
+        return Err(Failure::database(format!(
+            "cannot open database {}: the directory {} does not exist; check the path",
+            path.display(),
+            dir.display()
+        ))
+        .into());
+    }
     if !path.exists() {
         return Err(Failure::database(format!(
             "cannot open database {}: no such file; create it with `outboxd --db {} migrate`",
