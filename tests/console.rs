@@ -318,6 +318,10 @@ fn a_foreign_host_name_is_refused_on_loopback() {
     s.read_to_string(&mut out).unwrap();
     assert!(out.starts_with("HTTP/1.0 403"), "{out}");
     assert!(out.contains("DNS rebinding"), "{out}");
+    assert!(
+        out.contains(&format!("open the console at http://{addr}/")),
+        "the address to use, not a placeholder: {out}"
+    );
     assert_eq!(get(&addr, "/").status, 200);
 }
 

@@ -277,11 +277,21 @@ fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
     serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let inner = e.into_inner();
+        let message = inner.message().trim();
+        // `[consumer]` (one pair of brackets) is a table where a list of
+        // tables is wanted: the usual slip, said in TOML's terms.
+        let message = if field == "consumer" && message.starts_with("invalid type: map") {
+            "is a single table; write each consumer as [[consumer]] (two pairs of brackets: \
+             one table per consumer), and its sink as [consumer.sink]"
+                .to_string()
+        } else {
+            in_words(message)
+        };
         ConfigError {
             file: file.to_path_buf(),
             field: if field == "." { String::new() } else { field },
             line: inner.span().map(|s| line_of(text, s.start)),
-            message: in_words(inner.message().trim()),
+            message,
         }
     })
 }
@@ -731,6 +741,17 @@ pub(crate) mod tests {
             assert_eq!(e.field, field, "{e}");
             assert_eq!(e.message, want, "{e}");
         }
+    }
+
+    #[test]
+    fn common_slips_are_said_in_the_files_terms() {
+        let e = parse("[consumer]\nname = \"c\"\ntypes = [\"*\"]\n").unwrap_err();
+        assert_eq!(e.field, "consumer");
+        assert!(e.message.contains("[[consumer]]"), "{e}");
+        assert!(!e.message.contains("[\"a\", \"b\"]"), "{e}");
+        let e = parse(&STDOUT.replace("path = \"-\"", "path = \"\"")).unwrap_err();
+        assert_eq!(e.field, "consumer[0].sink.path");
+        assert!(e.message.starts_with("is empty"), "{e}");
     }
 
     #[test]

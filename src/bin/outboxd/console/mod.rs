@@ -193,7 +193,11 @@ pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
         None => None,
     };
     let app = Arc::new(App {
-        auth: auth::Auth::new(settings.serve.token.clone(), settings.serve.listen),
+        // The address bound (the config's port may be 0), for messages.
+        auth: auth::Auth::new(
+            settings.serve.token.clone(),
+            listener.local_addr().unwrap_or(settings.serve.listen),
+        ),
         db: settings.db,
         pool,
         read_only: settings.serve.read_only,
