@@ -56,7 +56,8 @@ pub fn open(path: impl AsRef<Path>) -> Result<Connection> {
     }
     // A database from a newer outboxd is refused before anything, even the
     // switch to WAL, writes to it.
-    if let Some(found) = crate::schema::version(&conn).map_err(|e| explain(path, e))? {
+    let version = crate::schema::version(&conn).map_err(|e| explain(path, &conn, e))?;
+    if let Some(found) = version {
         if found > crate::schema::LATEST_VERSION {
             return Err(Error::SchemaTooNew {
                 found,
@@ -64,7 +65,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<Connection> {
             });
         }
     }
-    configure(&conn).map_err(|e| explain(path, e))?;
+    configure(&conn).map_err(|e| explain(path, &conn, e))?;
     Ok(conn)
 }
 
@@ -155,8 +156,28 @@ fn open_reader(path: &Path, mode: ReadMode) -> rusqlite::Result<Connection> {
         Error::Database { source, .. } => source,
         _ => rusqlite::Error::InvalidQuery,
     })?;
-    conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))?;
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))
+        .map_err(|e| if storage_full(&conn) { disk_full() } else { e })?;
     Ok(conn)
+}
+
+/// True when the OS error behind the connection's last failure is "no
+/// space left on device": SQLite reports it as a plain I/O error (such as
+/// growing the WAL index), which does not say so.
+fn storage_full(conn: &Connection) -> bool {
+    // SAFETY: the handle is valid while `conn` lives, and is used on this
+    // thread only.
+    let errno = unsafe { rusqlite::ffi::sqlite3_system_errno(conn.handle()) };
+    errno != 0 && std::io::Error::from_raw_os_error(errno).kind() == std::io::ErrorKind::StorageFull
+}
+
+/// SQLite's "database or disk is full", for an I/O error whose cause was
+/// a full file system ([`storage_full`]).
+fn disk_full() -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+        Some("no space left on device".into()),
+    )
 }
 
 /// True when `e` may be SQLite failing to create the missing `-shm` WAL
@@ -296,6 +317,7 @@ fn open_error(path: &Path, e: rusqlite::Error) -> Error {
         Some(C::CannotOpen) => format!("cannot open the file ({e}); check that its directory exists and is writable"),
         Some(C::ReadOnly) => "the file or its directory is read-only; outboxd needs to write the database, its -wal and its -shm files".to_string(),
         Some(C::PermissionDenied) => "permission denied".to_string(),
+        Some(C::DiskFull) => "no space left on device; free some space on its file system".to_string(),
         _ => e.to_string(),
     };
     Error::Open {
@@ -304,9 +326,11 @@ fn open_error(path: &Path, e: rusqlite::Error) -> Error {
     }
 }
 
-/// Turns errors that really mean "this path is unusable" into [`Error::Open`].
-fn explain(path: &Path, e: Error) -> Error {
+/// Turns errors that really mean "this path is unusable" (a full file
+/// system among them, asked of `conn`) into [`Error::Open`].
+fn explain(path: &Path, conn: &Connection, e: Error) -> Error {
     match e {
+        Error::Database { .. } if storage_full(conn) => open_error(path, disk_full()),
         Error::Database { source, .. }
             if matches!(
                 source.sqlite_error_code(),

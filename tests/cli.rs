@@ -488,6 +488,72 @@ fn an_empty_outboxd_db_is_named_and_ignored_beside_db() {
     );
 }
 
+/// A small tmpfs, unmounted when dropped; None where this process may not
+/// mount one (not root, or a container without the capability).
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[test]
+fn a_full_disk_is_named_as_such() {
+    let Some(fs) = Tmpfs::mount("2m") else {
+        eprintln!("a_full_disk_is_named_as_such: skipped: cannot mount a tmpfs here");
+        return;
+    };
+    let db = fs.0.path().join("app.db");
+    let outboxd = common::bin::Outboxd::on(&db);
+    outboxd.ok(&["migrate"]);
+    outboxd.ok(&["enqueue", "--type", "a.b.v1"]);
+    // Fill the file system to the last block.
+    let mut fill = std::fs::File::create(fs.0.path().join("fill")).unwrap();
+    let block = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut fill, &block).is_ok() {}
+    drop(fill);
+    for args in [
+        vec!["run"],
+        vec!["enqueue", "--type", "a.b.v1"],
+        vec!["status"],
+    ] {
+        let err = outboxd.fails(&args, DATABASE, "no space left on device");
+        assert!(!err.contains("disk I/O error"), "{args:?}: {err}");
+    }
+
+    // Room to open the database, not to commit a large event: the commit's
+    // "database or disk is full" gets the file system's word.
+    std::fs::remove_file(fs.0.path().join("fill")).unwrap();
+    std::fs::write(fs.0.path().join("fill"), vec![0u8; 1536 << 10]).unwrap();
+    let payload = format!("{{\"x\": \"{}\"}}", "y".repeat(900 << 10));
+    let out = outboxd.run_with_stdin(
+        &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
+        payload.as_bytes(),
+    );
+    assert_eq!(out.status.code(), Some(DATABASE), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no space left on device: the file system holding"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_read_only_file() {
     use std::os::unix::fs::PermissionsExt;

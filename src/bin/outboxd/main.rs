@@ -106,7 +106,11 @@ fn main() -> ExitCode {
         Ok(code) => code.into(),
         Err(e) if exit::is_broken_pipe(&e) => Exit::Ok.into(),
         Err(e) => {
-            eprintln!("outboxd: error: {}", exit::one_line(&e));
+            let line = exit::one_line(&e);
+            match cmd::database::no_space(&e) {
+                Some(note) => eprintln!("outboxd: error: {line}: {note}"),
+                None => eprintln!("outboxd: error: {line}"),
+            }
             exit::classify(&e).into()
         }
     }
