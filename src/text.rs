@@ -1,8 +1,9 @@
 //! Text for people: clipping text that others wrote (a producer's
 //! malformed value, a consumer's failure reason) to a bounded size before
 //! it goes into a message, a log line or a dead letter, so no row or
-//! consumer can flood them; and durations in the units a person writes.
-//! The one place each is done.
+//! consumer can flood them; escaping its control characters, so it cannot
+//! break a line or drive a terminal; and durations in the units a person
+//! writes. The one place each is done.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -49,6 +50,87 @@ pub fn clip(s: &str, max: usize, keep: Keep) -> Cow<'_, str> {
                 start += 1;
             }
             Cow::Owned(format!("{ELLIPSIS}{}", &s[start..]))
+        }
+    }
+}
+
+/// True for what [`escape`] writes as an escape: control characters (line
+/// breaks, tabs, ESC, BEL…) and the Unicode line and paragraph separators.
+fn needs_escape(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+        c => out.push(c),
+    }
+}
+
+/// `s` on one line, safe to print: line breaks, tabs, other control
+/// characters (an ANSI escape, a BEL) and the Unicode line and paragraph
+/// separators are written as escapes (`\n`, `\u{1b}`), so text a producer or
+/// a consumer wrote can neither start a line of its own (in a table, a text
+/// log) nor move a terminal's cursor or change its colours. Every CLI output
+/// of such text goes through it (the console escapes for HTML instead).
+///
+/// ```
+/// use outboxd::text::escape;
+/// assert_eq!(escape("order.placed.v1"), "order.placed.v1");
+/// assert_eq!(escape("a\nb\x1b[31mc\x07"), "a\\nb\\u{1b}[31mc\\u{7}");
+/// ```
+pub fn escape(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(needs_escape) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        push_escaped(&mut out, c);
+    }
+    Cow::Owned(out)
+}
+
+/// [`escape`]d `s`, then at most `max` bytes of it (its start or its end)
+/// with [`ELLIPSIS`] added where text was dropped; an escape is never cut in
+/// half. What the sinks keep of a program's or a receiver's words.
+///
+/// ```
+/// use outboxd::text::{escape_clipped, Keep};
+/// assert_eq!(escape_clipped("ab\n\ncd", 5, Keep::Head), "ab\\n…");
+/// assert_eq!(escape_clipped("ab\n\ncd", 5, Keep::Tail), "…\\ncd");
+/// ```
+pub fn escape_clipped(s: &str, max: usize, keep: Keep) -> String {
+    let mut line = String::with_capacity(s.len());
+    // Where each character's (possibly escaped) form starts: the only places
+    // to cut, so that no escape is cut in half.
+    let mut starts = Vec::with_capacity(s.len());
+    for c in s.chars() {
+        starts.push(line.len());
+        push_escaped(&mut line, c);
+    }
+    if line.len() <= max {
+        return line;
+    }
+    match keep {
+        Keep::Tail => {
+            let cut = starts
+                .iter()
+                .copied()
+                .find(|&s| line.len() - s <= max)
+                .unwrap_or(line.len());
+            format!("{ELLIPSIS}{}", &line[cut..])
+        }
+        Keep::Head => {
+            let cut = starts
+                .iter()
+                .copied()
+                .take_while(|&s| s <= max)
+                .last()
+                .unwrap_or(0);
+            format!("{}{ELLIPSIS}", &line[..cut])
         }
     }
 }

@@ -150,8 +150,9 @@ fn write_text(out: &mut impl Write, db: &str, s: &Status) -> std::io::Result<()>
     writeln!(out, "dead:             {}", c.dead)?;
     if !s.delivered_by_consumer.is_empty() {
         writeln!(out, "delivered by consumer:")?;
+        // Consumer names as the ledger holds them (foreign SQL may write it).
         for (consumer, n) in &s.delivered_by_consumer {
-            writeln!(out, "  {consumer}: {n}")?;
+            writeln!(out, "  {}: {n}", outboxd::text::escape(consumer))?;
         }
     }
     Ok(())
