@@ -228,9 +228,11 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
         );
     }
     assert!(get(&addr, "/metrics").header("WWW-Authenticate").is_some());
-    let bearer = format!("Bearer {token}");
-    let r = http(&addr, "GET", "/metrics", &[("Authorization", &bearer)], "");
-    assert_eq!(r.status, 200, "{}", r.body);
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let bearer = format!("{scheme} {token}");
+        let r = http(&addr, "GET", "/metrics", &[("Authorization", &bearer)], "");
+        assert_eq!(r.status, 200, "{scheme}: {}", r.body);
+    }
     let r = http(
         &addr,
         "GET",

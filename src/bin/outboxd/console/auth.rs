@@ -90,10 +90,12 @@ impl Auth {
         let Some(token) = &self.token else {
             return Ok(());
         };
+        // The scheme is case-insensitive (RFC 7235): "bearer" is "Bearer".
         let bearer = req
             .header("authorization")
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|given| eq(given.trim(), &token.secret));
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .is_some_and(|(_, given)| eq(given.trim(), &token.secret));
         let cookie = req
             .header("cookie")
             .and_then(|c| cookie_value(c, COOKIE))
