@@ -230,7 +230,24 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
     assert!(text.contains("user.deleted.v1"), "{text}");
     assert!(text.contains("the payload has no customer"), "{text}");
     let list = Outboxd::on(&db.path).json(&["dead", "list", "--json", "--limit", "1"], OK);
-    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list["dead_letters"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(
+        (&list["total"], &list["shown"]),
+        (&2.into(), &1.into()),
+        "{list}"
+    );
+    // The text says what the limit left out.
+    let text = Outboxd::on(&db.path).expect(&["dead", "list", "--limit", "1"], OK);
+    assert_eq!(text.lines().count(), 3, "header, one row, the rest: {text}");
+    assert!(
+        text.lines()
+            .last()
+            .unwrap()
+            .starts_with("1 more not shown (the newest 1 of 2); use --limit 2"),
+        "{text}"
+    );
+    let all = Outboxd::on(&db.path).expect(&["dead", "list"], OK);
+    assert!(!all.contains("more not shown"), "{all}");
 
     // By event id and by row id: reason, attempts and payload.
     let text = Outboxd::on(&db.path).expect(&["dead", "show", &ids[0].to_string()], OK);

@@ -55,9 +55,13 @@ pub enum Args {
 }
 
 const LIST_HELP: &str = "\
-Reads only. Example:
+Reads only. Shows the newest --limit (50) and says how many more there are.
+--json prints one object: \"total\" (every dead letter), \"shown\" and
+\"dead_letters\" (the list).
+
+Examples:
   outboxd --db app.db dead list --limit 20
-  outboxd --db app.db dead list --json | jq '.[].reason'";
+  outboxd --db app.db dead list --json | jq '.total, .dead_letters[].reason'";
 
 const SHOW_HELP: &str = "\
 Reads only. ID is the row id `dead list` prints first, or the event id.
@@ -260,9 +264,15 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
     let conn = database::for_reading(&global.db)?;
     let dead = dead_letter::list(&conn, args.limit)?;
+    let total = dead_letter::count(&conn, &Selector::All)?.max(dead.len() as u64);
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer(&mut out, &dead)?;
+        let value = serde_json::json!({
+            "total": total,
+            "shown": dead.len(),
+            "dead_letters": dead,
+        });
+        serde_json::to_writer(&mut out, &value)?;
         writeln!(out)?;
         return Ok(Exit::Ok);
     }
@@ -287,6 +297,14 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
             d.attempts,
             d.dead_at.map_or_else(|| "-".into(), |t| t.to_string()),
             reason_summary(d.reason.as_deref().unwrap_or("-"), 80)
+        )?;
+    }
+    let more = total - dead.len() as u64;
+    if more > 0 {
+        writeln!(
+            out,
+            "{more} more not shown (the newest {} of {total}); use --limit {total} to see them all",
+            dead.len()
         )?;
     }
     Ok(Exit::Ok)
