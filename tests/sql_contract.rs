@@ -506,7 +506,10 @@ fn check_doc_example(host: &Host, first: &str, second: &str) {
             r.get(0)
         })
         .unwrap();
-    assert_eq!(orders, 1, "the duplicate committed a second order without its event");
+    assert_eq!(
+        orders, 1,
+        "the duplicate committed a second order without its event"
+    );
 }
 
 #[test]
