@@ -108,6 +108,9 @@ pub enum Error {
     /// The relay has shut down.
     #[error("the relay has shut down")]
     Shutdown,
+    /// A capture cannot be installed as defined (see [`crate::capture`]).
+    #[error(transparent)]
+    Capture(#[from] crate::capture::CaptureError),
 }
 
 impl Error {

@@ -35,9 +35,11 @@
 //! - [`clock`]: time as an input.
 //! - [`status`]: a read-only snapshot of the outbox for operators.
 //! - [`intents`]: publish intents, outside writes that are never posted twice.
+//! - [`capture`]: triggers that turn a host's own writes into events (change capture).
 //! - [`sinks`] (feature `sinks`): ready-made consumers: JSON lines, a child program, a webhook.
 #![warn(missing_docs)]
 
+pub mod capture;
 pub mod clock;
 pub mod connection;
 pub mod consumer;

@@ -30,11 +30,18 @@ pub struct Migration {
 
 /// Every migration, in order. Versions are 1, 2, 3… with no gaps (a test
 /// checks it against the files in `migrations/`).
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../../migrations/0001_init.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../../migrations/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "capture",
+        sql: include_str!("../../migrations/0002_capture.sql"),
+    },
+];
 
 /// The newest schema version this build knows.
 pub const LATEST_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
