@@ -38,12 +38,14 @@ CREATE TABLE outboxd_capture_replaced (
     -- The replaced row's rowid; NULL for a WITHOUT ROWID table.
     row_id       INTEGER,
     -- Its key as JSON, to match the delete trigger's OLD row.
-    row_key      TEXT    NOT NULL,
+    row_key      TEXT,
     -- 1 when a UNIQUE constraint other than the rowid matched: the write
     -- cannot have succeeded without replacing the row.
-    exact        INTEGER NOT NULL,
-    event_type   TEXT    NOT NULL,
-    payload      TEXT    NOT NULL,
+    exact        INTEGER,
+    -- The delete event. No NOT NULL here: a constraint this table broke
+    -- would fail the host's write.
+    event_type   TEXT,
+    payload      TEXT,
     tenant_id    TEXT,
     ordering_key TEXT
 );

@@ -432,7 +432,8 @@ impl Plan {
                 "0".to_string()
             }
         } else {
-            format!("({})", uniques.join(" OR "))
+            // A comparison with NULL is NULL: no match.
+            format!("ifnull({},0)", uniques.join(" OR "))
         };
         let row_id = self.rowid(o).unwrap_or_else(|| "NULL".into());
         let name = self.trigger_name(&format!("before_{}", op.name()));
