@@ -1,0 +1,452 @@
+//! `outboxd.toml` → a validated [`Config`], sinks constructed.
+//!
+//! Parsing and checking happen in two steps. serde (with
+//! `deny_unknown_fields` everywhere, wrapped by `serde_path_to_error`) turns
+//! the text into raw structs, so a typo or a wrong type is reported with
+//! its field path (`consumer[1].sink.url`). [`validate`] then checks what
+//! serde cannot: ranges, unique consumer names, event-type patterns, the
+//! lease against every sink's timeout, and builds each sink, which finds a
+//! missing program, a bad URL or a missing secret. Every failure is one
+//! [`ConfigError`] naming the file, the field and what is allowed, before
+//! the database is touched.
+//!
+//! Relative paths (the database, a JSONL file, a command program written
+//! with a `/`, a secret file) are resolved against the config file's
+//! directory, so a service's working directory does not matter.
+//!
+//! # Layout
+//!
+//! One file per section of the config, each holding the section's raw form
+//! (as written, `Raw*`), its validated form, and the `check` that turns one
+//! into the other: [`relay`], [`retry`], [`purge`], [`alerts`], [`log`],
+//! [`metrics`], [`consumer`] and, one file per kind, [`sink`].
+//!
+//! To add a section (`[http]`, `[[capture]]`): a file here with its raw
+//! struct (`#[serde(deny_unknown_fields)]`) and a `check(&Checker, &Raw…)`,
+//! a field in [`RawConfig`] and in [`Config`], and one line in [`validate`].
+//! To add a sink kind, see [`sink`].
+//!
+//! packaging/outboxd.example.toml documents every key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use outboxd::purge::PurgePolicy;
+use outboxd::relay::RelayBuilder;
+use outboxd::{Relay, RetryPolicy};
+use serde::Deserialize;
+
+use crate::args::parse_duration;
+
+pub mod alerts;
+pub mod consumer;
+pub mod log;
+pub mod metrics;
+pub mod purge;
+pub mod relay;
+pub mod retry;
+pub mod sink;
+
+pub use alerts::Alerts;
+pub use consumer::ConsumerSpec;
+pub use log::{LogFormat, LogSettings};
+pub use metrics::resolve_listen;
+pub use relay::RelaySettings;
+
+/// A config file is unusable: which file, which field, what is wrong and
+/// what is allowed. Never holds a secret's value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.render())]
+pub struct ConfigError {
+    /// The config file.
+    pub file: PathBuf,
+    /// The field path, such as `consumer[1].sink.url`; empty for a syntax
+    /// error outside any field.
+    pub field: String,
+    /// The line the problem is on, when the parser knows it.
+    pub line: Option<usize>,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+impl ConfigError {
+    fn render(&self) -> String {
+        let mut s = format!("config {}", self.file.display());
+        if let Some(line) = self.line {
+            s.push_str(&format!(", line {line}"));
+        }
+        if !self.field.is_empty() {
+            s.push_str(&format!(": {}", self.field));
+        }
+        s.push_str(": ");
+        s.push_str(&self.message);
+        s
+    }
+}
+
+/// A validated configuration, sinks built.
+#[derive(Debug)]
+pub struct Config {
+    /// The config file, None for the built-in default.
+    pub file: Option<PathBuf>,
+    /// The database (resolved against the config's directory).
+    pub database: Option<PathBuf>,
+    /// Relay tuning.
+    pub relay: RelaySettings,
+    /// The retry policy of consumers without their own.
+    pub retry: RetryPolicy,
+    /// The relay's TTL purge; None when disabled.
+    pub purge: Option<PurgePolicy>,
+    /// Alert thresholds.
+    pub alerts: Alerts,
+    /// Logging.
+    pub log: LogSettings,
+    /// Where to serve Prometheus metrics.
+    pub metrics: Option<SocketAddr>,
+    /// The consumers, at least one.
+    pub consumers: Vec<ConsumerSpec>,
+}
+
+impl Config {
+    /// The configuration of `outboxd run` without `--config`: one consumer
+    /// named `stdout` taking every event type, writing JSON lines to stdout.
+    pub fn stdout_default() -> Config {
+        Config {
+            file: None,
+            database: None,
+            relay: RelaySettings::default(),
+            retry: RetryPolicy::default(),
+            purge: Some(PurgePolicy::default()),
+            alerts: Alerts::default(),
+            log: LogSettings::default(),
+            metrics: None,
+            consumers: vec![ConsumerSpec {
+                name: "stdout".into(),
+                types: vec!["*".into()],
+                retry: RetryPolicy::default(),
+                sink: sink::jsonl::stdout(false),
+            }],
+        }
+    }
+
+    /// Reads, parses and validates a config file.
+    pub fn load(file: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+            file: file.to_path_buf(),
+            field: String::new(),
+            line: None,
+            message: format!("cannot read the file: {e}"),
+        })?;
+        Config::parse(&text, file)
+    }
+
+    /// Parses and validates config text said to come from `file` (relative
+    /// paths inside are resolved against its directory).
+    pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
+        let raw = parse_raw(text, file)?;
+        validate(raw, file)
+    }
+
+    /// A relay builder for `db` with every setting and consumer of this
+    /// config. `build()` on it only fails for what [`Config::parse`] checked.
+    pub fn relay_builder(self, db: &Path) -> RelayBuilder {
+        let mut b = Relay::builder(db)
+            .lease(self.relay.lease)
+            .unrouted(self.relay.unrouted)
+            .retry_policy(self.retry)
+            .stale_after(self.alerts.stale_after)
+            .purge(self.purge);
+        if let Some(n) = self.relay.workers {
+            b = b.workers(n);
+        }
+        if let Some(n) = self.relay.batch_size {
+            b = b.batch_size(n);
+        }
+        if let Some(d) = self.relay.poll_interval {
+            b = b.poll_interval(d);
+        }
+        for c in self.consumers {
+            b = b
+                .consumer(&c.name, &c.types, c.sink)
+                .retry_policy_for(&c.name, c.retry);
+        }
+        b
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Raw, as written.
+
+/// A duration written as `500ms`, `30s`, `5m`, `2h` or `1d`.
+#[derive(Debug, Clone, Copy)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s)
+            .map(Dur)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// The whole file as written: one field per section.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    database: Option<PathBuf>,
+    #[serde(default)]
+    relay: relay::RawRelay,
+    retry: Option<retry::RawRetry>,
+    #[serde(default)]
+    purge: purge::RawPurge,
+    #[serde(default)]
+    alerts: alerts::RawAlerts,
+    #[serde(default)]
+    log: log::RawLog,
+    #[serde(default)]
+    metrics: metrics::RawMetrics,
+    #[serde(default)]
+    consumer: Vec<consumer::RawConsumer>,
+}
+
+fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
+    let syntax = |e: toml::de::Error| ConfigError {
+        file: file.to_path_buf(),
+        field: String::new(),
+        line: e.span().map(|s| line_of(text, s.start)),
+        message: e.message().trim().to_string(),
+    };
+    let de = toml::Deserializer::parse(text).map_err(syntax)?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        ConfigError {
+            file: file.to_path_buf(),
+            field: if field == "." { String::new() } else { field },
+            line: inner.span().map(|s| line_of(text, s.start)),
+            message: inner.message().trim().to_string(),
+        }
+    })
+}
+
+/// The 1-based line holding byte `offset`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+// ---------------------------------------------------------------------------
+// Validation.
+
+/// What every section's `check` needs: the file (for errors) and its
+/// directory (for relative paths).
+pub struct Checker<'a> {
+    file: &'a Path,
+    dir: PathBuf,
+}
+
+impl Checker<'_> {
+    /// An error at `field` (a path such as `consumer[0].sink.url`).
+    pub fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.file.to_path_buf(),
+            field: field.into(),
+            line: None,
+            message: message.into(),
+        }
+    }
+
+    /// A path from the config, resolved against the config file's directory.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.dir.join(p)
+        }
+    }
+
+    /// `v`, or an error at `field` when it is outside `lo..=hi`.
+    pub fn range<T: PartialOrd + std::fmt::Display + Copy>(
+        &self,
+        field: &str,
+        v: Option<T>,
+        lo: T,
+        hi: T,
+    ) -> Result<Option<T>, ConfigError> {
+        match v {
+            Some(x) if x < lo || x > hi => {
+                Err(self.err(field, format!("{x} is out of range; allowed: {lo} to {hi}")))
+            }
+            other => Ok(other),
+        }
+    }
+}
+
+fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
+    let dir = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let c = Checker { file, dir };
+
+    let database = match &raw.database {
+        Some(p) if p.as_os_str().is_empty() => {
+            return Err(c.err("database", "is empty; give the SQLite file's path"))
+        }
+        Some(p) => Some(c.resolve(p)),
+        None => None,
+    };
+    let relay = relay::check(&c, &raw.relay)?;
+    let retry = match &raw.retry {
+        Some(t) => retry::check(&c, "retry", t, RetryPolicy::default())?,
+        None => RetryPolicy::default(),
+    };
+    let purge = purge::check(&c, &raw.purge)?;
+    let alerts = alerts::check(&c, &raw.alerts)?;
+    let log = log::check(&c, raw.log)?;
+    let metrics = metrics::check(&c, &raw.metrics)?;
+    let consumers = consumer::check(&c, raw.consumer, &relay, &retry)?;
+    Ok(Config {
+        file: Some(file.to_path_buf()),
+        database,
+        relay,
+        retry,
+        purge,
+        alerts,
+        log,
+        metrics,
+        consumers,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::relay::DEFAULT_SHUTDOWN_GRACE;
+    use super::*;
+
+    pub(crate) fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/outboxd/outboxd.toml"))
+    }
+
+    pub(crate) const STDOUT: &str = "[[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n";
+
+    #[test]
+    fn a_minimal_config_takes_the_defaults() {
+        let c = parse(STDOUT).unwrap();
+        assert_eq!(c.consumers.len(), 1);
+        assert_eq!(c.relay.lease, outboxd::relay::DEFAULT_LEASE);
+        assert_eq!(c.relay.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+        assert!(c.purge.is_some());
+        assert_eq!(c.metrics, None);
+    }
+
+    #[test]
+    fn errors_name_the_field_path_and_line() {
+        let text = format!("{STDOUT}[[consumer]]\nname = \"b\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = 7\n");
+        let e = parse(&text).unwrap_err();
+        assert_eq!(e.field, "consumer[1].sink.path");
+        assert_eq!(e.line, Some(12));
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with("config /etc/outboxd/outboxd.toml, line 12: consumer[1].sink.path: "),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_the_allowed_ones() {
+        let e = parse(&format!("{STDOUT}[relay]\nworkerz = 2\n")).unwrap_err();
+        assert!(e.field.starts_with("relay"), "{e}");
+        assert!(e.message.contains("workers"), "{e}");
+    }
+
+    #[test]
+    fn relative_paths_follow_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "database = \"app.db\"\n[[consumer]]\nname = \"f\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"out.jsonl\"\n";
+        let c = Config::parse(text, &dir.path().join("o.toml")).unwrap();
+        assert_eq!(c.database.unwrap(), dir.path().join("app.db"));
+        assert!(dir.path().join("out.jsonl").exists());
+    }
+
+    // Config parsing, fuzzed with proptest (a cargo-fuzz target cannot reach
+    // a binary's modules): any text, and every field with any value, gives
+    // a config or an error that names the file, and never a panic.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const FIELDS: &[&str] = &[
+            "database",
+            "relay.workers",
+            "relay.batch_size",
+            "relay.lease",
+            "relay.poll_interval",
+            "relay.unrouted",
+            "relay.shutdown_grace",
+            "retry.initial",
+            "retry.max_delay",
+            "retry.max_attempts",
+            "retry.jitter",
+            "purge.enabled",
+            "purge.delivered_retention",
+            "purge.dedup_ttl",
+            "purge.dead_retention",
+            "purge.intent_retention",
+            "purge.batch_size",
+            "alerts.stale_after",
+            "alerts.max_dead",
+            "log.level",
+            "log.format",
+            "metrics.listen",
+            "relay.no_such_key",
+        ];
+
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "-?[0-9]{1,20}",
+                "-?[0-9]{1,3}\\.[0-9]{1,3}",
+                "\"[0-9]{0,6}(ms|s|m|h|d|x)?\"",
+                "\"[ -~]{0,16}\"",
+                Just("true".to_string()),
+                Just("[]".to_string()),
+                Just("{}".to_string()),
+                Just("\"\"".to_string()),
+            ]
+        }
+
+        fn check(text: &str) -> Result<(), TestCaseError> {
+            let file = "/etc/outboxd/outboxd.toml";
+            if let Err(e) = parse(text) {
+                let msg = e.to_string();
+                prop_assert!(msg.contains(file), "{msg}");
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn any_text_is_a_config_or_a_named_error(text in "\\PC{0,300}") {
+                check(&text)?;
+            }
+
+            #[test]
+            fn any_value_in_any_field_is_a_config_or_a_named_error(
+                field in prop::sample::select(FIELDS), value in value()
+            ) {
+                let text = match field.split_once('.') {
+                    Some((table, key)) => format!("[{table}]\n{key} = {value}\n{STDOUT}"),
+                    None => format!("{field} = {value}\n{STDOUT}"),
+                };
+                check(&text)?;
+            }
+        }
+    }
+}
