@@ -156,8 +156,8 @@ impl CaptureStatus {
             ));
         } else if !missing.is_empty() {
             parts.push(format!(
-                "capture of {}: trigger{} {} missing {since}: writes to {} made meanwhile were not \
-                 captured and cannot be recovered",
+                "capture of {}: trigger{} {} missing {since}: writes to {} made since it went \
+                 missing were not captured and cannot be recovered",
                 self.table,
                 plural(missing.len()),
                 names(&missing),

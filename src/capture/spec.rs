@@ -121,7 +121,7 @@ impl<'de> Deserialize<'de> for Columns {
 /// operation, or one per operation. It is the trigger's `WHEN` clause, so
 /// it refers to the row as `NEW.column` (insert, update) and `OLD.column`
 /// (update, delete).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum When {
     /// The same condition for every captured operation; it must make sense
@@ -130,16 +130,47 @@ pub enum When {
     /// A condition per operation; an operation without one is unconditional.
     PerOperation {
         /// For inserts (NEW only).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(skip_serializing_if = "Option::is_none")]
         insert: Option<String>,
         /// For updates (NEW and OLD).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(skip_serializing_if = "Option::is_none")]
         update: Option<String>,
         /// For deletes (OLD only); also decides whether a row replaced by
         /// `INSERT OR REPLACE` makes a delete event.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(skip_serializing_if = "Option::is_none")]
         delete: Option<String>,
     },
+}
+
+impl<'de> Deserialize<'de> for When {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct PerOperation {
+            insert: Option<String>,
+            update: Option<String>,
+            delete: Option<String>,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            All(String),
+            PerOperation(PerOperation),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(
+                "expected an SQL condition such as \"NEW.status = 'published'\", or a table \
+                 with a condition per operation: { insert = \"…\", update = \"…\", delete = \"…\" }",
+            )
+        })? {
+            Raw::All(s) => Ok(When::All(s)),
+            Raw::PerOperation(p) => Ok(When::PerOperation {
+                insert: p.insert,
+                update: p.update,
+                delete: p.delete,
+            }),
+        }
+    }
 }
 
 impl When {

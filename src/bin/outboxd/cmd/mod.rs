@@ -10,6 +10,7 @@ use rusqlite::Connection;
 
 use crate::exit::{Exit, Failure};
 
+pub mod capture;
 pub mod check_config;
 pub mod dead;
 pub mod doctor;
@@ -67,6 +68,10 @@ pub enum Command {
     /// --config, print every event as a JSON line on stdout) until SIGINT/SIGTERM.
     #[command(after_help = run::EXAMPLES)]
     Run(run::Args),
+    /// Turn a table's own inserts, updates and deletes into events, with
+    /// triggers: install, list and drop them.
+    #[command(subcommand, after_help = capture::EXAMPLES)]
+    Capture(capture::Args),
     /// Check a config file (sinks included) without running anything.
     #[command(after_help = check_config::EXAMPLES)]
     CheckConfig(check_config::Args),
@@ -85,6 +90,7 @@ impl Command {
             Command::Doctor(args) => doctor::exec(global, args),
             Command::Intents(args) => intents::exec(global, args),
             Command::Run(args) => run::exec(global, args),
+            Command::Capture(args) => capture::exec(global, args),
             Command::CheckConfig(args) => check_config::exec(global, args),
         }
     }

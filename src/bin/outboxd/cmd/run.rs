@@ -87,6 +87,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 
     migrate(&db)?;
     let max_dead = config.alerts.max_dead;
+    let captures = config.captures.clone();
     let config_file = config
         .file
         .as_ref()
@@ -122,6 +123,11 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     tracing::info!(database = %db.display(), config = %config_file, "outboxd running; SIGINT or SIGTERM stops it");
 
+    let mut captures = super::capture::Watch::start(
+        &db,
+        &captures,
+        outboxd::relay::DEFAULT_HOUSEKEEPING_INTERVAL,
+    );
     let mut last_alert_check = Instant::now();
     let mut dead_alert = false;
     loop {
@@ -133,6 +139,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             relay.join().context("the relay stopped")?;
             anyhow::bail!("the relay stopped without being asked to");
         }
+        captures.tick();
         if let Some(max) = max_dead {
             if last_alert_check.elapsed() >= ALERT_INTERVAL {
                 last_alert_check = Instant::now();
@@ -170,7 +177,7 @@ fn install_signal_handler() -> Result<Receiver<()>> {
 
 /// Creates or upgrades the schema, refusing a newer one before opening the
 /// file for writing (as `outboxd migrate` does).
-fn migrate(db: &Path) -> Result<()> {
+pub(crate) fn migrate(db: &Path) -> Result<()> {
     if db.is_file() {
         let found = outboxd::schema::version(&outboxd::connection::open_read_only(db)?)?;
         if let Some(found) = found.filter(|v| *v > LATEST_VERSION) {

@@ -48,7 +48,8 @@ pub struct Args {
 /// A crossed threshold.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 struct Problem {
-    /// Which threshold: "stale-after" or "max-dead".
+    /// Which threshold: "stale-after", "max-dead", or "capture" (a capture
+    /// trigger missing or changed).
     threshold: &'static str,
     /// What was found and what to do.
     message: String,
@@ -58,7 +59,13 @@ struct Problem {
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let conn = outboxd::connection::open_read_only(&global.db)?;
     let status = outboxd::status::status(&conn, Timestamp::now())?;
-    let problems = problems(&status, args);
+    let mut problems = problems(&status, args);
+    for message in super::capture::problems(&conn, status.now)? {
+        problems.push(Problem {
+            threshold: "capture",
+            message,
+        });
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         let mut value = serde_json::to_value(&status)?;

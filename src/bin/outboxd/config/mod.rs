@@ -19,7 +19,7 @@
 //! One file per section of the config, each holding the section's raw form
 //! (as written, `Raw*`), its validated form, and the `check` that turns one
 //! into the other: [`relay`], [`retry`], [`purge`], [`alerts`], [`log`],
-//! [`metrics`], [`consumer`] and, one file per kind, [`sink`].
+//! [`metrics`], [`consumer`], [`capture`] and, one file per kind, [`sink`].
 //!
 //! To add a section (`[http]`, `[[capture]]`): a file here with its raw
 //! struct (`#[serde(deny_unknown_fields)]`) and a `check(&Checker, &Raw…)`,
@@ -40,6 +40,7 @@ use serde::Deserialize;
 use crate::args::parse_duration;
 
 pub mod alerts;
+pub mod capture;
 pub mod consumer;
 pub mod log;
 pub mod metrics;
@@ -106,6 +107,8 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     /// The consumers, at least one.
     pub consumers: Vec<ConsumerSpec>,
+    /// The tables whose writes become events (`[[capture]]`).
+    pub captures: Vec<outboxd::capture::CaptureSpec>,
 }
 
 impl Config {
@@ -127,18 +130,13 @@ impl Config {
                 retry: RetryPolicy::default(),
                 sink: sink::jsonl::stdout(false),
             }],
+            captures: Vec::new(),
         }
     }
 
     /// Reads, parses and validates a config file.
     pub fn load(file: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
-            file: file.to_path_buf(),
-            field: String::new(),
-            line: None,
-            message: format!("cannot read the file: {e}"),
-        })?;
-        Config::parse(&text, file)
+        Config::parse(&read(file)?, file)
     }
 
     /// Parses and validates config text said to come from `file` (relative
@@ -209,6 +207,18 @@ pub struct RawConfig {
     metrics: metrics::RawMetrics,
     #[serde(default)]
     consumer: Vec<consumer::RawConsumer>,
+    #[serde(default)]
+    capture: Vec<capture::RawCapture>,
+}
+
+/// The text of a config file.
+fn read(file: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(file).map_err(|e| ConfigError {
+        file: file.to_path_buf(),
+        field: String::new(),
+        line: None,
+        message: format!("cannot read the file: {e}"),
+    })
 }
 
 fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
@@ -251,6 +261,15 @@ pub struct Checker<'a> {
 }
 
 impl Checker<'_> {
+    /// The checker of `file`, whose directory relative paths follow.
+    fn for_file(file: &Path) -> Checker<'_> {
+        let dir = file
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        Checker { file, dir }
+    }
+
     /// An error at `field` (a path such as `consumer[0].sink.url`).
     pub fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
         ConfigError {
@@ -287,20 +306,20 @@ impl Checker<'_> {
     }
 }
 
-fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
-    let dir = file
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-    let c = Checker { file, dir };
-
-    let database = match &raw.database {
+/// Checks `database`: a path, resolved against the config's directory.
+fn database(c: &Checker<'_>, raw: &Option<PathBuf>) -> Result<Option<PathBuf>, ConfigError> {
+    match raw {
         Some(p) if p.as_os_str().is_empty() => {
-            return Err(c.err("database", "is empty; give the SQLite file's path"))
+            Err(c.err("database", "is empty; give the SQLite file's path"))
         }
-        Some(p) => Some(c.resolve(p)),
-        None => None,
-    };
+        Some(p) => Ok(Some(c.resolve(p))),
+        None => Ok(None),
+    }
+}
+
+fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
+    let c = Checker::for_file(file);
+    let database = database(&c, &raw.database)?;
     let relay = relay::check(&c, &raw.relay)?;
     let retry = match &raw.retry {
         Some(t) => retry::check(&c, "retry", t, RetryPolicy::default())?,
@@ -310,6 +329,7 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
     let alerts = alerts::check(&c, &raw.alerts)?;
     let log = log::check(&c, raw.log)?;
     let metrics = metrics::check(&c, &raw.metrics)?;
+    let captures = capture::check(&c, raw.capture)?;
     let consumers = consumer::check(&c, raw.consumer, &relay, &retry)?;
     Ok(Config {
         file: Some(file.to_path_buf()),
@@ -321,6 +341,7 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
         log,
         metrics,
         consumers,
+        captures,
     })
 }
 
