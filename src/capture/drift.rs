@@ -125,13 +125,13 @@ impl CaptureStatus {
             return None;
         }
         let mut since = format!(
-            "since {} ({} ago), when outboxd last saw it intact",
+            "since some time after {} ({} ago), when outboxd last saw the capture intact",
             self.verified_at,
             ago(now.since(self.verified_at))
         );
         if let Some(t) = self.newest_event_at {
             since.push_str(&format!(
-                "; its newest event still in the outbox is from {t}"
+                "; the newest event it wrote that is still in the outbox is from {t}"
             ));
         }
         let own = |f: &dyn Fn(&TriggerState) -> bool| -> Vec<&ObjectStatus> {
@@ -156,8 +156,8 @@ impl CaptureStatus {
             ));
         } else if !missing.is_empty() {
             parts.push(format!(
-                "capture of {}: trigger{} {} missing {since}: writes to {} made since it went \
-                 missing were not captured and cannot be recovered",
+                "capture of {}: trigger{} {} missing {since}: writes to {} made since then were \
+                 not captured and cannot be recovered",
                 self.table,
                 plural(missing.len()),
                 names(&missing),
