@@ -31,7 +31,8 @@ CREATE TABLE outboxd_capture_object (
 -- INSERT OR REPLACE (or UPDATE OR REPLACE) is about to replace. SQLite
 -- deletes those rows without firing delete triggers (unless the connection
 -- set recursive_triggers), so a BEFORE trigger notes them here and the AFTER
--- trigger of the same row turns them into events once the write happened.
+-- trigger of the same row marks the ones the write did replace and deletes
+-- every note; deleting a marked note writes its event.
 CREATE TABLE outboxd_capture_replaced (
     id           INTEGER PRIMARY KEY,
     table_name   TEXT    NOT NULL,
@@ -47,5 +48,9 @@ CREATE TABLE outboxd_capture_replaced (
     event_type   TEXT,
     payload      TEXT,
     tenant_id    TEXT,
-    ordering_key TEXT
+    ordering_key TEXT,
+    -- Set by the AFTER trigger of the write once the row is known to be
+    -- replaced: deleting a marked note writes its event (a trigger capture
+    -- installs, outboxd_capture_replaced_write).
+    emit         INTEGER
 );

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::Serialize;
 
-use super::generate::{event_objects, Plan, SqlObject, EVENT_VIEW, FIX_VIEW, TRIGGER_PREFIX};
+use super::generate::{event_objects, Plan, SqlObject, EVENT_VIEW, TRIGGER_PREFIX};
 use super::resolve::resolve;
 use super::spec::{CaptureSpec, Operation};
 use super::sqltext::ident;
@@ -282,9 +282,10 @@ pub(crate) fn installed_objects(conn: &Connection) -> Result<BTreeMap<String, In
         .map_err(Error::db("read the installed capture triggers"))
 }
 
-/// True for the shared views and their triggers.
+/// True for the shared view and triggers (on the view and on outboxd's own
+/// tables, which cannot be captured).
 fn is_shared(o: &Installed) -> bool {
-    [EVENT_VIEW, FIX_VIEW]
+    [EVENT_VIEW, "event_outbox", "outboxd_capture_replaced"]
         .iter()
         .any(|v| o.on.eq_ignore_ascii_case(v))
 }

@@ -49,7 +49,9 @@ pub use drift::{
     compare, inspect, mark_verified, CaptureStatus, Comparison, ConfigMatch, ObjectStatus,
     TriggerState,
 };
-pub use generate::{ulid_sql, SqlObject, EVENT_TRIGGER, EVENT_VIEW, MAX_CHANGE_BYTES};
+pub use generate::{
+    ulid_sql, SqlObject, EVENT_TRIGGER, EVENT_VIEW, FIX_TRIGGER, MAX_CHANGE_BYTES, REPLACED_TRIGGER,
+};
 pub use install::{
     apply, preview, remove, ApplyReport, Change, Removal, RemoveReport, TableChange,
 };
