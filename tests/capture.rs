@@ -854,3 +854,39 @@ fn compare_says_how_a_config_differs_from_what_is_installed() {
         "{c:?}"
     );
 }
+
+#[test]
+fn foreign_key_cascades_are_captured_like_any_delete() {
+    let db = TestDb::new();
+    let mut conn = db.conn();
+    conn.execute_batch(
+        "PRAGMA foreign_keys = ON;
+         CREATE TABLE pages (id INTEGER PRIMARY KEY, title TEXT);
+         CREATE TABLE comments (id INTEGER PRIMARY KEY,
+             page_id INTEGER REFERENCES pages (id) ON DELETE CASCADE, body TEXT);",
+    )
+    .unwrap();
+    apply(
+        &mut conn,
+        &[CaptureSpec::new(
+            "comments",
+            "comment.{op}.v1",
+            cols(&["body"]),
+        )],
+    );
+    conn.execute_batch(
+        "INSERT INTO pages (id, title) VALUES (1, 'P');
+         INSERT INTO comments (page_id, body) VALUES (1, 'a'), (1, 'b');
+         DELETE FROM pages;",
+    )
+    .unwrap();
+    assert_eq!(
+        types(&events(&conn)),
+        [
+            "comment.created.v1",
+            "comment.created.v1",
+            "comment.deleted.v1",
+            "comment.deleted.v1"
+        ]
+    );
+}
