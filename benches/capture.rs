@@ -106,9 +106,18 @@ fn one_txn(conn: &mut Connection, shape: Shape, seq: i64) {
 fn run(dir: &Path, captured: bool, shape: Shape, sync: &str, txns: usize) -> Duration {
     let path = dir.join(format!("capture-{}.db", ulid::Ulid::generate()));
     let mut conn = setup(&path, sync, captured);
-    // Rows to update, then warm the statement caches and the file.
-    for i in 0..100 {
-        one_txn(&mut conn, Shape::InsertAscii, -i - 1);
+    // Rows to update (in one transaction), then warm the statement caches
+    // and the file.
+    {
+        let tx = conn.transaction().unwrap();
+        for i in 1..=100 {
+            tx.execute(
+                "INSERT INTO pages (id, slug, title, body, status) VALUES (?1, ?2, 't', ?3, 'draft')",
+                params![i, format!("seed-{i}"), ASCII_BODY],
+            )
+            .unwrap();
+        }
+        tx.commit().unwrap();
     }
     for i in 0..10 {
         one_txn(&mut conn, shape, -1000 - i);

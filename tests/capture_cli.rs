@@ -63,7 +63,7 @@ fn apply_list_drop_and_their_exit_codes() {
     assert_eq!(v["healthy"], true);
     assert_eq!(v["captures"][0]["table"], "pages");
     assert_eq!(v["captures"][0]["intact"], true);
-    assert_eq!(v["captures"][0]["config"]["config"], "matches");
+    assert_eq!(v["captures"][0]["config"]["state"], "matches");
 
     // The config changed: list says so and exits 1 until apply runs.
     let file = config(&db, "[\"title\", \"body\"]");

@@ -340,7 +340,7 @@ pub fn mark_verified(conn: &Connection, now: Timestamp) -> Result<usize> {
 
 /// How a capture in a config compares with what is installed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "config", rename_all = "snake_case")]
+#[serde(tag = "state", rename_all = "snake_case")]
 pub enum ConfigMatch {
     /// Installed exactly as the config would install it now.
     Matches,

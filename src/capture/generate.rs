@@ -541,13 +541,15 @@ fn key_text(x: &str) -> String {
 /// - NULL → `null`; INTEGER → a number;
 /// - REAL → a number in the shortest form that reads back exactly
 ///   (`quote()` does that); ±infinity, which JSON lacks → `{"$real":"Inf"}`;
-/// - TEXT → a string (`"` and `\` escaped here, control characters by the
-///   event view's trigger; text that is not UTF-8, or holds NUL, makes it
-///   send the whole change as hex);
+/// - TEXT → a string (`"`, `\`, line feed, carriage return and tab
+///   escaped here, so that most text is plain printable ASCII or UTF-8 for
+///   the event view; other control characters, text that is not UTF-8 or
+///   holds NUL are the fix trigger's);
 /// - BLOB → `{"$blob":"<hex, upper case>"}`.
 pub(crate) fn value(x: &str) -> String {
     format!(
-        "CASE typeof({x}) WHEN 'text' THEN '\"'||replace(replace({x},'\\','\\\\'),'\"','\\\"')||'\"' \
+        "CASE typeof({x}) WHEN 'text' THEN \
+         '\"'||replace(replace(replace(replace(replace({x},'\\','\\\\'),'\"','\\\"'),x'0a','\\n'),x'0d','\\r'),x'09','\\t')||'\"' \
          WHEN 'real' THEN iif({x}*0 IS NULL,'{{\"$real\":\"'||{x}||'\"}}',quote({x})) \
          WHEN 'blob' THEN '{{\"$blob\":\"'||hex({x})||'\"}}' \
          ELSE ifnull({x},'null') END"
