@@ -18,22 +18,18 @@ use outboxd::{Envelope, EventId, EventType, Timestamp};
 use serde_json::value::RawValue;
 
 fn delivery(payload: &str) -> Delivery {
-    Delivery {
-        envelope: Envelope {
-            event_id: EventId::new(),
-            event_type: EventType::parse("article.created.v1").unwrap(),
-            event_version: 1,
-            causation_id: None,
-            correlation_id: Some("req-42".into()),
-            occurred_at: Timestamp::from_millis(1_796_023_080_123),
-            payload: RawValue::from_string(payload.to_string()).unwrap(),
-        },
-        attempt: 3,
-        consumer: "indexer".into(),
-        legacy: false,
-        tenant_id: Some("acme".into()),
-        ordering_key: None,
-    }
+    Delivery::new(Envelope {
+        event_id: EventId::new(),
+        event_type: EventType::parse("article.created.v1").unwrap(),
+        event_version: 1,
+        causation_id: None,
+        correlation_id: Some("req-42".into()),
+        occurred_at: Timestamp::from_millis(1_796_023_080_123),
+        payload: RawValue::from_string(payload.to_string()).unwrap(),
+    })
+    .attempt(3)
+    .consumer("indexer")
+    .tenant_id(Some("acme".into()))
 }
 
 fn retry_reason(o: Outcome) -> String {

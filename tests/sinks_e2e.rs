@@ -19,16 +19,13 @@ use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
 
+use common::bin::{code, Outboxd, Running, Sandbox, WAIT};
 use common::{wait_until, TestDb};
 use outboxd::{Event, EventId};
-
-const WAIT: Duration = Duration::from_secs(30);
-const CONFIG_EXIT: i32 = 6;
 
 /// The planted secrets. Each is long enough that a hex dump cutting it into
 /// 16-byte rows still shows an 8-byte piece of it whole (see `leaks`).
@@ -68,125 +65,22 @@ fn leaks(text: &str, secret: &str) -> Option<String> {
 // ---------------------------------------------------------------------------
 // Helpers.
 
-/// `outboxd --db DB ARGS` with a clean environment.
+/// `outboxd --db DB ARGS`, in the database's directory (tests/common/bin.rs).
 fn outboxd(db: &TestDb, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outboxd"));
-    cmd.current_dir(db.dir.path())
-        .env_remove("OUTBOXD_DB")
-        .env_remove("OUTBOXD_CONFIG")
-        .env_remove("RUST_LOG")
-        .arg("--db")
-        .arg(db.db())
-        .args(args)
-        .stdin(Stdio::null());
-    cmd
-}
-
-/// A running `outboxd`, its stdout and stderr collected by threads.
-struct Running {
-    child: Child,
-    stdout: Arc<Mutex<Vec<u8>>>,
-    stderr: Arc<Mutex<Vec<u8>>>,
-    readers: Vec<thread::JoinHandle<()>>,
-}
-
-impl Running {
-    fn spawn(mut cmd: Command) -> Running {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut readers = Vec::new();
-        let mut collect = |mut r: Box<dyn Read + Send>| {
-            let buf = Arc::new(Mutex::new(Vec::new()));
-            let b = buf.clone();
-            readers.push(thread::spawn(move || {
-                let mut chunk = [0u8; 8192];
-                while let Ok(n) = r.read(&mut chunk) {
-                    if n == 0 {
-                        break;
-                    }
-                    b.lock().unwrap().extend_from_slice(&chunk[..n]);
-                }
-            }));
-            buf
-        };
-        let stdout = collect(Box::new(child.stdout.take().unwrap()));
-        let stderr = collect(Box::new(child.stderr.take().unwrap()));
-        Running {
-            child,
-            stdout,
-            stderr,
-            readers,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
-    }
-
-    fn stdout(&self) -> String {
-        String::from_utf8_lossy(&self.stdout.lock().unwrap()).into_owned()
-    }
-
-    fn assert_alive(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("outboxd exited early ({status}):\n{}", self.stderr());
-        }
-    }
-
-    /// SIGTERM, then the exit and every byte it wrote; (stdout, stderr).
-    fn stop(mut self) -> (String, String) {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-        let deadline = Instant::now() + WAIT;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "outboxd did not stop:\n{}",
-                self.stderr()
-            );
-            thread::sleep(Duration::from_millis(10));
-        };
-        for reader in self.readers.drain(..) {
-            reader.join().unwrap();
-        }
-        assert!(status.success(), "{status}:\n{}", self.stderr());
-        (self.stdout(), self.stderr())
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    Outboxd::on(&db.path).command(args)
 }
 
 /// Runs `cmd` (an `outboxd run`) until `done` holds, then stops it with
-/// SIGTERM; (stdout, stderr).
-fn run_until(cmd: Command, what: &str, mut done: impl FnMut() -> bool) -> (String, String) {
-    let mut run = Running::spawn(cmd);
+/// SIGTERM and expects a clean exit; (stdout, stderr).
+fn run_until(mut cmd: Command, what: &str, mut done: impl FnMut() -> bool) -> (String, String) {
+    let mut run = Running::spawn(&mut cmd);
     wait_until(what, WAIT, || {
         run.assert_alive();
         done()
     });
-    run.stop()
-}
-
-/// A shell script, made executable.
-fn script(db: &TestDb, name: &str, body: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let path = db.write(name, &format!("#!/bin/sh\n{body}\n"));
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
+    let status = run.stop();
+    assert!(status.success(), "{status}:\n{}", run.stderr());
+    (run.stdout(), run.stderr())
 }
 
 fn enqueue_one(db: &TestDb) -> EventId {
@@ -271,9 +165,8 @@ fn answer(stream: TcpStream, seen: &Mutex<HashSet<String>>) -> std::io::Result<(
 /// command consumer that dumps its environment to a file and, on its first
 /// attempt, to stderr (so a secret it inherited would reach the log too).
 /// Both fail once and succeed on the retry 100 ms later.
-fn secrets_config(db: &TestDb, receiver: &EchoReceiver) -> PathBuf {
-    let dump = script(
-        db,
+fn secrets_config(db: &Sandbox, receiver: &EchoReceiver) -> PathBuf {
+    let dump = db.script(
         "dump-env.sh",
         r#"env > "$OUT/env-$OUTBOXD_ATTEMPT"
 if [ "$OUTBOXD_ATTEMPT" = 1 ]; then env >&2; exit 1; fi"#,
@@ -328,7 +221,7 @@ fn no_log_level_in_either_format_prints_a_secret() {
     let receiver = EchoReceiver::start();
     for format in ["text", "json"] {
         for level in ["error", "warn", "info", "debug", "trace"] {
-            let db = TestDb::new();
+            let db = Sandbox::migrated();
             let config = secrets_config(&db, &receiver);
             let (stdout, stderr) = run_until_delivered(
                 &db,
@@ -361,7 +254,7 @@ fn no_log_level_in_either_format_prints_a_secret() {
 #[test]
 fn command_consumers_inherit_no_variable_outboxd_reads_a_secret_from() {
     let receiver = EchoReceiver::start();
-    let db = TestDb::new();
+    let db = Sandbox::migrated();
     let config = secrets_config(&db, &receiver);
     run_until_delivered(&db, &config, &[]);
     for attempt in [1, 2] {
@@ -386,9 +279,8 @@ fn command_consumers_inherit_no_variable_outboxd_reads_a_secret_from() {
 
 #[test]
 fn a_command_cannot_forge_a_log_line() {
-    let db = TestDb::new();
-    let forger = script(
-        &db,
+    let db = Sandbox::migrated();
+    let forger = db.script(
         "forge.sh",
         r#"printf 'oops\n2030-01-01T00:00:00.000000Z  INFO outboxd: FORGED all delivered\r\n' >&2
 exit 1"#,
@@ -438,7 +330,7 @@ program = "{}"
 
 #[test]
 fn run_writes_one_json_line_per_event_whatever_the_payload_whitespace() {
-    let db = TestDb::new();
+    let db = Sandbox::migrated();
     // Pretty-printed, through the CLI as a user would.
     let pretty = "{\n  \"title\": \"Hello\",\n  \"tags\": [\n    \"a\",\n    \"b\"\n  ],\n  \"n\": 123456789012345678901234567890\n}\n";
     let file = db.write("pretty.json", pretty);
@@ -499,7 +391,7 @@ fn run_writes_one_json_line_per_event_whatever_the_payload_whitespace() {
 
 #[test]
 fn jsonl_delivery_fields_come_from_the_config() {
-    let db = TestDb::new();
+    let db = Sandbox::migrated();
     let config = db.write(
         "outboxd.toml",
         r#"[[consumer]]
@@ -535,7 +427,7 @@ fn check_config(db: &TestDb, toml: &str) -> Output {
 
 #[test]
 fn check_config_refuses_a_loopback_url_under_deny_private_addresses() {
-    let db = TestDb::new();
+    let db = Sandbox::migrated();
     let toml = |url: &str, deny: bool| {
         format!(
             r#"[[consumer]]
@@ -557,7 +449,7 @@ deny_private_addresses = {deny}
     ] {
         let out = check_config(&db, &toml(url, true));
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(CONFIG_EXIT), "{url}: {stderr}");
+        assert_eq!(out.status.code(), Some(code::CONFIG), "{url}: {stderr}");
         assert!(stderr.contains("consumer[0].sink.url"), "{stderr}");
         assert!(stderr.contains("deny_private_addresses"), "{stderr}");
         assert!(!stderr.contains("abcdefgh"), "{stderr}");
@@ -573,7 +465,7 @@ deny_private_addresses = {deny}
 
 #[test]
 fn check_config_suggests_args_for_a_program_with_arguments() {
-    let db = TestDb::new();
+    let db = Sandbox::migrated();
     let out = check_config(
         &db,
         r#"[[consumer]]
@@ -585,7 +477,7 @@ program = "/bin/echo hello"
 "#,
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(CONFIG_EXIT), "{stderr}");
+    assert_eq!(out.status.code(), Some(code::CONFIG), "{stderr}");
     assert!(stderr.contains("consumer[0].sink.program"), "{stderr}");
     assert!(
         stderr.contains(r#"program = "/bin/echo", args = ["hello"]"#),

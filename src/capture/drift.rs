@@ -265,9 +265,11 @@ pub fn inspect(conn: &Connection) -> Result<Vec<CaptureStatus>> {
     };
     let mut out = Vec::new();
     for (table, spec, installed_at, verified_at) in captures {
-        let spec: CaptureSpec = serde_json::from_str(&spec).map_err(|e| Error::InvalidSetting {
-            field: "outboxd_capture.spec",
-            reason: format!("the recorded capture of {table} cannot be read: {e}"),
+        let spec: CaptureSpec = serde_json::from_str(&spec).map_err(|e| {
+            Error::from(super::CaptureError::Record {
+                table: table.clone(),
+                reason: e.to_string(),
+            })
         })?;
         let table_exists: bool = conn
             .query_row(

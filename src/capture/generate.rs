@@ -64,7 +64,7 @@ const INSERT_EVENT: &str =
 const REPLACED: &str = "o";
 
 /// The scratch table where BEFORE triggers note the rows a REPLACE will
-/// delete (migration 0002).
+/// delete (migration 0003).
 const REPLACED_TABLE: &str = "outboxd_capture_replaced";
 
 /// A trigger or view capture installs.

@@ -130,6 +130,15 @@ pub enum CaptureError {
         /// The table.
         table: String,
     },
+    /// The record of an installed capture (`outboxd_capture.spec`) cannot be
+    /// read: written by a newer outboxd, or edited by hand.
+    #[error("capture of {table}: its record in outboxd_capture cannot be read ({reason}); run `outboxd capture apply` again")]
+    Record {
+        /// The table.
+        table: String,
+        /// Why.
+        reason: String,
+    },
     /// SQLite refused the generated triggers, most often because a `when`
     /// condition names a column that does not exist or a row the operation
     /// lacks (an insert has no OLD, a delete no NEW).

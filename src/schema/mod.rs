@@ -38,8 +38,13 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 2,
+        name: "intent_leases",
+        sql: include_str!("../../migrations/0002_intent_leases.sql"),
+    },
+    Migration {
+        version: 3,
         name: "capture",
-        sql: include_str!("../../migrations/0002_capture.sql"),
+        sql: include_str!("../../migrations/0003_capture.sql"),
     },
 ];
 
@@ -71,6 +76,11 @@ impl MigrationReport {
 /// database whose schema is newer than this build is refused before anything
 /// is written.
 pub fn migrate(conn: &mut Connection) -> Result<MigrationReport> {
+    migrate_up_to(conn, LATEST_VERSION)
+}
+
+/// [`migrate`], stopping at `target` (tests build older schemas with it).
+pub(crate) fn migrate_up_to(conn: &mut Connection, target: u32) -> Result<MigrationReport> {
     let from = version(conn)?.unwrap_or(0);
     if from > LATEST_VERSION {
         return Err(Error::SchemaTooNew {
@@ -98,7 +108,10 @@ pub fn migrate(conn: &mut Connection) -> Result<MigrationReport> {
                 supported: LATEST_VERSION,
             });
         }
-        let Some(next) = MIGRATIONS.iter().find(|m| m.version == current + 1) else {
+        let next = MIGRATIONS
+            .iter()
+            .find(|m| m.version == current + 1 && m.version <= target);
+        let Some(next) = next else {
             tx.commit().map_err(Error::db("finish migrating"))?;
             return Ok(MigrationReport { from, to: current });
         };

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod bin;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -199,3 +201,6 @@ pub fn stored_events(conn: &Connection) -> Vec<StoredEvent> {
     }
     out
 }
+
+/// Starting relays in tests: `db.relay()…started()`, `stop`, `Gate`.
+pub mod relay;

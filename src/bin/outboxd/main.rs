@@ -9,6 +9,7 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 mod args;
 mod cmd;
 mod config;
+mod console;
 mod exit;
 mod metrics;
 
@@ -61,8 +62,9 @@ fn main() -> ExitCode {
         format: cli.log_format,
         level: cli.log_level,
     };
-    // `run` sets up logging itself once it has read its config's [log].
-    if !matches!(cli.command, cmd::Command::Run(_)) {
+    // `run` and `console` set up logging themselves once they have read
+    // their config's [log].
+    if !matches!(cli.command, cmd::Command::Run(_) | cmd::Command::Console(_)) {
         init_logging(&log, &LogSettings::default(), "warn");
     }
     let global = cmd::Global {
@@ -120,11 +122,7 @@ pub struct LogOptions {
 }
 
 fn parse_log_level(s: &str) -> Result<String, String> {
-    tracing_subscriber::EnvFilter::try_new(s)
-        .map(|_| s.to_string())
-        .map_err(|e| {
-            format!("{e}; expected error, warn, info, debug, trace or directives such as info,outboxd=debug")
-        })
+    config::log::check_level(s).map(|()| s.to_string())
 }
 
 /// Sets up logging to stderr, once. The level comes from `--log-level`, else

@@ -13,8 +13,7 @@ use outboxd::Timestamp;
 use rusqlite::Connection;
 use serde::Serialize;
 
-use super::support::open_migrated;
-use super::Global;
+use super::{database, Global};
 use crate::config::capture::{self as capture_config, CaptureConfig};
 use crate::exit::{Exit, Failure};
 
@@ -127,14 +126,6 @@ fn load(file: &Path) -> Result<CaptureConfig> {
     Ok(capture_config::load(file).map_err(|e| Failure::config(e.to_string()))?)
 }
 
-/// The database: --db or OUTBOXD_DB when given, else the config's.
-fn database(global: &Global, config: Option<&CaptureConfig>) -> PathBuf {
-    match config.and_then(|c| c.database.clone()) {
-        Some(path) if !global.db_explicit => path,
-        _ => global.db.clone(),
-    }
-}
-
 /// A capture that cannot be installed as defined is a config problem.
 fn config_error(e: outboxd::Error) -> anyhow::Error {
     match e {
@@ -145,7 +136,7 @@ fn config_error(e: outboxd::Error) -> anyhow::Error {
 
 fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
     let config = load(&args.config)?;
-    let db = database(global, Some(&config));
+    let db = global.db_with_config(config.database.as_deref());
     if config.captures.is_empty() {
         return Err(Failure::config(format!(
             "config {}: no [[capture]] entry; nothing to apply",
@@ -153,8 +144,8 @@ fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
         ))
         .into());
     }
-    super::run::migrate(&db)?;
-    let mut conn = super::open_for_writing(&db)?;
+    database::migrate(&db)?;
+    let mut conn = database::for_writing(&db)?;
     let report =
         capture::apply(&mut conn, &config.captures, Timestamp::now()).map_err(config_error)?;
     let mut out = std::io::stdout().lock();
@@ -189,8 +180,8 @@ struct Listed {
 
 fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
     let config = args.config.as_deref().map(load).transpose()?;
-    let db = database(global, config.as_ref());
-    let conn = super::support::open_migrated_read_only(&db)?;
+    let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));
+    let conn = database::for_reading(&db)?;
     let now = Timestamp::now();
     let statuses = capture::inspect(&conn)?;
     let mut problems: Vec<String> = statuses.iter().filter_map(|s| s.problem(now)).collect();
@@ -283,7 +274,7 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
 }
 
 fn drop_captures(global: &Global, args: &DropArgs) -> Result<Exit> {
-    let mut conn = open_migrated(&global.db)?;
+    let mut conn = database::for_writing(&global.db)?;
     let which = match &args.table {
         Some(t) => Removal::Table(t.clone()),
         None => Removal::All,

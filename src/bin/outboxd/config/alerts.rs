@@ -1,28 +1,14 @@
-//! `[alerts]`: the thresholds the relay logs and `status` checks.
+//! `[alerts]`: the thresholds a monitor alerts on, as the library's
+//! [`Thresholds`]; the library decides which are crossed
+//! (`Status::problems`), and [`describe`] says it the same way for `status`
+//! (exit 1) and `run` (a log line). The library checks `stale_after`
+//! (through `RelayBuilder::build`), and the relay logs stale events itself.
 
-use std::time::Duration;
+use outboxd::status::{self, Thresholds};
+use serde::{Deserialize, Serialize};
 
-use serde::Deserialize;
-
-use super::{Checker, ConfigError, Dur};
-
-/// The `[alerts]` settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Alerts {
-    /// The age of the oldest due event that is logged as stale.
-    pub stale_after: Duration,
-    /// More dead letters than this are logged as a problem.
-    pub max_dead: Option<u64>,
-}
-
-impl Default for Alerts {
-    fn default() -> Alerts {
-        Alerts {
-            stale_after: outboxd::relay::DEFAULT_STALE_AFTER,
-            max_dead: None,
-        }
-    }
-}
+use super::Dur;
+use crate::cmd::support::{count, human};
 
 /// `[alerts]` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -32,16 +18,51 @@ pub struct RawAlerts {
     max_dead: Option<u64>,
 }
 
-/// Checks `[alerts]`.
-pub fn check(c: &Checker<'_>, raw: &RawAlerts) -> Result<Alerts, ConfigError> {
-    let stale_after = raw
-        .stale_after
-        .map_or(outboxd::relay::DEFAULT_STALE_AFTER, |d| d.0);
-    if stale_after.is_zero() {
-        return Err(c.err("alerts.stale_after", "must be longer than zero, such as 5m"));
+/// The thresholds `[alerts]` describes, defaults filled in (no `max_dead`:
+/// dead letters alone are no problem).
+pub fn thresholds(raw: &RawAlerts) -> Thresholds {
+    Thresholds::new(
+        raw.stale_after
+            .map_or(outboxd::relay::DEFAULT_STALE_AFTER, |d| d.0),
+        raw.max_dead,
+    )
+}
+
+/// A crossed threshold, as `status` prints it (and `--json` shows it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// Which threshold: "stale-after" or "max-dead" (the flags' names).
+    pub threshold: &'static str,
+    /// What was found and what to do.
+    pub message: String,
+}
+
+/// What a crossed threshold means and what to do about it.
+pub fn describe(p: &status::Problem) -> Problem {
+    match p {
+        status::Problem::Stale {
+            oldest_due_age,
+            stale_after,
+        } => Problem {
+            threshold: "stale-after",
+            message: format!(
+                "the oldest due event has waited {} (more than {}); is `outboxd run` \
+                 running and able to deliver? `outboxd doctor` checks for expired leases",
+                human(*oldest_due_age),
+                human(*stale_after)
+            ),
+        },
+        status::Problem::TooManyDead { dead, max_dead } => Problem {
+            threshold: "max-dead",
+            message: format!(
+                "{} (more than {max_dead}); see them with `outboxd dead list`, then \
+                 `outboxd dead requeue` or `outboxd dead discard`",
+                count(*dead, "dead letter", "dead letters")
+            ),
+        },
+        other => Problem {
+            threshold: "other",
+            message: format!("{other:?}"),
+        },
     }
-    Ok(Alerts {
-        stale_after,
-        max_dead: raw.max_dead,
-    })
 }

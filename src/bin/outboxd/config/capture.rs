@@ -66,7 +66,7 @@ pub struct CaptureConfig {
 /// Reads the captures of a config file.
 pub fn load(file: &Path) -> Result<CaptureConfig, ConfigError> {
     let raw = super::parse_raw(&super::read(file)?, file)?;
-    let c = Checker::for_file(file);
+    let c = Checker::new(file);
     Ok(CaptureConfig {
         file: file.to_path_buf(),
         database: super::database(&c, &raw.database)?,

@@ -1,13 +1,15 @@
 //! `[[consumer]]`: who takes which event types, through which sink, with
-//! which retry schedule.
+//! which retry schedule. Names, types and retry policies are checked by the
+//! library (`RelayBuilder::build`, see [`super::check_with_library`]); the
+//! sinks are built here, after that check, so a config the library refuses
+//! creates no file.
 
-use outboxd::router::Pattern;
 use outboxd::RetryPolicy;
 use serde::Deserialize;
 
-use super::relay::RelaySettings;
 use super::sink::{self, RawSink, Sink};
 use super::{retry, Checker, ConfigError};
+use crate::cmd::support::human;
 
 /// One `[[consumer]]`, validated.
 #[derive(Debug)]
@@ -26,91 +28,57 @@ pub struct ConsumerSpec {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConsumer {
-    name: String,
-    types: Vec<String>,
+    /// Its name.
+    pub name: String,
+    /// Its event types or patterns.
+    pub types: Vec<String>,
     retry: Option<retry::RawRetry>,
     sink: RawSink,
 }
 
-/// Checks every `[[consumer]]` and builds its sink. `relay` bounds the
-/// sinks' timeouts; `retry` is the `[retry]` policy of consumers whose
-/// sink kind has no schedule of its own.
-pub fn check(
+impl RawConsumer {
+    /// Its retry policy: its sink kind's own schedule (else `[retry]`, given
+    /// as `default`), with its `[consumer.retry]` keys on top.
+    pub fn retry_policy(&self, default: &RetryPolicy) -> RetryPolicy {
+        let base = sink::default_retry(self.sink.kind).unwrap_or_else(|| default.clone());
+        match &self.retry {
+            Some(t) => retry::apply(t, base),
+            None => base,
+        }
+    }
+}
+
+/// Builds every consumer's sink; a sink whose longest delivery outlasts the
+/// `lease` is refused (the delivery could outlive its claim).
+pub fn build(
     c: &Checker<'_>,
     raw: Vec<RawConsumer>,
-    relay: &RelaySettings,
-    retry: &RetryPolicy,
+    lease: std::time::Duration,
+    default_retry: &RetryPolicy,
 ) -> Result<Vec<ConsumerSpec>, ConfigError> {
-    if raw.is_empty() {
-        return Err(c.err(
-            "consumer",
-            "no [[consumer]] is configured; add at least one with a name, types and a \
-             [consumer.sink]",
-        ));
-    }
-    let lease = relay.lease;
-    let mut names = std::collections::HashSet::new();
     let mut consumers = Vec::with_capacity(raw.len());
     let secret_vars = sink::secret_env_vars(raw.iter().map(|rc| &rc.sink));
     for (i, rc) in raw.into_iter().enumerate() {
         let at = format!("consumer[{i}]");
-        let name = &rc.name;
-        if name.is_empty()
-            || name.len() > 128
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-        {
-            return Err(c.err(
-                format!("{at}.name"),
-                format!(
-                    "{name:?} is not allowed; use 1 to 128 characters of A-Z, a-z, 0-9, _, - and ."
-                ),
-            ));
-        }
-        if !names.insert(name.clone()) {
-            return Err(c.err(
-                format!("{at}.name"),
-                format!("{name:?} is used by an earlier consumer; names must be unique"),
-            ));
-        }
-        if rc.types.is_empty() {
-            return Err(c.err(
-                format!("{at}.types"),
-                "is empty; list event types or patterns such as [\"article.*.v1\"] or [\"*\"]",
-            ));
-        }
-        for (j, t) in rc.types.iter().enumerate() {
-            Pattern::parse(t).map_err(|e| {
-                let msg = match e {
-                    outboxd::Error::InvalidSetting { reason, .. } => reason,
-                    other => other.to_string(),
-                };
-                c.err(format!("{at}.types[{j}]"), msg)
-            })?;
-        }
         let sink = sink::build(c, &format!("{at}.sink"), &rc.sink, &secret_vars)?;
         if let Some(limit) = sink.time_limit() {
             if lease < limit {
                 return Err(c.err(
                     format!("{at}.sink.timeout"),
                     format!(
-                        "{limit:?} is longer than relay.lease ({lease:?}); a delivery could \
-                         outlive its claim: set relay.lease to at least {limit:?} or shorten \
-                         the timeout"
+                        "{} is longer than relay.lease ({}); a delivery could outlive its \
+                         claim: set relay.lease to at least {} or shorten the timeout",
+                        human(limit),
+                        human(lease),
+                        human(limit)
                     ),
                 ));
             }
         }
-        let base = sink.default_retry().unwrap_or_else(|| retry.clone());
-        let consumer_retry = match &rc.retry {
-            Some(t) => retry::check(c, &format!("{at}.retry"), t, base)?,
-            None => base,
-        };
         consumers.push(ConsumerSpec {
+            retry: rc.retry_policy(default_retry),
             name: rc.name,
             types: rc.types,
-            retry: consumer_retry,
             sink,
         });
     }

@@ -19,7 +19,8 @@
 //! One file per section of the config, each holding the section's raw form
 //! (as written, `Raw*`), its validated form, and the `check` that turns one
 //! into the other: [`relay`], [`retry`], [`purge`], [`alerts`], [`log`],
-//! [`metrics`], [`consumer`], [`capture`] and, one file per kind, [`sink`].
+//! [`metrics`], [`http`], [`consumer`], [`capture`] and, one file per kind,
+//! [`sink`].
 //!
 //! To add a section (`[http]`, `[[capture]]`): a file here with its raw
 //! struct (`#[serde(deny_unknown_fields)]`) and a `check(&Checker, &Raw…)`,
@@ -32,9 +33,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use outboxd::error::{Setting, SettingError};
 use outboxd::purge::PurgePolicy;
 use outboxd::relay::RelayBuilder;
-use outboxd::{Relay, RetryPolicy};
+use outboxd::status::Thresholds;
+use outboxd::{Delivery, Outcome, Relay, RetryPolicy};
 use serde::Deserialize;
 
 use crate::args::parse_duration;
@@ -42,6 +45,7 @@ use crate::args::parse_duration;
 pub mod alerts;
 pub mod capture;
 pub mod consumer;
+pub mod http;
 pub mod log;
 pub mod metrics;
 pub mod purge;
@@ -49,8 +53,8 @@ pub mod relay;
 pub mod retry;
 pub mod sink;
 
-pub use alerts::Alerts;
 pub use consumer::ConsumerSpec;
+pub use http::{HttpServe, HttpSettings};
 pub use log::{LogFormat, LogSettings};
 pub use metrics::resolve_listen;
 pub use relay::RelaySettings;
@@ -100,11 +104,13 @@ pub struct Config {
     /// The relay's TTL purge; None when disabled.
     pub purge: Option<PurgePolicy>,
     /// Alert thresholds.
-    pub alerts: Alerts,
+    pub alerts: Thresholds,
     /// Logging.
     pub log: LogSettings,
     /// Where to serve Prometheus metrics.
     pub metrics: Option<SocketAddr>,
+    /// `[http]`: the console, metrics and health check.
+    pub http: HttpSettings,
     /// The consumers, at least one.
     pub consumers: Vec<ConsumerSpec>,
     /// The tables whose writes become events (`[[capture]]`).
@@ -121,9 +127,10 @@ impl Config {
             relay: RelaySettings::default(),
             retry: RetryPolicy::default(),
             purge: Some(PurgePolicy::default()),
-            alerts: Alerts::default(),
+            alerts: Thresholds::default(),
             log: LogSettings::default(),
             metrics: None,
+            http: HttpSettings::default(),
             consumers: vec![ConsumerSpec {
                 name: "stdout".into(),
                 types: vec!["*".into()],
@@ -149,21 +156,13 @@ impl Config {
     /// A relay builder for `db` with every setting and consumer of this
     /// config. `build()` on it only fails for what [`Config::parse`] checked.
     pub fn relay_builder(self, db: &Path) -> RelayBuilder {
-        let mut b = Relay::builder(db)
-            .lease(self.relay.lease)
-            .unrouted(self.relay.unrouted)
-            .retry_policy(self.retry)
-            .stale_after(self.alerts.stale_after)
-            .purge(self.purge);
-        if let Some(n) = self.relay.workers {
-            b = b.workers(n);
-        }
-        if let Some(n) = self.relay.batch_size {
-            b = b.batch_size(n);
-        }
-        if let Some(d) = self.relay.poll_interval {
-            b = b.poll_interval(d);
-        }
+        let settings = RelayWide {
+            relay: &self.relay,
+            retry: &self.retry,
+            purge: &self.purge,
+            alerts: &self.alerts,
+        };
+        let mut b = settings.apply(Relay::builder(db));
         for c in self.consumers {
             b = b
                 .consumer(&c.name, &c.types, c.sink)
@@ -171,6 +170,15 @@ impl Config {
         }
         b
     }
+}
+
+fn read(file: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(file).map_err(|e| ConfigError {
+        file: file.to_path_buf(),
+        field: String::new(),
+        line: None,
+        message: format!("cannot read the file: {e}"),
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -182,10 +190,17 @@ pub struct Dur(pub Duration);
 
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
-        let s = String::deserialize(d)?;
-        parse_duration(&s)
-            .map(Dur)
-            .map_err(serde::de::Error::custom)
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Dur;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a duration in quotes, such as \"30s\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Dur, E> {
+                parse_duration(s).map(Dur).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Visitor)
     }
 }
 
@@ -206,19 +221,11 @@ pub struct RawConfig {
     #[serde(default)]
     metrics: metrics::RawMetrics,
     #[serde(default)]
+    http: http::RawHttp,
+    #[serde(default)]
     consumer: Vec<consumer::RawConsumer>,
     #[serde(default)]
     capture: Vec<capture::RawCapture>,
-}
-
-/// The text of a config file.
-fn read(file: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(file).map_err(|e| ConfigError {
-        file: file.to_path_buf(),
-        field: String::new(),
-        line: None,
-        message: format!("cannot read the file: {e}"),
-    })
 }
 
 fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
@@ -236,9 +243,72 @@ fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
             file: file.to_path_buf(),
             field: if field == "." { String::new() } else { field },
             line: inner.span().map(|s| line_of(text, s.start)),
-            message: inner.message().trim().to_string(),
+            message: in_words(inner.message().trim()),
         }
     })
+}
+
+/// serde's "invalid type: integer `3`, expected usize" in words a person
+/// who writes TOML reads: "expected a whole number (0 or more), found 3".
+/// Other messages (unknown field, missing field, unknown variant) already
+/// are, and pass through.
+fn in_words(message: &str) -> String {
+    let (rest, is_value) = match (
+        message.strip_prefix("invalid type: "),
+        message.strip_prefix("invalid value: "),
+    ) {
+        (Some(rest), _) => (rest, false),
+        (None, Some(rest)) => (rest, true),
+        _ => return message.to_string(),
+    };
+    let Some((found, expected)) = rest.rsplit_once(", expected ") else {
+        return message.to_string();
+    };
+    let whole = |lo: &str, hi: &str| format!("a whole number from {lo} to {hi}");
+    let want = match expected {
+        "u8" => whole("0", "255"),
+        "u16" => whole("0", "65535"),
+        "u32" => whole("0", "4294967295"),
+        "u64" | "usize" => "a whole number (0 or more)".to_string(),
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".to_string(),
+        "f32" | "f64" => "a number, such as 0.5".to_string(),
+        "a boolean" => "true or false".to_string(),
+        "a string" | "path string" => "text in quotes".to_string(),
+        "a sequence" => "a list, such as [\"a\", \"b\"]".to_string(),
+        "a map" => "a table, such as { name = \"value\" }".to_string(),
+        s if s.starts_with("struct ") => "a table".to_string(),
+        other => other.to_string(),
+    };
+    let number = |s: &str| {
+        s.strip_suffix('`')
+            .and_then(|s| s.split_once(" `"))
+            .map(|(_, n)| n.to_string())
+    };
+    if is_value {
+        if let Some(n) = found
+            .starts_with("integer `")
+            .then(|| number(found))
+            .flatten()
+        {
+            return format!("{n} is out of range; expected {want}");
+        }
+    }
+    let found = match found {
+        "sequence" => "a list".to_string(),
+        "map" => "a table".to_string(),
+        f if f.starts_with("integer `") => {
+            format!("the whole number {}", number(f).unwrap_or_default())
+        }
+        f if f.starts_with("floating point `") => {
+            format!("the number {}", number(f).unwrap_or_default())
+        }
+        f if f.starts_with("boolean `") => number(f).unwrap_or_default(),
+        f => match f.strip_prefix("string ") {
+            Some(text) => format!("the text {text}"),
+            None => f.to_string(),
+        },
+    };
+    format!("expected {want}, found {found}")
 }
 
 /// The 1-based line holding byte `offset`.
@@ -261,8 +331,7 @@ pub struct Checker<'a> {
 }
 
 impl Checker<'_> {
-    /// The checker of `file`, whose directory relative paths follow.
-    fn for_file(file: &Path) -> Checker<'_> {
+    fn new(file: &Path) -> Checker<'_> {
         let dir = file
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
@@ -288,22 +357,75 @@ impl Checker<'_> {
             self.dir.join(p)
         }
     }
+}
 
-    /// `v`, or an error at `field` when it is outside `lo..=hi`.
-    pub fn range<T: PartialOrd + std::fmt::Display + Copy>(
-        &self,
-        field: &str,
-        v: Option<T>,
-        lo: T,
-        hi: T,
-    ) -> Result<Option<T>, ConfigError> {
-        match v {
-            Some(x) if x < lo || x > hi => {
-                Err(self.err(field, format!("{x} is out of range; allowed: {lo} to {hi}")))
-            }
-            other => Ok(other),
-        }
+fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
+    let c = Checker::new(file);
+    let s = check_settings(&c, &raw)?;
+    let captures = capture::check(&c, raw.capture)?;
+    let consumers = consumer::build(&c, raw.consumer, s.relay.lease, &s.retry)?;
+    Ok(Config {
+        file: Some(file.to_path_buf()),
+        database: s.database,
+        relay: s.relay,
+        retry: s.retry,
+        purge: s.purge,
+        alerts: s.alerts,
+        log: s.log,
+        metrics: s.metrics,
+        http: s.http,
+        consumers,
+        captures,
+    })
+}
+
+/// What the operator commands (`status`, `replay`) take from a config
+/// file, read by [`Config::load_without_sinks`].
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// The database, when the file names one.
+    pub database: Option<PathBuf>,
+    /// The `[alerts]` thresholds.
+    pub alerts: Thresholds,
+    /// The consumers' names.
+    pub consumers: Vec<String>,
+    /// The event types (or patterns) each consumer takes, in the same order.
+    pub consumer_types: Vec<Vec<String>>,
+    /// `[http]`.
+    pub http: HttpSettings,
+    /// `[log]`.
+    pub log: LogSettings,
+}
+
+impl Config {
+    /// Reads a config file for an operator command: checked as
+    /// `check-config` checks it, except that its sinks are not built, so no
+    /// secret needs to be set and no file is created.
+    pub fn load_without_sinks(file: &Path) -> Result<Summary, ConfigError> {
+        let text = read(file)?;
+        let raw = parse_raw(&text, file)?;
+        let s = check_settings(&Checker::new(file), &raw)?;
+        Ok(Summary {
+            database: s.database,
+            alerts: s.alerts,
+            consumers: raw.consumer.iter().map(|c| c.name.clone()).collect(),
+            consumer_types: raw.consumer.iter().map(|c| c.types.clone()).collect(),
+            http: s.http,
+            log: s.log,
+        })
     }
+}
+
+/// A config's settings, checked: everything but the sinks.
+struct Settings {
+    database: Option<PathBuf>,
+    relay: RelaySettings,
+    retry: RetryPolicy,
+    purge: Option<PurgePolicy>,
+    alerts: Thresholds,
+    log: LogSettings,
+    metrics: Option<SocketAddr>,
+    http: HttpSettings,
 }
 
 /// Checks `database`: a path, resolved against the config's directory.
@@ -317,22 +439,25 @@ fn database(c: &Checker<'_>, raw: &Option<PathBuf>) -> Result<Option<PathBuf>, C
     }
 }
 
-fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
-    let c = Checker::for_file(file);
-    let database = database(&c, &raw.database)?;
-    let relay = relay::check(&c, &raw.relay)?;
-    let retry = match &raw.retry {
-        Some(t) => retry::check(&c, "retry", t, RetryPolicy::default())?,
-        None => RetryPolicy::default(),
+fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigError> {
+    let database = database(c, &raw.database)?;
+    let relay = relay::check(c, &raw.relay)?;
+    let retry = raw.retry.as_ref().map_or_else(RetryPolicy::default, |t| {
+        retry::apply(t, RetryPolicy::default())
+    });
+    let purge = purge::policy(&raw.purge);
+    let alerts = alerts::thresholds(&raw.alerts);
+    let log = log::check(c, &raw.log)?;
+    let metrics = metrics::check(c, &raw.metrics)?;
+    let http = http::check(c, &raw.http)?;
+    let settings = RelayWide {
+        relay: &relay,
+        retry: &retry,
+        purge: &purge,
+        alerts: &alerts,
     };
-    let purge = purge::check(&c, &raw.purge)?;
-    let alerts = alerts::check(&c, &raw.alerts)?;
-    let log = log::check(&c, raw.log)?;
-    let metrics = metrics::check(&c, &raw.metrics)?;
-    let captures = capture::check(&c, raw.capture)?;
-    let consumers = consumer::check(&c, raw.consumer, &relay, &retry)?;
-    Ok(Config {
-        file: Some(file.to_path_buf()),
+    check_with_library(c, &settings, &raw.consumer)?;
+    Ok(Settings {
         database,
         relay,
         retry,
@@ -340,9 +465,98 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
         alerts,
         log,
         metrics,
-        consumers,
-        captures,
+        http,
     })
+}
+
+/// The relay-wide settings of a config, as the relay builder takes them.
+struct RelayWide<'a> {
+    relay: &'a RelaySettings,
+    retry: &'a RetryPolicy,
+    purge: &'a Option<PurgePolicy>,
+    alerts: &'a Thresholds,
+}
+
+impl RelayWide<'_> {
+    /// `b` with every relay-wide setting applied.
+    fn apply(&self, b: RelayBuilder) -> RelayBuilder {
+        let mut b = b
+            .lease(self.relay.lease)
+            .unrouted(self.relay.unrouted)
+            .retry_policy(self.retry.clone())
+            .stale_after(self.alerts.stale_after)
+            .purge(self.purge.clone());
+        if let Some(n) = self.relay.workers {
+            b = b.workers(n);
+        }
+        if let Some(n) = self.relay.batch_size {
+            b = b.batch_size(n);
+        }
+        if let Some(d) = self.relay.poll_interval {
+            b = b.poll_interval(d);
+        }
+        b
+    }
+}
+
+/// Lets the library judge the settings and the consumers' names, types and
+/// retry policies (the rules live in `RelayBuilder::build` alone), before
+/// any sink is built: a relay is built, not started, with a stand-in
+/// consumer for each, and its error is reported at the config's field.
+fn check_with_library(
+    c: &Checker<'_>,
+    settings: &RelayWide<'_>,
+    consumers: &[consumer::RawConsumer],
+) -> Result<(), ConfigError> {
+    // `build` does not open the database; the path is never used.
+    let mut b = settings.apply(Relay::builder("outboxd.db"));
+    for rc in consumers {
+        let stand_in = |_: &Delivery| Outcome::Delivered;
+        b = b
+            .consumer(&rc.name, &rc.types, stand_in)
+            .retry_policy_for(&rc.name, rc.retry_policy(settings.retry));
+    }
+    match b.build() {
+        Ok(_) => Ok(()),
+        Err(outboxd::Error::InvalidSetting(e)) => Err(setting_error(c, &e)),
+        Err(other) => Err(c.err("", other.to_string())),
+    }
+}
+
+/// The library's verdict on a setting, at the config field that holds it.
+fn setting_error(c: &Checker<'_>, e: &SettingError) -> ConfigError {
+    let consumer = e.consumer_position().map(|p| format!("consumer[{p}]"));
+    let name = e.setting().as_str();
+    let field = match e.setting() {
+        Setting::Workers | Setting::BatchSize | Setting::Lease | Setting::PollInterval => {
+            format!("relay.{name}")
+        }
+        Setting::StaleAfter => format!("alerts.{name}"),
+        Setting::Consumers => {
+            return c.err(
+                "consumer",
+                format!(
+                    "{}; add a [[consumer]] with a name, types and a [consumer.sink]",
+                    e.reason()
+                ),
+            )
+        }
+        Setting::ConsumerName => format!("{}.name", consumer.unwrap_or_default()),
+        Setting::ConsumerTypes => match e.index() {
+            Some(i) => format!("{}.types[{i}]", consumer.unwrap_or_default()),
+            None => format!("{}.types", consumer.unwrap_or_default()),
+        },
+        Setting::RetryInitial
+        | Setting::RetryMaxDelay
+        | Setting::RetryMaxAttempts
+        | Setting::RetryJitter => match consumer {
+            Some(at) => format!("{at}.{name}"),
+            None => name.to_string(),
+        },
+        // purge.dedup_ttl, purge.batch_size: the config's own names.
+        _ => name.to_string(),
+    };
+    c.err(field, e.reason())
 }
 
 #[cfg(test)]
@@ -376,6 +590,65 @@ pub(crate) mod tests {
         assert!(
             shown.starts_with("config /etc/outboxd/outboxd.toml, line 12: consumer[1].sink.path: "),
             "{shown}"
+        );
+    }
+
+    #[test]
+    fn type_errors_are_in_words_not_rust_types() {
+        let cases = [
+            (
+                "[relay]\nworkers = \"two\"",
+                "relay.workers",
+                "expected a whole number (0 or more), found the text \"two\"",
+            ),
+            (
+                "[retry]\nmax_attempts = 99999999999",
+                "retry.max_attempts",
+                "99999999999 is out of range; expected a whole number from 0 to 4294967295",
+            ),
+            (
+                "[retry]\njitter = \"x\"",
+                "retry.jitter",
+                "expected a number, such as 0.5, found the text \"x\"",
+            ),
+            (
+                "[alerts]\nmax_dead = 1.5",
+                "alerts.max_dead",
+                "expected a whole number (0 or more), found the number 1.5",
+            ),
+            (
+                "[relay]\nlease = 30",
+                "relay.lease",
+                "expected a duration in quotes, such as \"30s\", found the whole number 30",
+            ),
+            (
+                "[purge]\nenabled = 1",
+                "purge.enabled",
+                "expected true or false, found the whole number 1",
+            ),
+            (
+                "relay = 3",
+                "relay",
+                "expected a table, found the whole number 3",
+            ),
+            (
+                "database = []",
+                "database",
+                "expected text in quotes, found a list",
+            ),
+        ];
+        for (section, field, want) in cases {
+            let e = parse(&format!("{section}\n{STDOUT}")).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert_eq!(e.message, want, "{e}");
+        }
+        let e =
+            parse(&STDOUT.replace("path = \"-\"", "path = \"-\"\nfsync = \"yes\"")).unwrap_err();
+        assert_eq!(e.message, "expected true or false, found the text \"yes\"");
+        let e = parse(&STDOUT.replace("[\"*\"]", "\"*\"")).unwrap_err();
+        assert_eq!(
+            e.message,
+            "expected a list, such as [\"a\", \"b\"], found the text \"*\""
         );
     }
 
@@ -425,6 +698,9 @@ pub(crate) mod tests {
             "log.level",
             "log.format",
             "metrics.listen",
+            "http.listen",
+            "http.token_env",
+            "http.read_only",
             "relay.no_such_key",
         ];
 

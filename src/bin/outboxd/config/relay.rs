@@ -1,4 +1,6 @@
-//! `[relay]`: how the relay claims, leases and shuts down.
+//! `[relay]`: how the relay claims, leases and shuts down. The ranges are
+//! the library's (checked by `RelayBuilder::build`); only the shutdown
+//! grace, which the binary applies itself, is checked here.
 
 use std::time::Duration;
 
@@ -6,6 +8,7 @@ use outboxd::relay::UnroutedPolicy;
 use serde::Deserialize;
 
 use super::{Checker, ConfigError, Dur};
+use crate::cmd::support::human;
 
 /// How long in-flight deliveries may finish after SIGINT or SIGTERM, unless
 /// configured. Below the packaged systemd unit's `TimeoutStopSec=40`.
@@ -63,46 +66,28 @@ enum Unrouted {
     Skip,
 }
 
-/// Checks `[relay]`.
+/// Reads `[relay]`; checks the shutdown grace.
 pub fn check(c: &Checker<'_>, r: &RawRelay) -> Result<RelaySettings, ConfigError> {
-    let workers = c.range("relay.workers", r.workers, 1, 1024)?;
-    let batch_size = c.range("relay.batch_size", r.batch_size, 1, 10_000)?;
-    let lease = r.lease.map_or(outboxd::relay::DEFAULT_LEASE, |d| d.0);
-    if lease < Duration::from_secs(1) {
-        return Err(c.err(
-            "relay.lease",
-            format!("{lease:?} is too short; allowed: 1s or more"),
-        ));
-    }
-    let poll_interval = r.poll_interval.map(|d| d.0);
-    if let Some(d) = poll_interval {
-        if d.is_zero() || d > Duration::from_secs(60) {
-            return Err(c.err(
-                "relay.poll_interval",
-                format!("{d:?} is out of range; allowed: 1ms to 60s"),
-            ));
-        }
-    }
     let shutdown_grace = r.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0);
     if shutdown_grace > MAX_SHUTDOWN_GRACE {
         return Err(c.err(
             "relay.shutdown_grace",
             format!(
-                "{shutdown_grace:?} is too long; allowed: up to 1h (and keep it below the \
-                 service manager's stop timeout, 40s in the packaged systemd unit)"
+                "{} is too long; allowed: up to 1h (and keep it below the \
+                 service manager's stop timeout, 40s in the packaged systemd unit)",
+                human(shutdown_grace)
             ),
         ));
     }
-    let unrouted = match r.unrouted {
-        None | Some(Unrouted::DeadLetter) => UnroutedPolicy::DeadLetter,
-        Some(Unrouted::Skip) => UnroutedPolicy::Skip,
-    };
     Ok(RelaySettings {
-        workers,
-        batch_size,
-        lease,
-        poll_interval,
-        unrouted,
+        workers: r.workers,
+        batch_size: r.batch_size,
+        lease: r.lease.map_or(outboxd::relay::DEFAULT_LEASE, |d| d.0),
+        poll_interval: r.poll_interval.map(|d| d.0),
+        unrouted: match r.unrouted {
+            None | Some(Unrouted::DeadLetter) => UnroutedPolicy::DeadLetter,
+            Some(Unrouted::Skip) => UnroutedPolicy::Skip,
+        },
         shutdown_grace,
     })
 }

@@ -5,6 +5,7 @@ use std::path::Path;
 use outboxd::sinks::CommandSink;
 
 use super::{positive, RawSink, Sink};
+use crate::cmd::support::human;
 use crate::config::{Checker, ConfigError};
 
 /// The keys a command sink takes.
@@ -60,9 +61,9 @@ pub fn build(
         sink = sink.env(k, v);
     }
     let description = format!(
-        "command {} (timeout {:?}, poison exit code {})",
+        "command {} (timeout {}, poison exit code {})",
         sink.program().display(),
-        sink.time_limit(),
+        human(sink.time_limit()),
         sink.poison_code()
     );
     let limit = sink.time_limit();

@@ -7,8 +7,9 @@
 //! refused by name.
 //!
 //! To add a kind: its keys in the `raw_sink!` list below, a variant in
-//! [`SinkKind`] and an arm in [`build`], and a file here with its `KEYS`
-//! and a `build(&Checker, at, &RawSink) -> Result<Sink, ConfigError>`.
+//! [`SinkKind`], an arm in [`build`] and in [`default_retry`], and a file
+//! here with its `KEYS` and a
+//! `build(&Checker, at, &RawSink) -> Result<Sink, ConfigError>`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,7 +31,6 @@ pub struct Sink {
     consumer: Box<dyn Consumer>,
     description: String,
     time_limit: Option<Duration>,
-    default_retry: Option<RetryPolicy>,
 }
 
 impl Sink {
@@ -41,7 +41,6 @@ impl Sink {
             consumer: Box::new(consumer),
             description: description.into(),
             time_limit: None,
-            default_retry: None,
         }
     }
 
@@ -51,21 +50,9 @@ impl Sink {
         self
     }
 
-    /// The kind's own retry schedule, used instead of `[retry]` (a consumer's
-    /// `[consumer.retry]` still applies on top).
-    pub fn with_default_retry(mut self, policy: RetryPolicy) -> Sink {
-        self.default_retry = Some(policy);
-        self
-    }
-
     /// The longest one delivery may take, if the sink bounds it.
     pub fn time_limit(&self) -> Option<Duration> {
         self.time_limit
-    }
-
-    /// The kind's own retry schedule, if it has one.
-    pub fn default_retry(&self) -> Option<RetryPolicy> {
-        self.default_retry.clone()
     }
 
     /// A one-line description without secrets, for logs and check-config.
@@ -165,6 +152,16 @@ raw_sink! {
     headers: BTreeMap<String, String>,
     /// The most response bytes read.
     max_response_bytes: u64,
+}
+
+/// A kind's own retry schedule, used instead of `[retry]` (a consumer's
+/// `[consumer.retry]` still applies on top): receivers behind a webhook may
+/// be down for a day.
+pub fn default_retry(kind: SinkKind) -> Option<RetryPolicy> {
+    match kind {
+        SinkKind::Webhook => Some(RetryPolicy::webhook()),
+        SinkKind::Jsonl | SinkKind::Command => None,
+    }
 }
 
 /// Every environment variable the config's sinks read a secret from. Each

@@ -1,9 +1,9 @@
 //! `kind = "webhook"`: a signed HTTP POST per event (Standard Webhooks).
 
 use outboxd::sinks::WebhookSink;
-use outboxd::RetryPolicy;
 
 use super::{positive, RawSink, Sink};
+use crate::cmd::support::human;
 use crate::config::{Checker, ConfigError};
 
 /// The keys a webhook sink takes.
@@ -29,6 +29,25 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
             "is missing; a webhook sink needs url = \"https://...\"",
         )
     })?;
+    // One source of secrets: which would win, or whether both sign, is
+    // nothing a reader of the file should have to guess.
+    let given: Vec<&str> = [
+        ("secret_env", s.secret_env.is_some()),
+        ("secrets_env", s.secrets_env.is_some()),
+        ("secret_file", s.secret_file.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(key, set)| set.then_some(key))
+    .collect();
+    if let [first, second, ..] = given[..] {
+        return Err(c.err(
+            format!("{at}.{second}"),
+            format!(
+                "{first} is set too; give exactly one of secret_env, secrets_env (several \
+                 secrets while rotating) and secret_file"
+            ),
+        ));
+    }
     let mut b = WebhookSink::builder(url.clone());
     // Where each secret came from, in the order given to the builder,
     // so a malformed one is reported by its source, never its value.
@@ -131,13 +150,11 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
         c.err(field, message)
     })?;
     let description = format!(
-        "webhook {} (timeout {:?}, connect timeout {:?})",
+        "webhook {} (timeout {}, connect timeout {})",
         sink.display_url(),
-        sink.timeout(),
-        sink.connect_timeout()
+        human(sink.timeout()),
+        human(sink.connect_timeout())
     );
     let limit = sink.timeout();
-    Ok(Sink::new(sink, description)
-        .with_time_limit(limit)
-        .with_default_retry(RetryPolicy::webhook()))
+    Ok(Sink::new(sink, description).with_time_limit(limit))
 }

@@ -1,4 +1,4 @@
--- outboxd schema, version 2: change capture (src/capture/).
+-- outboxd schema, version 3: change capture (src/capture/).
 --
 -- `outboxd capture apply` installs triggers on the host's tables that turn
 -- its inserts, updates and deletes into events. These tables record what it
