@@ -5,13 +5,18 @@
 //! from a tarball who knows it), else from git when this package is the top of
 //! a git work tree, else it is "unknown" (a tarball without .git, or a copy
 //! inside someone else's repository, whose commit would be the wrong one).
+//!
+//! The outputs are named apart from the input on purpose: cargo also puts
+//! them in the environment of `cargo test` and `cargo run`, and a nested
+//! build (tests/release.rs runs scripts/release.sh) must not take them for
+//! a packager's OUTBOXD_BUILD_COMMIT, which would rebuild the crate.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
     let target = std::env::var("TARGET").unwrap_or_else(|_| "unknown".into());
-    println!("cargo:rustc-env=OUTBOXD_BUILD_TARGET={target}");
+    println!("cargo:rustc-env=OUTBOXD_VERSION_TARGET={target}");
     println!("cargo:rerun-if-env-changed=OUTBOXD_BUILD_COMMIT");
     // Without any rerun-if-changed line cargo reruns this script whenever any
     // file of the package changes; with one, only for the files named.
@@ -22,7 +27,7 @@ fn main() {
         .filter(|c| !c.is_empty())
         .or_else(git_commit)
         .unwrap_or_else(|| "unknown".into());
-    println!("cargo:rustc-env=OUTBOXD_BUILD_COMMIT={commit}");
+    println!("cargo:rustc-env=OUTBOXD_VERSION_COMMIT={commit}");
 }
 
 /// The abbreviated commit of HEAD, when this package is a git work tree's

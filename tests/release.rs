@@ -46,7 +46,7 @@ fn version_names_the_version_the_target_and_the_commit() {
         format!(
             "outboxd {} ({}, commit {commit})",
             env!("CARGO_PKG_VERSION"),
-            env!("OUTBOXD_BUILD_TARGET")
+            env!("OUTBOXD_VERSION_TARGET")
         )
     );
 }

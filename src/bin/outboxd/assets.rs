@@ -165,7 +165,7 @@ mod tests {
         let version = env!("CARGO_PKG_VERSION");
         assert!(top.contains(&format!("outboxd {version}\"")), "{top}");
         assert!(
-            !top.contains(env!("OUTBOXD_BUILD_TARGET")),
+            !top.contains(env!("OUTBOXD_VERSION_TARGET")),
             "no target in the page"
         );
     }

@@ -20,9 +20,9 @@ use exit::Exit;
 const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (",
-    env!("OUTBOXD_BUILD_TARGET"),
+    env!("OUTBOXD_VERSION_TARGET"),
     ", commit ",
-    env!("OUTBOXD_BUILD_COMMIT"),
+    env!("OUTBOXD_VERSION_COMMIT"),
     ")"
 );
 
