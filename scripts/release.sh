@@ -395,7 +395,7 @@ release() {
         cp "$(bin_path "$target")" "$out/outboxd-$VERSION-$target"
         debs+=("$deb")
     done
-    (cd "$out" && sha256sum -- outboxd-* >SHA256SUMS && sha256sum --quiet -c SHA256SUMS)
+    (cd "$out" && sha256sum -- outboxd-* outboxd_*.deb >SHA256SUMS && sha256sum --quiet -c SHA256SUMS)
 
     echo
     echo "outboxd $VERSION in $out (unit exposure: $SECURITY; smoke: $smoke; all: $((SECONDS - start)) s)"
