@@ -22,12 +22,22 @@ use time::OffsetDateTime;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(i64);
 
+/// A duration in whole milliseconds, saturating at `i64::MAX`.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 impl Timestamp {
+    /// The earliest timestamp.
+    pub const MIN: Timestamp = Timestamp(i64::MIN);
+    /// The latest timestamp.
+    pub const MAX: Timestamp = Timestamp(i64::MAX);
+
     /// The wall clock now.
     pub fn now() -> Timestamp {
         let ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
+            .map(millis)
             .unwrap_or(0);
         Timestamp(ms)
     }
@@ -42,12 +52,27 @@ impl Timestamp {
         self.0
     }
 
-    /// This time plus a duration (saturating).
+    /// This time plus a duration. Saturates at the largest timestamp, so a
+    /// huge duration (a lease or retention of `Duration::MAX`) means "never",
+    /// not a wrap into the past.
     pub fn plus(self, d: Duration) -> Timestamp {
-        Timestamp(
-            self.0
-                .saturating_add(d.as_millis().min(i64::MAX as u128) as i64),
-        )
+        Timestamp(self.0.saturating_add(millis(d)))
+    }
+
+    /// This time minus a duration. Saturates at the smallest timestamp, so a
+    /// huge duration means "before anything", never a wrap into the future:
+    /// a retention of `Duration::MAX` purges nothing.
+    ///
+    /// ```
+    /// use outboxd::Timestamp;
+    /// use std::time::Duration;
+    /// let now = Timestamp::from_millis(1_000);
+    /// assert_eq!(now.minus(Duration::from_millis(400)).as_millis(), 600);
+    /// assert!(now.minus(Duration::MAX) < Timestamp::from_millis(0)); // long before, never after
+    /// assert_eq!(now.plus(Duration::MAX), Timestamp::MAX);
+    /// ```
+    pub fn minus(self, d: Duration) -> Timestamp {
+        Timestamp(self.0.saturating_sub(millis(d)))
     }
 
     /// The time from `earlier` to `self`, zero if `earlier` is later.
@@ -143,9 +168,13 @@ impl ManualClock {
         ManualClock(Arc::new(AtomicI64::new(start.as_millis())))
     }
 
-    /// Moves the clock forward.
+    /// Moves the clock forward (saturating at [`Timestamp::MAX`]).
     pub fn advance(&self, d: Duration) {
-        self.0.fetch_add(d.as_millis() as i64, Ordering::SeqCst);
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                Some(t.saturating_add(millis(d)))
+            });
     }
 
     /// Sets the clock (also backwards, to test clock jumps).
@@ -170,6 +199,26 @@ mod tests {
         let s = t.to_string();
         assert!(s.ends_with(".123Z"), "{s}");
         assert_eq!(s.parse::<Timestamp>().unwrap(), t);
+    }
+
+    #[test]
+    fn arithmetic_saturates_instead_of_wrapping() {
+        let t = Timestamp::from_millis(1_764_487_080_123);
+        for huge in [Duration::MAX, Duration::from_secs(1_000_000_000_000)] {
+            assert!(t.minus(huge) < t, "{huge:?}");
+            assert!(t.plus(huge) > t, "{huge:?}");
+        }
+        assert_eq!(
+            Timestamp::MIN.minus(Duration::from_millis(1)),
+            Timestamp::MIN
+        );
+        assert_eq!(
+            Timestamp::MAX.plus(Duration::from_millis(1)),
+            Timestamp::MAX
+        );
+        let clock = ManualClock::new(t);
+        clock.advance(Duration::MAX);
+        assert_eq!(clock.now(), Timestamp::MAX);
     }
 
     #[test]

@@ -69,8 +69,41 @@ pub fn open(path: impl AsRef<Path>) -> Result<Connection> {
 }
 
 /// Opens an existing database for reading only (status, inspection). WAL is
-/// not forced: a read-only connection cannot change the journal mode.
+/// not forced: a read-only connection cannot change the journal mode. See
+/// [`open_read_only_with_mode`] for a database whose directory this user
+/// cannot write.
 pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
+    open_read_only_with_mode(path).map(|(conn, _)| conn)
+}
+
+/// How a read-only connection sees the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadMode {
+    /// Like any reader: through the WAL index (the `-shm` file), a
+    /// consistent view of every committed transaction, safe beside writers.
+    Shared,
+    /// As an immutable file (SQLite's `immutable=1`): without locks and
+    /// without the WAL. Used only when the WAL index cannot be created (the
+    /// directory is not writable by this user) and no `-wal` file exists, so
+    /// the database file holds every commit. SQLite then trusts that nothing
+    /// writes the file meanwhile: a writer starting during the read can make
+    /// it see a mix of old and new pages, or fail with "database disk image
+    /// is malformed"; reading again is the remedy.
+    Immutable,
+}
+
+/// [`open_read_only`], saying how the database is read.
+///
+/// A reader of a WAL database needs the `-shm` index beside it, and
+/// creates it when it is missing. A user who may read the database but not
+/// write its directory (an operator looking at a service's database) can
+/// therefore read it only while the file exists, that is while a writer
+/// has it open (SQLite keeps the file readable for the database's readers).
+/// Otherwise, with no `-wal` file either, the database file alone holds
+/// every commit, and it is opened as [`ReadMode::Immutable`]. A `-wal` file
+/// without its index cannot be read this way: that is an error naming the
+/// cause.
+pub fn open_read_only_with_mode(path: impl AsRef<Path>) -> Result<(Connection, ReadMode)> {
     let path = path.as_ref();
     check_path(path)?;
     if !path.exists() {
@@ -79,16 +112,85 @@ pub fn open_read_only(path: impl AsRef<Path>) -> Result<Connection> {
             reason: "no such file".into(),
         });
     }
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| open_error(path, e))?;
-    set_busy_handler(&conn)?;
-    // Touch the schema so "not a database" shows here, not later.
-    conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))
-        .map_err(|e| open_error(path, e))?;
+    match open_reader(path, ReadMode::Shared) {
+        Ok(conn) => Ok((conn, ReadMode::Shared)),
+        Err(e) if cannot_create_wal_index(path, &e) => {
+            if sidecar(path, "-wal").exists() {
+                return Err(Error::Open {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "it is a WAL database whose {} file holds commits, and reading them \
+                         needs its index {}, which this user cannot create in {}; run as a \
+                         user who may write that directory, or while a writer (outboxd run, \
+                         the application) has the database open",
+                        sidecar(path, "-wal").display(),
+                        sidecar(path, "-shm").display(),
+                        directory(path).display()
+                    ),
+                });
+            }
+            let conn = open_reader(path, ReadMode::Immutable).map_err(|e| open_error(path, e))?;
+            Ok((conn, ReadMode::Immutable))
+        }
+        Err(e) => Err(open_error(path, e)),
+    }
+}
+
+/// A read-only connection, checked to read (so "not a database" shows here).
+fn open_reader(path: &Path, mode: ReadMode) -> rusqlite::Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = match mode {
+        ReadMode::Shared => Connection::open_with_flags(path, flags)?,
+        ReadMode::Immutable => {
+            Connection::open_with_flags(immutable_uri(path), flags | OpenFlags::SQLITE_OPEN_URI)?
+        }
+    };
+    set_busy_handler(&conn).map_err(|e| match e {
+        Error::Database { source, .. } => source,
+        _ => rusqlite::Error::InvalidQuery,
+    })?;
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))?;
     Ok(conn)
+}
+
+/// True when `e` is SQLite failing to create the missing `-shm` WAL index
+/// of a database this user may read (so: the directory is not writable).
+fn cannot_create_wal_index(path: &Path, e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen)
+    ) && !sidecar(path, "-shm").exists()
+        && std::fs::File::open(path).is_ok()
+}
+
+/// `app.db` + `-wal`: a file SQLite keeps beside the database.
+fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+fn directory(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// `file:` URI of `path` with `immutable=1`; the path percent-encoded, so a
+/// `?`, `#` or `%` in it is not read as URI syntax.
+fn immutable_uri(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut uri = String::from("file:");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/._-~".contains(&b) {
+            uri.push(b as char);
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
 }
 
 /// Applies outboxd's connection settings: WAL journal (fails with
@@ -217,16 +319,30 @@ fn explain(path: &Path, e: Error) -> Error {
 }
 
 /// An r2d2 connection manager for outboxd's read pool: each connection is
-/// opened and [`configure`]d like [`open`]'s.
+/// opened and [`configure`]d like [`open`]'s, or opened like
+/// [`open_read_only`]'s by a [`ConnectionManager::read_only`] manager.
 #[derive(Debug, Clone)]
 pub struct ConnectionManager {
     path: PathBuf,
+    read_only: bool,
 }
 
 impl ConnectionManager {
     /// A manager for the database at `path`.
     pub fn new(path: impl Into<PathBuf>) -> ConnectionManager {
-        ConnectionManager { path: path.into() }
+        ConnectionManager {
+            path: path.into(),
+            read_only: false,
+        }
+    }
+
+    /// A manager of read-only connections to the existing database at
+    /// `path` (status, metrics, the console).
+    pub fn read_only(path: impl Into<PathBuf>) -> ConnectionManager {
+        ConnectionManager {
+            path: path.into(),
+            read_only: true,
+        }
     }
 }
 
@@ -235,7 +351,11 @@ impl r2d2::ManageConnection for ConnectionManager {
     type Error = Error;
 
     fn connect(&self) -> Result<Connection> {
-        open(&self.path)
+        if self.read_only {
+            open_read_only(&self.path)
+        } else {
+            open(&self.path)
+        }
     }
 
     fn is_valid(&self, conn: &mut Connection) -> Result<()> {
@@ -293,6 +413,18 @@ mod tests {
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .unwrap();
         assert_eq!(mode, "delete", "the host's journal mode is untouched");
+    }
+
+    #[test]
+    fn the_immutable_uri_escapes_what_uri_syntax_would_read() {
+        assert_eq!(
+            immutable_uri(Path::new("/srv/app data/a?b#c%d.db")),
+            "file:/srv/app%20data/a%3Fb%23c%25d.db?immutable=1"
+        );
+        assert_eq!(
+            immutable_uri(Path::new("app.db")),
+            "file:app.db?immutable=1"
+        );
     }
 
     #[test]

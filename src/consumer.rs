@@ -4,8 +4,20 @@ use std::time::Duration;
 
 use crate::envelope::Envelope;
 
-/// One delivery of one event to one consumer.
+/// One delivery of one event to one consumer. The relay makes these; a
+/// test (or a host calling a consumer directly) builds one from an envelope:
+///
+/// ```
+/// # let envelope: outboxd::Envelope = serde_json::from_value(serde_json::json!({
+/// #     "event_id": outboxd::EventId::new().to_string(), "event_type": "article.created.v1",
+/// #     "event_version": 1, "causation_id": null, "correlation_id": null,
+/// #     "occurred_at": "2026-11-30T07:18:00Z", "payload": {"id": 7}})).unwrap();
+/// use outboxd::Delivery;
+/// let d = Delivery::new(envelope).consumer("indexer").attempt(2).tenant_id(Some("acme".into()));
+/// assert_eq!((d.attempt, d.consumer.as_str()), (2, "indexer"));
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Delivery {
     /// The event.
     pub envelope: Envelope,
@@ -20,6 +32,56 @@ pub struct Delivery {
     pub tenant_id: Option<String>,
     /// The event's ordering key, if any.
     pub ordering_key: Option<String>,
+}
+
+impl Delivery {
+    /// The first attempt of `envelope`, to no consumer in particular (an
+    /// empty name), with no tenant or ordering key.
+    pub fn new(envelope: Envelope) -> Delivery {
+        Delivery {
+            envelope,
+            attempt: 1,
+            consumer: String::new(),
+            legacy: false,
+            tenant_id: None,
+            ordering_key: None,
+        }
+    }
+
+    /// The attempt number (1 on the first try).
+    #[must_use]
+    pub fn attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// The consumer's name.
+    #[must_use]
+    pub fn consumer(mut self, name: impl Into<String>) -> Self {
+        self.consumer = name.into();
+        self
+    }
+
+    /// Marks the delivery as one of a legacy row (no event id of its own).
+    #[must_use]
+    pub fn legacy(mut self, legacy: bool) -> Self {
+        self.legacy = legacy;
+        self
+    }
+
+    /// The event's tenant.
+    #[must_use]
+    pub fn tenant_id(mut self, tenant: Option<String>) -> Self {
+        self.tenant_id = tenant;
+        self
+    }
+
+    /// The event's ordering key.
+    #[must_use]
+    pub fn ordering_key(mut self, key: Option<String>) -> Self {
+        self.ordering_key = key;
+        self
+    }
 }
 
 /// What a consumer reports for a delivery.

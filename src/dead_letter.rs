@@ -26,8 +26,10 @@ use crate::router::Pattern;
 /// Rows changed per transaction by requeue and discard.
 const BATCH: usize = 1000;
 
-/// One dead-lettered event, as an operator sees it.
+/// One dead-lettered event, as an operator sees it (read with [`list`] or
+/// [`show`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct DeadLetter {
     /// The row id (what `show`, `requeue` and `discard` take).
     pub row_id: i64,
@@ -92,6 +94,13 @@ pub fn show(conn: &Connection, id: &str) -> Result<DeadLetter> {
     .ok_or_else(|| Error::NotFound {
         what: format!("dead letter {id}"),
     })
+}
+
+/// How many dead letters a selector names now: what [`requeue`] or
+/// [`discard`] would change (the console's confirmation shows it).
+pub fn count(conn: &Connection, which: &Selector) -> Result<u64> {
+    crate::schema::ensure_current(conn)?;
+    Ok(select(conn, which)?.len() as u64)
 }
 
 /// Puts dead letters back in the queue, due now, with their attempts reset.
@@ -199,10 +208,12 @@ fn resolve(conn: &Connection, id: &str) -> Result<i64> {
             |r| r.get(0),
         )
     } else {
+        // A producer may store the id in lower case (the SQL contract
+        // accepts it); compare case-folded, among the dead rows only.
         let canonical = crate::EventId::parse(id)?.to_string();
         conn.query_row(
             "SELECT id FROM event_outbox
-              WHERE event_id = ?1 AND event_id IS NOT NULL AND status = 'dead' ORDER BY id LIMIT 1",
+              WHERE status = 'dead' AND upper(event_id) = ?1 ORDER BY id LIMIT 1",
             [canonical],
             |r| r.get(0),
         )

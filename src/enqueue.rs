@@ -96,6 +96,7 @@ impl Event {
     }
 
     /// Uses this id instead of a fresh ULID (to carry an id minted earlier).
+    #[must_use]
     pub fn event_id(mut self, id: EventId) -> Self {
         self.event_id = id;
         self
@@ -103,6 +104,7 @@ impl Event {
 
     /// The tenant the event belongs to; idempotency keys are unique per tenant.
     /// Without one the event is in the system scope.
+    #[must_use]
     pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
         self.tenant = Some(tenant.into());
         self
@@ -110,6 +112,7 @@ impl Event {
 
     /// A key that makes enqueueing idempotent within the event's scope: a
     /// second event with the same scope and key is not written.
+    #[must_use]
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
         self
@@ -117,36 +120,42 @@ impl Event {
 
     /// Events sharing an ordering key reach each consumer one at a time, in
     /// commit order.
+    #[must_use]
     pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
         self.ordering_key = Some(key.into());
         self
     }
 
     /// The id of what caused this event.
+    #[must_use]
     pub fn causation_id(mut self, id: impl Into<String>) -> Self {
         self.causation_id = Some(id.into());
         self
     }
 
     /// The id shared by everything one request caused.
+    #[must_use]
     pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
         self.correlation_id = Some(id.into());
         self
     }
 
     /// When it happened (default: when it is enqueued).
+    #[must_use]
     pub fn occurred_at(mut self, t: Timestamp) -> Self {
         self.occurred_at = Some(t);
         self
     }
 
     /// Deliver no sooner than this long after enqueueing.
+    #[must_use]
     pub fn delay(mut self, d: Duration) -> Self {
         self.available = Available::After(d);
         self
     }
 
     /// Deliver no sooner than this time.
+    #[must_use]
     pub fn available_at(mut self, t: Timestamp) -> Self {
         self.available = Available::At(t);
         self
@@ -235,6 +244,7 @@ impl Enqueuer {
     }
 
     /// The largest payload accepted, in bytes of JSON.
+    #[must_use]
     pub fn max_payload_bytes(mut self, n: usize) -> Self {
         self.max_payload_bytes = n;
         self
@@ -243,6 +253,7 @@ impl Enqueuer {
     /// Accepts a connection in autocommit mode: each event then commits on
     /// its own. For producers that have no business rows to write with it
     /// (the `outboxd enqueue` command).
+    #[must_use]
     pub fn allow_autocommit(mut self, yes: bool) -> Self {
         self.allow_autocommit = yes;
         self
@@ -327,15 +338,20 @@ impl Enqueuer {
         }
         let Some(key) = e.idempotency_key.as_deref() else {
             // Only an idempotency key can make the insert a no-op.
-            return Err(Error::Database {
-                op: "enqueue an event",
-                source: rusqlite::Error::StatementChangedRows(inserted),
+            return Err(Error::Invariant {
+                what: format!(
+                    "an event without an idempotency key was not inserted ({inserted} rows)"
+                ),
             });
         };
+        // The insert met a conflict on the key inside this transaction, so
+        // the row holding it is there to read.
         existing_event(conn, e.tenant.as_deref(), key)?
             .map(Enqueued::Duplicate)
-            .ok_or_else(|| Error::NotFound {
-                what: format!("the event holding idempotency key {key:?}"),
+            .ok_or_else(|| Error::Invariant {
+                what: format!(
+                    "the event holding idempotency key {key:?} conflicted but cannot be read"
+                ),
             })
     }
 }

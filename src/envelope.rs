@@ -324,7 +324,10 @@ impl Envelope {
     }
 
     /// Validates the envelope columns of one `event_outbox` row, as any
-    /// producer may have written them, and assembles the envelope.
+    /// producer may have written them, and assembles the envelope. The
+    /// relay's claim uses it; it is public for the SQL-contract tests and
+    /// the fuzz targets, not as part of the supported API.
+    #[doc(hidden)]
     /// `event_id` None means a legacy row: its id is derived from the row.
     pub fn from_row(row: RawRow<'_>) -> Result<Envelope, EnvelopeError> {
         let event_type = EventType::parse(text(row.event_type, "event_type")?.unwrap_or(""))?;
@@ -411,8 +414,10 @@ pub(crate) fn check_time(ms: i64, column: &'static str) -> Result<Timestamp, Env
 }
 
 /// The envelope columns of one `event_outbox` row, as SQLite holds them, for
-/// [`Envelope::from_row`]. Values are untyped because a foreign producer may
-/// have written anything into them.
+/// `Envelope::from_row`. Values are untyped because a foreign producer may
+/// have written anything into them. Public for the SQL-contract tests and
+/// the fuzz targets only.
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
 pub struct RawRow<'a> {
     /// The row id.
@@ -468,15 +473,7 @@ fn type_name(v: rusqlite::types::ValueRef<'_>) -> &'static str {
 
 /// Cuts long input in error messages so a hostile row cannot flood the log.
 fn truncate(s: &str) -> String {
-    const MAX: usize = 80;
-    if s.len() <= MAX {
-        return s.to_string();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    crate::text::clip(s, 80, crate::text::Keep::Head).into_owned()
 }
 
 #[cfg(test)]

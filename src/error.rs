@@ -88,26 +88,58 @@ pub enum Error {
         /// The journal mode SQLite reported back.
         got: String,
     },
-    /// A setting given to a builder is out of range.
-    #[error("invalid setting {field}: {reason}")]
-    InvalidSetting {
-        /// The setting's name.
-        field: &'static str,
-        /// What is wrong and what is allowed.
-        reason: String,
-    },
+    /// A setting given to a builder or policy is out of range or malformed.
+    /// The [`SettingError`] names the setting (and the consumer, for a
+    /// consumer's own setting) as data, so a caller can point at its own
+    /// config field without reading the message.
+    #[error(transparent)]
+    InvalidSetting(#[from] SettingError),
     /// The requested row or event does not exist.
     #[error("{what} not found")]
     NotFound {
         /// What was looked for ("event 01J…").
         what: String,
     },
+    /// Something outboxd relies on did not hold: a row it just wrote is
+    /// gone, or a statement that must change one row changed another
+    /// number. A bug, or another program changing outboxd's rows mid-way;
+    /// not a missing row the caller asked for (that is [`Error::NotFound`]).
+    #[error("internal inconsistency: {what}; please report it")]
+    Invariant {
+        /// What did not hold.
+        what: String,
+    },
+    /// A consumer name that neither the dedup ledger nor the caller knows
+    /// (a replay to a misspelt consumer would otherwise do nothing).
+    #[error("no consumer is named {name:?}; {}", known_list(known))]
+    UnknownConsumer {
+        /// The name given.
+        name: String,
+        /// The names the database (and the caller) know, sorted.
+        known: Vec<String>,
+    },
     /// The connection pool could not hand out a connection.
     #[error("cannot get a database connection from the pool: {0}")]
     Pool(#[from] r2d2::Error),
-    /// The relay has shut down.
-    #[error("the relay has shut down")]
-    Shutdown,
+    /// A thread could not be started (the system refused: too many
+    /// threads, or no memory).
+    #[error("cannot start thread {thread}: {source}")]
+    Spawn {
+        /// The thread's name (`outboxd-writer`, `outboxd-worker-3`).
+        thread: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A thread of outboxd's panicked: a bug in outboxd (a consumer's panic
+    /// is caught and retried, never this).
+    #[error("thread {thread} panicked: {message}")]
+    Panicked {
+        /// The thread's name.
+        thread: String,
+        /// The panic's message.
+        message: String,
+    },
 }
 
 impl Error {
@@ -134,6 +166,14 @@ impl Error {
     }
 }
 
+fn known_list(known: &[String]) -> String {
+    if known.is_empty() {
+        "no consumer has delivered any event in this database yet".into()
+    } else {
+        format!("known consumers: {}", known.join(", "))
+    }
+}
+
 /// True when a rusqlite error is SQLITE_BUSY or SQLITE_LOCKED.
 pub(crate) fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
@@ -141,3 +181,197 @@ pub(crate) fn is_busy(e: &rusqlite::Error) -> bool {
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
     )
 }
+
+/// Which setting a [`SettingError`] is about. [`Setting::as_str`] gives a
+/// stable identifier: the builder method or policy field that takes it
+/// (`workers`, `retry.initial`, `purge.dedup_ttl`, `consumer.types`…), so a
+/// caller that reads its settings from elsewhere (the binary's config file)
+/// can map each one to its own field path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Setting {
+    /// `RelayBuilder::workers`.
+    Workers,
+    /// `RelayBuilder::batch_size`.
+    BatchSize,
+    /// `RelayBuilder::lease`.
+    Lease,
+    /// `RelayBuilder::poll_interval`.
+    PollInterval,
+    /// `RelayBuilder::flush_interval`.
+    FlushInterval,
+    /// `RelayBuilder::housekeeping_interval`.
+    HousekeepingInterval,
+    /// `RelayBuilder::stale_after`.
+    StaleAfter,
+    /// The consumers as a whole (none registered).
+    Consumers,
+    /// A consumer's name (`RelayBuilder::consumer`'s first argument).
+    ConsumerName,
+    /// A consumer's event types (`RelayBuilder::consumer`'s second
+    /// argument); the error's [`index`](SettingError::index) says which.
+    ConsumerTypes,
+    /// `RelayBuilder::retry_policy_for` names a consumer that is not registered.
+    RetryPolicyFor,
+    /// `RetryPolicy::initial`.
+    RetryInitial,
+    /// `RetryPolicy::max_delay`.
+    RetryMaxDelay,
+    /// `RetryPolicy::max_attempts`.
+    RetryMaxAttempts,
+    /// `RetryPolicy::jitter`.
+    RetryJitter,
+    /// `PurgePolicy::dedup_ttl`.
+    PurgeDedupTtl,
+    /// `PurgePolicy::batch_size`.
+    PurgeBatchSize,
+    /// `Intents::lease`.
+    IntentLease,
+    /// The batch size given to `Intents::purge_completed`.
+    IntentPurgeBatch,
+    /// `ReplayFilter`'s consumer.
+    ReplayConsumer,
+}
+
+impl Setting {
+    /// The stable identifier: `workers`, `batch_size`, `lease`,
+    /// `poll_interval`, `flush_interval`, `housekeeping_interval`,
+    /// `stale_after`, `consumers`, `consumer.name`, `consumer.types`,
+    /// `retry_policy_for`, `retry.initial`, `retry.max_delay`,
+    /// `retry.max_attempts`, `retry.jitter`,
+    /// `purge.dedup_ttl`, `purge.batch_size`, `intents.lease`,
+    /// `intents.purge_batch`, `replay.consumer`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Setting::Workers => "workers",
+            Setting::BatchSize => "batch_size",
+            Setting::Lease => "lease",
+            Setting::PollInterval => "poll_interval",
+            Setting::FlushInterval => "flush_interval",
+            Setting::HousekeepingInterval => "housekeeping_interval",
+            Setting::StaleAfter => "stale_after",
+            Setting::Consumers => "consumers",
+            Setting::ConsumerName => "consumer.name",
+            Setting::ConsumerTypes => "consumer.types",
+            Setting::RetryPolicyFor => "retry_policy_for",
+            Setting::RetryInitial => "retry.initial",
+            Setting::RetryMaxDelay => "retry.max_delay",
+            Setting::RetryMaxAttempts => "retry.max_attempts",
+            Setting::RetryJitter => "retry.jitter",
+            Setting::PurgeDedupTtl => "purge.dedup_ttl",
+            Setting::PurgeBatchSize => "purge.batch_size",
+            Setting::IntentLease => "intents.lease",
+            Setting::IntentPurgeBatch => "intents.purge_batch",
+            Setting::ReplayConsumer => "replay.consumer",
+        }
+    }
+}
+
+impl std::fmt::Display for Setting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A setting is out of range or malformed: which setting, whose (for a
+/// consumer's own setting, the consumer's name, and for one of its event
+/// type patterns the pattern's position), and what is wrong and allowed.
+///
+/// ```
+/// use outboxd::error::Setting;
+/// use outboxd::{Error, Relay};
+/// let e = Relay::builder("app.db")
+///     .consumer("audit", ["article.created"], |_: &outboxd::Delivery| outboxd::Outcome::Delivered)
+///     .build()
+///     .err()
+///     .unwrap();
+/// let Error::InvalidSetting(e) = e else { panic!("{e}") };
+/// assert_eq!(e.setting(), Setting::ConsumerTypes);
+/// assert_eq!(e.consumer(), Some("audit"));
+/// assert_eq!(e.consumer_position(), Some(0));
+/// assert_eq!(e.index(), Some(0));
+/// assert!(e.reason().contains("article.created.v1"), "{e}");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingError {
+    setting: Setting,
+    consumer: Option<String>,
+    position: Option<usize>,
+    index: Option<usize>,
+    reason: String,
+}
+
+impl SettingError {
+    /// A setting error with its reason in words ("0 is out of range; allowed: 1 to 1024").
+    pub(crate) fn new(setting: Setting, reason: impl Into<String>) -> SettingError {
+        SettingError {
+            setting,
+            consumer: None,
+            position: None,
+            index: None,
+            reason: reason.into(),
+        }
+    }
+
+    /// The same error, about the named consumer's own setting.
+    pub(crate) fn for_consumer(mut self, name: &str) -> SettingError {
+        self.consumer = Some(name.to_string());
+        self
+    }
+
+    /// The same error, about the consumer registered `position`th (from 0).
+    pub(crate) fn consumer_at(mut self, position: usize) -> SettingError {
+        self.position = Some(position);
+        self
+    }
+
+    /// The same error, about the `index`th entry of a list setting.
+    pub(crate) fn at(mut self, index: usize) -> SettingError {
+        self.index = Some(index);
+        self
+    }
+
+    /// Which setting.
+    pub fn setting(&self) -> Setting {
+        self.setting
+    }
+
+    /// The consumer whose own setting this is (its name as registered);
+    /// None for a relay-wide setting.
+    pub fn consumer(&self) -> Option<&str> {
+        self.consumer.as_deref()
+    }
+
+    /// The consumer's position in registration order (from 0), when the
+    /// setting is one of a registered consumer's: it tells two consumers
+    /// registered under one name apart.
+    pub fn consumer_position(&self) -> Option<usize> {
+        self.position
+    }
+
+    /// For a list setting ([`Setting::ConsumerTypes`]), the position of
+    /// the bad entry, from 0.
+    pub fn index(&self) -> Option<usize> {
+        self.index
+    }
+
+    /// What is wrong and what is allowed, without the setting's name.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl std::fmt::Display for SettingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "invalid setting {}", self.setting)?;
+        if let Some(i) = self.index {
+            write!(f, "[{i}]")?;
+        }
+        if let Some(c) = &self.consumer {
+            write!(f, " of consumer {c:?}")?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+impl std::error::Error for SettingError {}

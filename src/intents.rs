@@ -78,8 +78,7 @@
 //! #     "event_id": outboxd::EventId::new().to_string(), "event_type": "article.created.v1",
 //! #     "event_version": 1, "causation_id": null, "correlation_id": null,
 //! #     "occurred_at": "2026-11-30T07:18:00Z", "payload": {"id": 7}})).unwrap();
-//! # let d = Delivery { envelope, attempt: 1, consumer: "comments".into(), legacy: false,
-//! #     tenant_id: Some("acme".into()), ordering_key: None };
+//! # let d = Delivery::new(envelope).consumer("comments").tenant_id(Some("acme".into()));
 //! assert_eq!(consumer.deliver(&d), Outcome::Delivered);
 //! // Delivered again (a crash before the relay recorded it): nothing is posted.
 //! assert_eq!(consumer.deliver(&d), Outcome::Delivered);
@@ -93,15 +92,17 @@
 //!
 //! # How the claim works
 //!
-//! The table has no lease column; the claim lives in columns it already has.
-//! A claim sets `status = 'pending'`, adds one to `attempts` and sets
-//! `updated_at` to now. So a pending intent with `attempts > 0` has a sender
-//! that started at `updated_at`; while `updated_at + lease` is in the future
-//! that claim is live. `attempts` is the claim's fencing token: a sender
-//! marks its intent failed only `WHERE attempts = <its claim>`, so a sender
-//! whose claim expired and was taken over can never release the new claim.
-//! Completion is not fenced: a result is a fact about the outside world, and
-//! whichever sender records one first wins; a completed intent never changes.
+//! A claim sets `status = 'pending'`, adds one to `attempts`, and stamps a
+//! fresh `claim_token` and `lease_until = now + lease`, the lease of the
+//! sender that claims. The claim carries its own end, so senders configured
+//! with different leases agree on it: another sender waits until
+//! `lease_until`, whatever its own lease. A post that runs long extends the
+//! claim ([`IntentLease::extend`], through [`Intents::send_with_lease`]).
+//! The token fences: a sender marks its intent failed, or extends it, only
+//! `WHERE claim_token = <its token>`, so a sender whose claim expired and was
+//! taken over can never release or prolong the new claim. Completion is not
+//! fenced: a result is a fact about the outside world, and whichever sender
+//! records one first wins; a completed intent never changes.
 //!
 //! A look-up is made even before the first post. That is not waste: after a
 //! completed intent is purged, the same key makes a fresh intent, and only
@@ -116,20 +117,21 @@ use sha2::{Digest, Sha256};
 
 use crate::clock::{Clock, SystemClock, Timestamp};
 use crate::consumer::Outcome;
-use crate::error::Error;
+use crate::error::{Error, Setting, SettingError};
 
-/// How long a send's claim keeps other senders away: 5 minutes. It must be
-/// longer than the slowest post (give the post a timeout shorter than this).
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(5 * 60);
+/// How long a send's claim keeps other senders away by default: 5 minutes.
+/// Give the post a timeout shorter than the lease, or extend the lease from
+/// a long post ([`Intents::send_with_lease`]).
+pub const DEFAULT_INTENT_LEASE: Duration = Duration::from_secs(5 * 60);
 
 /// The shortest lease [`Intents::lease`] accepts.
-pub const MIN_LEASE: Duration = Duration::from_secs(1);
+pub const MIN_INTENT_LEASE: Duration = Duration::from_secs(1);
 
 /// The prefix of every marker.
 pub const MARKER_PREFIX: &str = "outboxd-intent-";
 
-/// Result with [`IntentError`].
-pub type Result<T, E = IntentError> = std::result::Result<T, E>;
+/// Result with [`IntentError`] (named apart from [`crate::Result`], whose error is [`crate::Error`]).
+pub type IntentResult<T, E = IntentError> = std::result::Result<T, E>;
 
 /// What can go wrong recording or sending an intent.
 #[derive(Debug, thiserror::Error)]
@@ -177,6 +179,13 @@ pub enum IntentError {
         attempt: u32,
         /// The caller's error, as text, and which step gave it.
         reason: String,
+    },
+    /// The claim passed to another sender (its lease ran out) before this
+    /// sender extended it: stop, since the other sender looks up and posts.
+    #[error("the claim on {key} passed to another sender: its lease ran out; do not post")]
+    LeaseLost {
+        /// The intent's key.
+        key: IntentKey,
     },
     /// The post succeeded but its result could not be recorded. The next
     /// send finds the output by its marker and completes the intent from it.
@@ -240,7 +249,7 @@ impl IntentKey {
     /// A key in a tenant's scope, or the system scope for `None`. The key
     /// must not be empty; a tenant, when given, must not be empty either
     /// (use `None` for the system scope). Any other characters are allowed.
-    pub fn new(tenant: Option<&str>, key: impl Into<String>) -> Result<IntentKey> {
+    pub fn new(tenant: Option<&str>, key: impl Into<String>) -> IntentResult<IntentKey> {
         let key = key.into();
         if key.is_empty() {
             return Err(IntentError::InvalidKey {
@@ -263,12 +272,12 @@ impl IntentKey {
     }
 
     /// A key in the system scope (no tenant).
-    pub fn system(key: impl Into<String>) -> Result<IntentKey> {
+    pub fn system(key: impl Into<String>) -> IntentResult<IntentKey> {
         IntentKey::new(None, key)
     }
 
     /// A key in a tenant's scope.
-    pub fn tenant(tenant: &str, key: impl Into<String>) -> Result<IntentKey> {
+    pub fn tenant(tenant: &str, key: impl Into<String>) -> IntentResult<IntentKey> {
         IntentKey::new(Some(tenant), key)
     }
 
@@ -363,6 +372,7 @@ impl fmt::Display for IntentStatus {
 
 /// One row of `publish_intents`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Intent {
     /// The row id.
     pub id: i64,
@@ -384,15 +394,63 @@ pub struct Intent {
     pub updated_at: Timestamp,
     /// When it completed.
     pub completed_at: Option<Timestamp>,
+    /// When the current sender's claim ends (its lease, as that sender
+    /// set or extended it); None when no send holds it.
+    pub lease_until: Option<Timestamp>,
 }
 
 impl Intent {
-    /// When the current sender's claim ends, given the lease senders use:
-    /// `Some` for a pending intent that a send has started (it may have
-    /// ended in the past if the sender died), `None` otherwise.
-    pub fn claimed_until(&self, lease: Duration) -> Option<Timestamp> {
-        (self.status == IntentStatus::Pending && self.attempts > 0)
-            .then(|| self.updated_at.plus(lease))
+    /// When the current sender's claim ends: `Some` for a pending intent
+    /// that a send has claimed (it may have ended in the past if the sender
+    /// died), `None` otherwise.
+    pub fn claimed_until(&self) -> Option<Timestamp> {
+        self.lease_until
+            .filter(|_| self.status == IntentStatus::Pending)
+    }
+}
+
+/// A send's live claim, handed to the post of [`Intents::send_with_lease`]:
+/// the marker to embed, and a way for a long post to keep its claim.
+pub struct IntentLease<'a> {
+    conn: &'a Connection,
+    claim: &'a Claim,
+    clock: &'a dyn Clock,
+}
+
+impl IntentLease<'_> {
+    /// The marker the post embeds in what it sends.
+    pub fn marker(&self) -> &str {
+        &self.claim.marker
+    }
+
+    /// Extends the claim to `lease` from now (a long upload calls it between
+    /// chunks) and returns the new end. Fails with
+    /// [`IntentError::LeaseLost`] when the claim already passed to another
+    /// sender: the post must then stop, since that sender may post too.
+    pub fn extend(&self, lease: Duration) -> IntentResult<Timestamp> {
+        if !self.conn.is_autocommit() {
+            return Err(IntentError::InTransaction {
+                op: "extend an intent's claim",
+            });
+        }
+        let until = self.clock.now().plus(lease);
+        let n = self
+            .conn
+            .prepare_cached(
+                "UPDATE publish_intents SET lease_until = ?1
+                  WHERE id = ?2 AND claim_token = ?3 AND status = 'pending'",
+            )
+            .and_then(|mut s| {
+                s.execute(params![until.as_millis(), self.claim.id, self.claim.token])
+            })
+            .map_err(Error::db("extend an intent's claim"))?;
+        if n == 1 {
+            Ok(until)
+        } else {
+            Err(IntentError::LeaseLost {
+                key: self.claim.key.clone(),
+            })
+        }
     }
 }
 
@@ -468,39 +526,41 @@ impl Default for Intents {
 /// Reads the row for a key; the SQL differs by scope so each query uses its
 /// partial unique index.
 const SELECT_COLUMNS: &str = "SELECT id, tenant_id, idempotency_key, marker, status, attempts, \
-     result, last_error, created_at, updated_at, completed_at FROM publish_intents";
+     result, last_error, created_at, updated_at, completed_at, lease_until FROM publish_intents";
 
 impl Intents {
-    /// The system clock and [`DEFAULT_LEASE`].
+    /// The system clock and [`DEFAULT_INTENT_LEASE`].
     pub fn new() -> Intents {
         Intents {
             clock: Arc::new(SystemClock),
-            lease: DEFAULT_LEASE,
+            lease: DEFAULT_INTENT_LEASE,
         }
     }
 
     /// Reads the time from `clock` (a [`ManualClock`](crate::ManualClock) in tests).
+    #[must_use]
     pub fn clock(mut self, clock: impl Clock) -> Intents {
         self.clock = Arc::new(clock);
         self
     }
 
     /// How long a send's claim keeps other senders away (default
-    /// [`DEFAULT_LEASE`], at least [`MIN_LEASE`]). A sender that dies
+    /// [`DEFAULT_INTENT_LEASE`], at least [`MIN_INTENT_LEASE`]). A sender that dies
     /// mid-send holds the intent until its claim ends; then the next send
     /// takes over and looks up before posting. Make it longer than the
-    /// slowest post: a claim taken over while its post is still running can
-    /// post twice. Every sender of one database should use the same lease,
-    /// since the lease is applied by the sender that finds a claim.
-    pub fn lease(mut self, lease: Duration) -> Result<Intents> {
-        if lease < MIN_LEASE {
-            return Err(Error::InvalidSetting {
-                field: "intent lease",
-                reason: format!(
-                    "{lease:?} is shorter than the minimum of {MIN_LEASE:?}; give a lease longer \
+    /// slowest post, or extend it from the post
+    /// ([`send_with_lease`](Intents::send_with_lease)): a claim taken over
+    /// while its post is still running can post twice. The claim records its
+    /// own end, so senders with different leases are safe together.
+    pub fn lease(mut self, lease: Duration) -> IntentResult<Intents> {
+        if lease < MIN_INTENT_LEASE {
+            return Err(Error::from(SettingError::new(
+                Setting::IntentLease,
+                format!(
+                    "{lease:?} is shorter than the minimum of {MIN_INTENT_LEASE:?}; give a lease longer \
                      than the slowest post"
                 ),
-            }
+            ))
             .into());
         }
         self.lease = lease;
@@ -513,7 +573,7 @@ impl Intents {
     }
 
     /// See [`record`].
-    pub fn record(&self, conn: &Connection, key: &IntentKey) -> Result<Intent> {
+    pub fn record(&self, conn: &Connection, key: &IntentKey) -> IntentResult<Intent> {
         let tx = begin(conn, "record an intent")?;
         let intent = insert_or_get(&tx, key, self.clock.now())?;
         tx.commit().map_err(Error::db("commit an intent"))?;
@@ -521,7 +581,7 @@ impl Intents {
     }
 
     /// See [`get`].
-    pub fn get(&self, conn: &Connection, key: &IntentKey) -> Result<Option<Intent>> {
+    pub fn get(&self, conn: &Connection, key: &IntentKey) -> IntentResult<Option<Intent>> {
         Ok(select(conn, key)?)
     }
 
@@ -532,10 +592,53 @@ impl Intents {
         key: &IntentKey,
         lookup: L,
         post: P,
-    ) -> Result<SendResult>
+    ) -> IntentResult<SendResult>
     where
         L: FnOnce(&str) -> std::result::Result<Option<String>, E>,
         P: FnOnce(&str) -> std::result::Result<String, E>,
+        E: fmt::Display,
+    {
+        self.send_with_lease(conn, key, lookup, |lease| post(lease.marker()))
+    }
+
+    /// [`send`](Intents::send) for a post that may outlast its lease: the
+    /// post gets the claim as an [`IntentLease`], whose
+    /// [`extend`](IntentLease::extend) keeps other senders away for longer
+    /// (and says when the claim was lost, so the post can stop).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let mut conn = outboxd::connection::open(dir.path().join("app.db"))?;
+    /// # outboxd::schema::migrate(&mut conn)?;
+    /// use std::time::Duration;
+    /// use outboxd::intents::{IntentKey, Intents};
+    /// let intents = Intents::new().lease(Duration::from_secs(30))?;
+    /// let sent = intents.send_with_lease(
+    ///     &conn,
+    ///     &IntentKey::system("upload/report-2026-11")?,
+    ///     |_marker| Ok::<_, String>(None),
+    ///     |lease| {
+    ///         for _chunk in 0..3 {
+    ///             // ... upload a chunk tagged with lease.marker() ...
+    ///             lease.extend(Duration::from_secs(30)).map_err(|e| e.to_string())?;
+    ///         }
+    ///         Ok("upload-1".to_string())
+    ///     },
+    /// )?;
+    /// assert!(sent.posted());
+    /// # Ok(()) }
+    /// ```
+    pub fn send_with_lease<L, P, E>(
+        &self,
+        conn: &Connection,
+        key: &IntentKey,
+        lookup: L,
+        post: P,
+    ) -> IntentResult<SendResult>
+    where
+        L: FnOnce(&str) -> std::result::Result<Option<String>, E>,
+        P: FnOnce(&IntentLease<'_>) -> std::result::Result<String, E>,
         E: fmt::Display,
     {
         let claim = match self.claim(conn, key)? {
@@ -562,9 +665,14 @@ impl Intents {
                 return Err(self.fail(conn, &claim, format!("the look-up failed: {e}")));
             }
         };
+        let lease = IntentLease {
+            conn,
+            claim: &claim,
+            clock: &*self.clock,
+        };
         let (result, how) = match found {
             Some(result) => (result, Completion::Found),
-            None => match post(&claim.marker) {
+            None => match post(&lease) {
                 Ok(result) => (result, Completion::Posted),
                 Err(e) => {
                     guard.armed = false;
@@ -589,7 +697,7 @@ impl Intents {
     }
 
     /// See [`list_open`].
-    pub fn list_open(&self, conn: &Connection) -> Result<Vec<Intent>> {
+    pub fn list_open(&self, conn: &Connection) -> IntentResult<Vec<Intent>> {
         let mut stmt = conn
             .prepare_cached(&format!(
                 "{SELECT_COLUMNS} WHERE status <> 'completed' ORDER BY updated_at, id"
@@ -608,14 +716,13 @@ impl Intents {
         conn: &Connection,
         older_than: Timestamp,
         batch: usize,
-    ) -> Result<usize> {
+    ) -> IntentResult<usize> {
         if batch == 0 {
-            return Err(Error::InvalidSetting {
-                field: "intent purge batch",
-                reason: "0 rows per batch would never finish; give 1 or more (100 to 1000 keeps \
-                         each write short)"
-                    .into(),
-            }
+            return Err(Error::from(SettingError::new(
+                Setting::IntentPurgeBatch,
+                "0 rows per batch would never finish; give 1 or more (100 to 1000 keeps \
+                 each write short)",
+            ))
             .into());
         }
         let mut total = 0;
@@ -631,14 +738,14 @@ impl Intents {
 
     /// Records the intent if needed and claims it, in one short committed
     /// write transaction.
-    fn claim(&self, conn: &Connection, key: &IntentKey) -> Result<Claimed> {
+    fn claim(&self, conn: &Connection, key: &IntentKey) -> IntentResult<Claimed> {
         let tx = begin(conn, "claim an intent")?;
         let now = self.clock.now();
         let intent = insert_or_get(&tx, key, now)?;
         if intent.status == IntentStatus::Completed {
             return Ok(Claimed::Done(intent));
         }
-        if let Some(until) = intent.claimed_until(self.lease) {
+        if let Some(until) = intent.claimed_until() {
             if until > now {
                 return Err(IntentError::InFlight {
                     key: key.clone(),
@@ -654,19 +761,28 @@ impl Intents {
             );
         }
         let attempt = intent.attempts + 1;
+        let token = ulid::Ulid::generate().to_string();
         // Compare-and-set on the attempt number: under BEGIN IMMEDIATE
         // nobody else writes, but it keeps the claim honest on its own.
         let n = tx
             .execute(
-                "UPDATE publish_intents SET status = 'pending', attempts = ?1, updated_at = ?2
-                 WHERE id = ?3 AND attempts = ?4 AND status <> 'completed'",
-                params![attempt, now.as_millis(), intent.id, intent.attempts],
+                "UPDATE publish_intents
+                    SET status = 'pending', attempts = ?1, updated_at = ?2,
+                        claim_token = ?3, lease_until = ?4
+                  WHERE id = ?5 AND attempts = ?6 AND status <> 'completed'",
+                params![
+                    attempt,
+                    now.as_millis(),
+                    token,
+                    now.plus(self.lease).as_millis(),
+                    intent.id,
+                    intent.attempts
+                ],
             )
             .map_err(Error::db("claim an intent"))?;
         if n != 1 {
-            return Err(Error::Database {
-                op: "claim an intent",
-                source: rusqlite::Error::StatementChangedRows(n),
+            return Err(Error::Invariant {
+                what: format!("claiming {key} changed {n} rows under the write lock, not 1"),
             }
             .into());
         }
@@ -676,22 +792,27 @@ impl Intents {
             key: key.clone(),
             marker: intent.marker,
             attempt,
+            token,
         }))
     }
 
     /// Records the result unless the intent is completed already, and reads
     /// the intent back (with the first recorded result).
-    fn complete(&self, conn: &Connection, claim: &Claim, result: &str) -> Result<Intent, Error> {
+    fn complete(&self, conn: &Connection, claim: &Claim, result: &str) -> crate::Result<Intent> {
         let now = self.clock.now().as_millis();
         conn.execute(
             "UPDATE publish_intents
-             SET status = 'completed', result = ?1, completed_at = ?2, updated_at = ?2
+             SET status = 'completed', result = ?1, completed_at = ?2, updated_at = ?2,
+                 claim_token = NULL, lease_until = NULL
              WHERE id = ?3 AND status <> 'completed'",
             params![result, now, claim.id],
         )
         .map_err(Error::db("complete an intent"))?;
-        select(conn, &claim.key)?.ok_or_else(|| Error::NotFound {
-            what: format!("{} (row {}) after completing it", claim.key, claim.id),
+        select(conn, &claim.key)?.ok_or_else(|| Error::Invariant {
+            what: format!(
+                "{} (row {}) is gone right after completing it",
+                claim.key, claim.id
+            ),
         })
     }
 
@@ -714,11 +835,14 @@ enum Claimed {
     Mine(Claim),
 }
 
+/// This sender's claim on an intent.
 struct Claim {
     id: i64,
     key: IntentKey,
     marker: String,
     attempt: u32,
+    /// The fence: every write that ends or extends the claim names it.
+    token: String,
 }
 
 /// Marks a claimed intent failed when the caller's look-up or post panics,
@@ -744,24 +868,26 @@ impl Drop for PanicRelease<'_> {
 }
 
 /// The fenced "failed" write: only while this sender's claim stands.
-fn release(conn: &Connection, claim: &Claim, reason: &str, now: Timestamp) -> Result<(), Error> {
+fn release(conn: &Connection, claim: &Claim, reason: &str, now: Timestamp) -> crate::Result<()> {
     conn.execute(
-        "UPDATE publish_intents SET status = 'failed', last_error = ?1, updated_at = ?2
-         WHERE id = ?3 AND attempts = ?4 AND status = 'pending'",
-        params![reason, now.as_millis(), claim.id, claim.attempt],
+        "UPDATE publish_intents
+            SET status = 'failed', last_error = ?1, updated_at = ?2,
+                claim_token = NULL, lease_until = NULL
+          WHERE id = ?3 AND claim_token = ?4 AND status = 'pending'",
+        params![reason, now.as_millis(), claim.id, claim.token],
     )
     .map_err(Error::db("mark an intent failed"))?;
     Ok(())
 }
 
-fn begin<'c>(conn: &'c Connection, op: &'static str) -> Result<Transaction<'c>> {
+fn begin<'c>(conn: &'c Connection, op: &'static str) -> IntentResult<Transaction<'c>> {
     if !conn.is_autocommit() {
         return Err(IntentError::InTransaction { op });
     }
     Ok(Transaction::new_unchecked(conn, TransactionBehavior::Immediate).map_err(Error::db(op))?)
 }
 
-fn insert_or_get(conn: &Connection, key: &IntentKey, now: Timestamp) -> Result<Intent> {
+fn insert_or_get(conn: &Connection, key: &IntentKey, now: Timestamp) -> IntentResult<Intent> {
     // ON CONFLICT DO NOTHING: the scope's unique index decides, atomically.
     conn.prepare_cached(
         "INSERT INTO publish_intents (tenant_id, idempotency_key, marker, created_at, updated_at)
@@ -770,12 +896,12 @@ fn insert_or_get(conn: &Connection, key: &IntentKey, now: Timestamp) -> Result<I
     )
     .and_then(|mut s| s.execute(params![key.tenant, key.key, key.marker(), now.as_millis()]))
     .map_err(Error::db("record an intent"))?;
-    Ok(select(conn, key)?.ok_or_else(|| Error::NotFound {
-        what: format!("{key} right after recording it"),
+    Ok(select(conn, key)?.ok_or_else(|| Error::Invariant {
+        what: format!("{key} is gone right after recording it"),
     })?)
 }
 
-fn select(conn: &Connection, key: &IntentKey) -> Result<Option<Intent>, Error> {
+fn select(conn: &Connection, key: &IntentKey) -> crate::Result<Option<Intent>> {
     match &key.tenant {
         Some(t) => conn
             .prepare_cached(&format!(
@@ -815,6 +941,7 @@ fn read_intent(r: &rusqlite::Row<'_>) -> rusqlite::Result<Intent> {
         created_at: Timestamp::from_millis(r.get(8)?),
         updated_at: Timestamp::from_millis(r.get(9)?),
         completed_at: r.get::<_, Option<i64>>(10)?.map(Timestamp::from_millis),
+        lease_until: r.get::<_, Option<i64>>(11)?.map(Timestamp::from_millis),
     })
 }
 
@@ -835,12 +962,12 @@ fn read_intent(r: &rusqlite::Row<'_>) -> rusqlite::Result<Intent> {
 /// assert_eq!(first.marker, key.marker());
 /// # Ok(()) }
 /// ```
-pub fn record(conn: &Connection, key: &IntentKey) -> Result<Intent> {
+pub fn record(conn: &Connection, key: &IntentKey) -> IntentResult<Intent> {
     Intents::new().record(conn, key)
 }
 
 /// The intent recorded for a key, if any. Reads only.
-pub fn get(conn: &Connection, key: &IntentKey) -> Result<Option<Intent>> {
+pub fn get(conn: &Connection, key: &IntentKey) -> IntentResult<Option<Intent>> {
     Intents::new().get(conn, key)
 }
 
@@ -864,7 +991,12 @@ pub fn get(conn: &Connection, key: &IntentKey) -> Result<Option<Intent>> {
 /// outputs rather than query a search index that lags, or a retry may post
 /// again. The connection must be in autocommit mode.
 /// [`IntentError::outcome`] turns any error into the consumer's [`Outcome`].
-pub fn send<L, P, E>(conn: &Connection, key: &IntentKey, lookup: L, post: P) -> Result<SendResult>
+pub fn send<L, P, E>(
+    conn: &Connection,
+    key: &IntentKey,
+    lookup: L,
+    post: P,
+) -> IntentResult<SendResult>
 where
     L: FnOnce(&str) -> std::result::Result<Option<String>, E>,
     P: FnOnce(&str) -> std::result::Result<String, E>,
@@ -875,7 +1007,7 @@ where
 
 /// The intents an operator may need to look at: pending (recorded, or being
 /// sent) and failed, least recently changed first. Reads only.
-pub fn list_open(conn: &Connection) -> Result<Vec<Intent>> {
+pub fn list_open(conn: &Connection) -> IntentResult<Vec<Intent>> {
     Intents::new().list_open(conn)
 }
 
@@ -898,6 +1030,20 @@ pub(crate) fn purge_completed_batch(
     ])
 }
 
+/// How many completed intents completed before `older_than` (what a purge
+/// with that cutoff would delete).
+pub(crate) fn count_completed_before(
+    conn: &Connection,
+    older_than: Timestamp,
+) -> rusqlite::Result<u64> {
+    conn.query_row(
+        "SELECT count(*) FROM publish_intents WHERE status = 'completed' AND completed_at < ?1",
+        [older_than.as_millis()],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n.max(0) as u64)
+}
+
 /// Deletes completed intents that completed before `older_than`, `batch`
 /// rows per statement so no write holds the lock for long; in autocommit
 /// mode each batch commits on its own. Returns how many were deleted.
@@ -906,7 +1052,11 @@ pub(crate) fn purge_completed_batch(
 /// After a purge, sending the same key again records a fresh intent, and
 /// only the look-up keeps it from posting again: keep completed intents at
 /// least as long as a redelivery can arrive.
-pub fn purge_completed(conn: &Connection, older_than: Timestamp, batch: usize) -> Result<usize> {
+pub fn purge_completed(
+    conn: &Connection,
+    older_than: Timestamp,
+    batch: usize,
+) -> IntentResult<usize> {
     Intents::new().purge_completed(conn, older_than, batch)
 }
 
@@ -954,12 +1104,52 @@ mod tests {
         assert!(e.to_string().contains("system scope"), "{e}");
     }
 
+    /// A claim made under schema version 1 (no lease column) keeps the end
+    /// version 1 gave it once the database is migrated: its start plus the
+    /// default lease, so no second sender posts while it may be running.
+    #[test]
+    fn a_claim_made_before_the_lease_columns_keeps_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::connection::open(dir.path().join("v1.db")).unwrap();
+        crate::schema::migrate_up_to(&mut conn, 1).unwrap();
+        conn.execute_batch(
+            "INSERT INTO publish_intents (idempotency_key, marker, status, attempts, updated_at)
+                  VALUES ('claimed', 'm1', 'pending', 2, 1000000),
+                         ('recorded', 'm2', 'pending', 0, 1000000),
+                         ('failed', 'm3', 'failed', 1, 1000000)",
+        )
+        .unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        let get = |k: &str| get(&conn, &IntentKey::system(k).unwrap()).unwrap().unwrap();
+        let start = Timestamp::from_millis(1_000_000);
+        assert_eq!(
+            get("claimed").claimed_until(),
+            Some(start.plus(DEFAULT_INTENT_LEASE))
+        );
+        assert_eq!(get("recorded").claimed_until(), None);
+        assert_eq!(get("failed").claimed_until(), None);
+        let clock = crate::ManualClock::new(start.plus(Duration::from_secs(60)));
+        let e = Intents::new()
+            .clock(clock)
+            .send(
+                &conn,
+                &IntentKey::system("claimed").unwrap(),
+                |_| Ok::<_, String>(None),
+                |_| Ok("posted".to_string()),
+            )
+            .unwrap_err();
+        assert!(e.is_in_flight(), "{e}");
+    }
+
     #[test]
     fn lease_must_be_at_least_the_minimum() {
         assert!(Intents::new().lease(Duration::from_millis(10)).is_err());
         assert_eq!(
-            Intents::new().lease(MIN_LEASE).unwrap().lease_duration(),
-            MIN_LEASE
+            Intents::new()
+                .lease(MIN_INTENT_LEASE)
+                .unwrap()
+                .lease_duration(),
+            MIN_INTENT_LEASE
         );
     }
 }

@@ -28,13 +28,16 @@
 //! - [`connection`]: opening connections with outboxd's settings (WAL, FULL sync).
 //! - [`enqueue`](mod@enqueue): the producer side, inside the host's transaction.
 //! - [`consumer`]: the trait a consumer implements, and its outcomes.
-//! - [`router`]: event-type patterns that route events to consumers.
+//! - [`router`]: event-type patterns, and which consumers each event goes to.
 //! - [`relay`]: claims, delivers on a worker pool, records outcomes (leases, retries, dead letters).
+//! - [`dedup`]: the `delivered_events` ledger, each consumer's progress and the dedup window.
 //! - [`purge`]: TTL purge of finished rows in small batches.
 //! - [`dead_letter`], [`replay`]: operator operations.
 //! - [`clock`]: time as an input.
 //! - [`status`]: a read-only snapshot of the outbox for operators.
 //! - [`intents`]: publish intents, outside writes that are never posted twice.
+//! - [`repair`]: fixing a malformed dead letter's columns, checked as the relay would.
+//! - [`text`]: clipping text others wrote before it goes into a message or a dead letter.
 //! - [`sinks`] (feature `sinks`): ready-made consumers: JSON lines, a child program, a webhook.
 #![warn(missing_docs)]
 
@@ -42,18 +45,21 @@ pub mod clock;
 pub mod connection;
 pub mod consumer;
 pub mod dead_letter;
+pub mod dedup;
 pub mod enqueue;
 pub mod envelope;
 pub mod error;
 pub mod intents;
 pub mod purge;
 pub mod relay;
+pub mod repair;
 pub mod replay;
 pub mod router;
 pub mod schema;
 #[cfg(feature = "sinks")]
 pub mod sinks;
 pub mod status;
+pub mod text;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use consumer::{Consumer, Delivery, Outcome};

@@ -17,7 +17,7 @@ use std::time::Duration;
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use crate::clock::Timestamp;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting, SettingError};
 
 /// How long delivered rows are kept by default: 7 days.
 pub const DEFAULT_DELIVERED_RETENTION: Duration = Duration::from_secs(7 * 86400);
@@ -25,13 +25,26 @@ pub const DEFAULT_DELIVERED_RETENTION: Duration = Duration::from_secs(7 * 86400)
 pub const DEFAULT_DEDUP_TTL: Duration = Duration::from_secs(14 * 86400);
 /// Rows deleted per transaction by default.
 pub const DEFAULT_PURGE_BATCH: usize = 1000;
+/// The largest [`PurgePolicy::batch_size`].
+pub const MAX_PURGE_BATCH: usize = 100_000;
 /// How long completed publish intents are kept by default: 30 days. After
 /// that only the send's look-up stops a second post, so keep it longer than
 /// any redelivery of the events that send.
 pub const DEFAULT_INTENT_RETENTION: Duration = Duration::from_secs(30 * 86400);
 
-/// What to purge and when.
+/// What to purge and when. Start from [`PurgePolicy::default`] and change
+/// what differs:
+///
+/// ```
+/// use outboxd::purge::PurgePolicy;
+/// use std::time::Duration;
+/// let policy = PurgePolicy::default()
+///     .delivered_retention(Duration::from_secs(86_400))
+///     .dead_retention(Some(Duration::from_secs(90 * 86_400)));
+/// assert!(policy.validate().is_ok());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PurgePolicy {
     /// Delivered rows older than this (since delivery) are deleted.
     pub delivered_retention: Duration,
@@ -62,22 +75,60 @@ impl Default for PurgePolicy {
 }
 
 impl PurgePolicy {
-    /// Checks the settings.
-    pub fn validate(&self) -> Result<()> {
+    /// How long delivered rows are kept after delivery.
+    #[must_use]
+    pub fn delivered_retention(mut self, d: Duration) -> Self {
+        self.delivered_retention = d;
+        self
+    }
+
+    /// How long dedup ledger entries are kept (at least as long as delivered rows).
+    #[must_use]
+    pub fn dedup_ttl(mut self, d: Duration) -> Self {
+        self.dedup_ttl = d;
+        self
+    }
+
+    /// How long dead letters are kept; None keeps them.
+    #[must_use]
+    pub fn dead_retention(mut self, d: Option<Duration>) -> Self {
+        self.dead_retention = d;
+        self
+    }
+
+    /// How long completed publish intents are kept.
+    #[must_use]
+    pub fn intent_retention(mut self, d: Duration) -> Self {
+        self.intent_retention = d;
+        self
+    }
+
+    /// Rows deleted per transaction.
+    #[must_use]
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+
+    /// Checks the settings. The error names the field (`purge.dedup_ttl`…).
+    pub fn validate(&self) -> std::result::Result<(), SettingError> {
         if self.dedup_ttl < self.delivered_retention {
-            return Err(Error::InvalidSetting {
-                field: "purge.dedup_ttl",
-                reason: format!(
+            return Err(SettingError::new(
+                Setting::PurgeDedupTtl,
+                format!(
                     "{:?} is shorter than purge.delivered_retention ({:?}); the dedup window must cover every kept row",
                     self.dedup_ttl, self.delivered_retention
                 ),
-            });
+            ));
         }
-        if self.batch_size == 0 {
-            return Err(Error::InvalidSetting {
-                field: "purge.batch_size",
-                reason: "must be 1 or more".into(),
-            });
+        if self.batch_size == 0 || self.batch_size > MAX_PURGE_BATCH {
+            return Err(SettingError::new(
+                Setting::PurgeBatchSize,
+                format!(
+                    "{} is out of range; allowed: 1 to {MAX_PURGE_BATCH}",
+                    self.batch_size
+                ),
+            ));
         }
         Ok(())
     }
@@ -140,10 +191,9 @@ const DELETE_FINISHED: &str = "DELETE FROM event_outbox WHERE id IN (
      SELECT id FROM event_outbox
       WHERE status <> 'pending' AND status = ?1 AND finished_at < ?2 LIMIT ?3)";
 
-/// The condition on a `delivered_events d` entry that its row is not
-/// still pending or dead.
-const UNFINISHED_ROW_GONE: &str = "NOT EXISTS (SELECT 1 FROM event_outbox o
-      WHERE o.id = d.outbox_id AND o.status <> 'delivered')";
+/// Counts the rows of status ?1 finished before ?2.
+const COUNT_FINISHED: &str = "SELECT count(*) FROM event_outbox
+      WHERE status <> 'pending' AND status = ?1 AND finished_at < ?2";
 
 /// One bounded transaction: at most `batch_size` rows of each kind. The
 /// relay calls this from its housekeeping tick.
@@ -160,11 +210,10 @@ pub fn purge_batch(
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(Error::db("start a purge"))?;
-    let limit = policy.batch_size as i64;
+    let limit = i64::try_from(policy.batch_size).unwrap_or(i64::MAX);
     let delete_rows = |status: &str, retention: Duration| -> Result<u64> {
-        let cutoff = now.as_millis() - retention.as_millis() as i64;
         tx.prepare_cached(DELETE_FINISHED)
-            .and_then(|mut s| s.execute(params![status, cutoff, limit]))
+            .and_then(|mut s| s.execute(params![status, now.minus(retention).as_millis(), limit]))
             .map(|n| n as u64)
             .map_err(Error::db("purge finished events"))
     };
@@ -175,22 +224,15 @@ pub fn purge_batch(
     if let Some(r) = policy.dead_retention {
         report.dead = delete_rows("dead", r)?;
     }
-    let cutoff = now.as_millis() - policy.dedup_ttl.as_millis() as i64;
-    // An entry is also the progress of its row: while the row is pending
-    // (a retry may be due) or dead (it may be requeued), deleting it would
-    // run a consumer that already succeeded again.
-    report.dedup_entries = tx
-        .prepare_cached(&format!(
-            "DELETE FROM delivered_events WHERE (event_key, consumer) IN (
-                 SELECT event_key, consumer FROM delivered_events d
-                  WHERE delivered_at < ?1 AND {UNFINISHED_ROW_GONE} LIMIT ?2)"
-        ))
-        .and_then(|mut s| s.execute(params![cutoff, limit]))
-        .map_err(Error::db("purge the dedup ledger"))? as u64;
-    let cutoff =
-        Timestamp::from_millis(now.as_millis() - policy.intent_retention.as_millis() as i64);
-    report.intents = crate::intents::purge_completed_batch(&tx, cutoff, policy.batch_size)
-        .map_err(Error::db("purge completed intents"))? as u64;
+    report.dedup_entries =
+        crate::dedup::purge_batch(&tx, now.minus(policy.dedup_ttl), policy.batch_size)
+            .map_err(Error::db("purge the dedup ledger"))?;
+    report.intents = crate::intents::purge_completed_batch(
+        &tx,
+        now.minus(policy.intent_retention),
+        policy.batch_size,
+    )
+    .map_err(Error::db("purge completed intents"))? as u64;
     tx.commit().map_err(Error::db("commit a purge"))?;
     Ok(report)
 }
@@ -202,37 +244,25 @@ pub fn purge_dry_run(
     now: Timestamp,
 ) -> Result<PurgeReport> {
     policy.validate()?;
-    let count = |sql: &str, cutoff: i64| -> Result<u64> {
-        conn.query_row(sql, [cutoff], |r| r.get::<_, i64>(0))
-            .map(|n| n as u64)
-            .map_err(Error::db("count purgeable rows"))
+    let finished = |status: &str, retention: Duration| -> Result<u64> {
+        conn.query_row(
+            COUNT_FINISHED,
+            params![status, now.minus(retention).as_millis()],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n.max(0) as u64)
+        .map_err(Error::db("count purgeable rows"))
     };
-    let ms = |d: Duration| now.as_millis() - d.as_millis() as i64;
     Ok(PurgeReport {
-        delivered: count(
-            "SELECT count(*) FROM event_outbox
-              WHERE status <> 'pending' AND status = 'delivered' AND finished_at < ?1",
-            ms(policy.delivered_retention),
-        )?,
+        delivered: finished("delivered", policy.delivered_retention)?,
         dead: match policy.dead_retention {
-            Some(r) => count(
-                "SELECT count(*) FROM event_outbox
-                  WHERE status <> 'pending' AND status = 'dead' AND finished_at < ?1",
-                ms(r),
-            )?,
+            Some(r) => finished("dead", r)?,
             None => 0,
         },
-        dedup_entries: count(
-            &format!(
-                "SELECT count(*) FROM delivered_events d
-                  WHERE delivered_at < ?1 AND {UNFINISHED_ROW_GONE}"
-            ),
-            ms(policy.dedup_ttl),
-        )?,
-        intents: count(
-            "SELECT count(*) FROM publish_intents WHERE status = 'completed' AND completed_at < ?1",
-            ms(policy.intent_retention),
-        )?,
+        dedup_entries: crate::dedup::count_purgeable(conn, now.minus(policy.dedup_ttl))
+            .map_err(Error::db("count purgeable rows"))?,
+        intents: crate::intents::count_completed_before(conn, now.minus(policy.intent_retention))
+            .map_err(Error::db("count purgeable rows"))?,
     })
 }
 
@@ -256,11 +286,9 @@ mod tests {
                   ('e3', 'a', 3, 5), ('e4', 'a', 4, 5);",
         )
         .unwrap();
-        let policy = PurgePolicy {
-            delivered_retention: Duration::from_secs(1),
-            dedup_ttl: Duration::from_secs(1),
-            ..PurgePolicy::default()
-        };
+        let policy = PurgePolicy::default()
+            .delivered_retention(Duration::from_secs(1))
+            .dedup_ttl(Duration::from_secs(1));
         let now = Timestamp::from_millis(1_000_000);
         let dry = purge_dry_run(&conn, &policy, now).unwrap();
         let report = purge(&mut conn, &policy, now).unwrap();
@@ -279,6 +307,58 @@ mod tests {
             ["e1", "e2"],
             "the pending and the dead row keep theirs"
         );
+    }
+
+    /// Regression: `now - retention` was computed as `now.as_millis() -
+    /// retention.as_millis() as i64`, and a retention of `Duration::MAX`
+    /// wrapped to -1 ms: the cutoff moved into the future and every delivered
+    /// row and dedup entry was purged. A huge retention now means "keep".
+    #[test]
+    fn a_huge_retention_never_purges_a_delivered_row_or_its_ledger() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::connection::open(dir.path().join("h.db")).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        conn.execute_batch(
+            "INSERT INTO event_outbox (id, event_id, event_type, status, finished_at)
+                  VALUES (1, 'e1', 'a.b.v1', 'delivered', 5);
+             INSERT INTO delivered_events VALUES ('e1', 'a', 1, 5);",
+        )
+        .unwrap();
+        let now = Timestamp::from_millis(1_764_487_080_000);
+        for huge in [
+            Duration::MAX,
+            Duration::from_secs(10_u64.pow(16)),
+            Duration::from_secs(10_u64.pow(12)),
+        ] {
+            let policy = PurgePolicy::default()
+                .delivered_retention(huge)
+                .dedup_ttl(huge)
+                .dead_retention(Some(huge))
+                .intent_retention(huge);
+            assert_eq!(
+                purge_dry_run(&conn, &policy, now).unwrap().total(),
+                0,
+                "{huge:?}"
+            );
+            assert_eq!(
+                purge(&mut conn, &policy, now).unwrap().total(),
+                0,
+                "{huge:?}"
+            );
+        }
+        let left: i64 = conn
+            .query_row(
+                "SELECT (SELECT count(*) FROM event_outbox) + (SELECT count(*) FROM delivered_events)",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(left, 2);
+        // The control: a short retention does purge them.
+        let short = PurgePolicy::default()
+            .delivered_retention(Duration::from_secs(1))
+            .dedup_ttl(Duration::from_secs(1));
+        assert_eq!(purge(&mut conn, &short, now).unwrap().total(), 2);
     }
 
     /// Regression: with `WHERE status = ?1` alone SQLite cannot use the

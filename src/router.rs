@@ -1,6 +1,12 @@
-//! Which consumers take which event types.
+//! Which consumers take which event types: the patterns consumers subscribe
+//! with, the table the relay routes each claimed row by, and what happens to
+//! a row no consumer takes ([`UnroutedPolicy`]) or that cannot be delivered
+//! at all (an invalid row).
 
-use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::envelope::Envelope;
 
 /// An event-type pattern: an exact type (`article.created.v1`) or one with
 /// `*` segments. A `*` stands for one or more whole segments, so
@@ -28,25 +34,58 @@ enum Segment {
     Any,
 }
 
+/// A pattern that is not valid, or that no valid event type could match.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("event type pattern {pattern:?}: {reason}")]
+pub struct PatternError {
+    pattern: String,
+    reason: String,
+}
+
+impl PatternError {
+    /// The pattern as given.
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    /// What is wrong, and how to write it instead.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
 impl Pattern {
     /// Parses a pattern: dot-separated segments, each `*` or lowercase
-    /// a-z, 0-9 and `_`.
-    pub fn parse(s: &str) -> Result<Pattern> {
-        let bad = |reason: &str| Error::InvalidSetting {
-            field: "event type pattern",
-            reason: format!(
-                "{s:?}: {reason}; use an event type such as article.created.v1, \
+    /// a-z, 0-9 and `_`. A pattern that no valid event type can match (one
+    /// that ends in a literal other than a version, such as
+    /// `article.created`, or one too short for a domain, a verb and a
+    /// version) is refused with the fix, since it would silently take
+    /// nothing.
+    ///
+    /// ```
+    /// use outboxd::router::Pattern;
+    /// let e = Pattern::parse("article.created").unwrap_err();
+    /// assert!(e.reason().contains("article.created.v1 or article.created.*"), "{e}");
+    /// ```
+    pub fn parse(s: &str) -> Result<Pattern, PatternError> {
+        let bad = |reason: &str| PatternError {
+            pattern: s.to_string(),
+            reason: reason.to_string(),
+        };
+        let malformed = |reason: &str| {
+            bad(&format!(
+                "{reason}; use an event type such as article.created.v1, \
                  or * for one or more segments (article.*.v1, *.v2, *)"
-            ),
+            ))
         };
         if s.is_empty() {
-            return Err(bad("it is empty"));
+            return Err(malformed("it is empty"));
         }
         let mut segments = Vec::new();
         for seg in s.split('.') {
             if seg == "*" {
                 if segments.last() == Some(&Segment::Any) {
-                    return Err(bad("two * in a row"));
+                    return Err(malformed("two * in a row"));
                 }
                 segments.push(Segment::Any);
             } else if !seg.is_empty()
@@ -56,10 +95,27 @@ impl Pattern {
             {
                 segments.push(Segment::Literal(seg.to_string()));
             } else {
-                return Err(bad(
+                return Err(malformed(
                     "a segment is empty or has a character other than a-z, 0-9, _",
                 ));
             }
+        }
+        // Every event type ends in a version (v1, v2…) and has a domain and
+        // a verb before it: a pattern that cannot end in one, or cannot be
+        // three segments long, matches nothing.
+        if let Some(Segment::Literal(last)) = segments.last() {
+            if !is_version(last) {
+                return Err(bad(&format!(
+                    "it can never match: an event type ends in its version; add a version: \
+                     {s}.v1 or {s}.*"
+                )));
+            }
+        }
+        if segments.len() < 3 && !segments.contains(&Segment::Any) {
+            return Err(bad(
+                "it can never match: an event type has a domain, a verb and a version \
+                 (article.created.v1); use all three, or * for any of them (*.v1)",
+            ));
         }
         Ok(Pattern {
             text: s.to_string(),
@@ -79,6 +135,13 @@ impl Pattern {
     }
 }
 
+/// `v` and a number of 1 or more without leading zeros, as event types end.
+fn is_version(segment: &str) -> bool {
+    segment.strip_prefix('v').is_some_and(|d| {
+        !d.is_empty() && !d.starts_with('0') && d.bytes().all(|b| b.is_ascii_digit())
+    })
+}
+
 fn match_from(pattern: &[Segment], parts: &[&str]) -> bool {
     match pattern.split_first() {
         None => parts.is_empty(),
@@ -93,6 +156,108 @@ fn match_from(pattern: &[Segment], parts: &[&str]) -> bool {
 impl std::fmt::Display for Pattern {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.text)
+    }
+}
+
+/// What to do with an event no consumer subscribes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnroutedPolicy {
+    /// Dead-letter it, saying no consumer takes its type (the default: it is
+    /// never dropped silently, and a consumer added later can requeue it).
+    #[default]
+    DeadLetter,
+    /// Mark it delivered and log it at INFO.
+    Skip,
+}
+
+/// The relay's routing table: each consumer's patterns (by the consumer's
+/// index), and the consumers each event type seen so far routes to.
+pub(crate) struct Routes {
+    patterns: Vec<Vec<Pattern>>,
+    unrouted: UnroutedPolicy,
+    cache: HashMap<String, Arc<[usize]>>,
+}
+
+/// The most event types the routing cache remembers before it starts over
+/// (types are few in practice; the bound only stops a hostile producer from
+/// growing it without end).
+const MAX_CACHED_TYPES: usize = 10_000;
+
+/// What the relay does with one claimed (valid) row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Dispatch {
+    /// Run these consumers (indexes).
+    Deliver(Vec<usize>),
+    /// Mark it delivered without running anything.
+    Finish(Finish),
+    /// Dead-letter it, spending no attempt: no consumer takes its type
+    /// (the reason says so).
+    Unrouted(String),
+}
+
+/// Why a row is finished without a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// Every consumer it routes to has it already (dedup).
+    AlreadyDelivered,
+    /// No consumer takes its type, and the policy is [`UnroutedPolicy::Skip`].
+    SkippedUnrouted,
+}
+
+impl Routes {
+    /// A table for consumers whose patterns are given in consumer order.
+    pub(crate) fn new(patterns: Vec<Vec<Pattern>>, unrouted: UnroutedPolicy) -> Routes {
+        Routes {
+            patterns,
+            unrouted,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// The consumers (indexes) an event type routes to, remembered per type.
+    pub(crate) fn consumers_for(&mut self, event_type: &str) -> Arc<[usize]> {
+        if let Some(r) = self.cache.get(event_type) {
+            return r.clone();
+        }
+        let r: Arc<[usize]> = self
+            .patterns
+            .iter()
+            .enumerate()
+            .filter(|(_, ps)| ps.iter().any(|p| p.matches(event_type)))
+            .map(|(i, _)| i)
+            .collect();
+        if self.cache.len() >= MAX_CACHED_TYPES {
+            self.cache.clear();
+        }
+        self.cache.insert(event_type.to_string(), r.clone());
+        r
+    }
+
+    /// Decides what to do with a claimed row: its envelope and the
+    /// consumers that have its event already (the ledger). `name` gives a
+    /// consumer's name by index.
+    pub(crate) fn dispatch<'a>(
+        &mut self,
+        envelope: &Envelope,
+        delivered_to: &[String],
+        name: impl Fn(usize) -> &'a str,
+    ) -> Dispatch {
+        let routed = self.consumers_for(envelope.event_type.as_str());
+        if routed.is_empty() {
+            return match self.unrouted {
+                UnroutedPolicy::DeadLetter => Dispatch::Unrouted(format!(
+                    "no consumer takes event type {}",
+                    envelope.event_type
+                )),
+                UnroutedPolicy::Skip => Dispatch::Finish(Finish::SkippedUnrouted),
+            };
+        }
+        let missing = crate::dedup::missing(&routed, delivered_to, name);
+        if missing.is_empty() {
+            Dispatch::Finish(Finish::AlreadyDelivered)
+        } else {
+            Dispatch::Deliver(missing)
+        }
     }
 }
 
@@ -113,5 +278,83 @@ mod tests {
         for bad in ["", "a..b", "A.b", "a.**.b", "a.*.*.v1", "a b"] {
             assert!(Pattern::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_pattern_that_can_never_match_is_refused_with_the_fix() {
+        let e = Pattern::parse("article.created").unwrap_err();
+        assert!(
+            e.reason()
+                .contains("add a version: article.created.v1 or article.created.*"),
+            "{e}"
+        );
+        for never in ["article", "*.created", "a.b.v0", "a.b.v01", "a.v1", "v1"] {
+            assert!(Pattern::parse(never).is_err(), "{never:?}");
+        }
+        for fine in ["*", "a.*", "*.v1", "a.*.v2", "a.b.v10", "*.b.v1"] {
+            assert!(Pattern::parse(fine).is_ok(), "{fine:?}");
+        }
+    }
+
+    fn envelope(event_type: &str) -> Envelope {
+        serde_json::from_value(serde_json::json!({
+            "event_id": crate::EventId::new().to_string(), "event_type": event_type,
+            "event_version": 1, "causation_id": null, "correlation_id": null,
+            "occurred_at": "2026-11-30T07:18:00Z", "payload": null}))
+        .unwrap()
+    }
+
+    fn routes(unrouted: UnroutedPolicy) -> Routes {
+        let p = |s: &str| Pattern::parse(s).unwrap();
+        Routes::new(
+            vec![
+                vec![p("a.*.v1")],
+                vec![p("*")],
+                vec![p("b.x.v1"), p("*.v2")],
+            ],
+            unrouted,
+        )
+    }
+
+    const NAMES: [&str; 3] = ["first", "all", "third"];
+
+    #[test]
+    fn routes_each_type_to_every_consumer_whose_pattern_matches() {
+        let mut r = routes(UnroutedPolicy::DeadLetter);
+        assert_eq!(&*r.consumers_for("a.b.v1"), [0, 1]);
+        assert_eq!(&*r.consumers_for("b.x.v1"), [1, 2]);
+        assert_eq!(&*r.consumers_for("c.d.v2"), [1, 2]);
+        assert_eq!(&*r.consumers_for("a.b.v1"), [0, 1], "cached");
+        let d = r.dispatch(&envelope("a.b.v1"), &[], |i| NAMES[i]);
+        assert_eq!(d, Dispatch::Deliver(vec![0, 1]));
+    }
+
+    #[test]
+    fn dispatch_skips_the_consumers_the_ledger_has_and_finishes_a_row_all_have() {
+        let mut r = routes(UnroutedPolicy::DeadLetter);
+        let env = envelope("a.b.v1");
+        let done = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            r.dispatch(&env, &done(&["all"]), |i| NAMES[i]),
+            Dispatch::Deliver(vec![0])
+        );
+        assert_eq!(
+            r.dispatch(&env, &done(&["all", "first", "gone"]), |i| NAMES[i]),
+            Dispatch::Finish(Finish::AlreadyDelivered)
+        );
+    }
+
+    #[test]
+    fn an_unrouted_event_follows_the_policy() {
+        let only = |unrouted| Routes::new(vec![vec![Pattern::parse("a.*.v1").unwrap()]], unrouted);
+        let env = envelope("nobody.wants.v1");
+        assert_eq!(
+            only(UnroutedPolicy::DeadLetter).dispatch(&env, &[], |_| "a"),
+            Dispatch::Unrouted("no consumer takes event type nobody.wants.v1".into())
+        );
+        assert_eq!(
+            only(UnroutedPolicy::Skip).dispatch(&env, &[], |_| "a"),
+            Dispatch::Finish(Finish::SkippedUnrouted)
+        );
     }
 }

@@ -147,30 +147,9 @@ pub fn status(conn: &Connection, now: Timestamp) -> Result<Status> {
         }
     }
 
-    // min() over the due index is one seek, however long the queue.
-    let oldest: Option<i64> = conn
-        .query_row(
-            "SELECT min(available_at) FROM event_outbox
-             WHERE status = 'pending' AND available_at <= ?1",
-            params![now_ms],
-            |r| r.get(0),
-        )
-        .map_err(Error::db("find the oldest due event"))?;
-    let oldest_due_age = oldest.map(|at| now.since(Timestamp::from_millis(at)));
-
-    let mut delivered_by_consumer = BTreeMap::new();
-    {
-        let mut stmt = conn
-            .prepare("SELECT consumer, count(*) FROM delivered_events GROUP BY consumer")
-            .map_err(Error::db("count deliveries per consumer"))?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, count(r, 1)?)))
-            .map_err(Error::db("count deliveries per consumer"))?;
-        for row in rows {
-            let (consumer, n) = row.map_err(Error::db("count deliveries per consumer"))?;
-            delivered_by_consumer.insert(consumer, n);
-        }
-    }
+    let oldest_due_age = oldest_due(conn, now)?.map(|at| now.since(at));
+    let delivered_by_consumer = crate::dedup::count_by_consumer(conn)
+        .map_err(Error::db("count deliveries per consumer"))?;
 
     if let Some(tx) = tx {
         tx.finish().map_err(Error::db("end the read transaction"))?;
@@ -184,6 +163,129 @@ pub fn status(conn: &Connection, now: Timestamp) -> Result<Status> {
         expired_leases,
         delivered_by_consumer,
     })
+}
+
+/// The due time of the oldest due event (pending, `available_at <= now`),
+/// None when nothing is due: the measure of a stuck relay, since events
+/// delayed on purpose are not due. A row whose lease expired counts, since
+/// it is due to be claimed again. One seek on the due index, however long
+/// the queue. [`status`], the relay's stale check and `outboxd doctor` all
+/// measure staleness with it.
+pub fn oldest_due(conn: &Connection, now: Timestamp) -> Result<Option<Timestamp>> {
+    conn.prepare_cached(
+        "SELECT min(available_at) FROM event_outbox
+         WHERE status = 'pending' AND available_at <= ?1",
+    )
+    .and_then(|mut s| s.query_row([now.as_millis()], |r| r.get::<_, Option<i64>>(0)))
+    .map(|t| t.map(Timestamp::from_millis))
+    .map_err(Error::db("find the oldest due event"))
+}
+
+/// The most stale events [`stale_count`] counts: beyond it the exact number
+/// does not matter, and counting a huge backlog would hold a read open.
+pub const STALE_COUNT_BOUND: u64 = 1_000_000;
+
+/// How many due events have waited longer than `after` (up to
+/// [`STALE_COUNT_BOUND`]).
+pub fn stale_count(conn: &Connection, now: Timestamp, after: Duration) -> Result<u64> {
+    conn.prepare_cached(
+        "SELECT count(*) FROM (SELECT 1 FROM event_outbox
+          WHERE status = 'pending' AND available_at <= ?1 LIMIT ?2)",
+    )
+    .and_then(|mut s| {
+        s.query_row(
+            params![now.minus(after).as_millis(), STALE_COUNT_BOUND as i64],
+            |r| r.get::<_, i64>(0),
+        )
+    })
+    .map(|n| n.max(0) as u64)
+    .map_err(Error::db("count stale events"))
+}
+
+/// The limits a monitor alerts on: `outboxd status` exits 1 when one is
+/// crossed, and the relay logs a stale alert.
+///
+/// ```
+/// use outboxd::status::Thresholds;
+/// use std::time::Duration;
+/// let t = Thresholds::new(Duration::from_secs(60), Some(10));
+/// assert_eq!(t.max_dead, Some(10));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Thresholds {
+    /// Unhealthy when the oldest due event has waited longer than this.
+    pub stale_after: Duration,
+    /// Unhealthy when there are more dead letters than this; None: no limit.
+    pub max_dead: Option<u64>,
+}
+
+impl Thresholds {
+    /// Thresholds with these limits.
+    pub fn new(stale_after: Duration, max_dead: Option<u64>) -> Thresholds {
+        Thresholds {
+            stale_after,
+            max_dead,
+        }
+    }
+}
+
+impl Default for Thresholds {
+    /// The relay's stale threshold ([`DEFAULT_STALE_AFTER`](crate::relay::DEFAULT_STALE_AFTER)), no dead-letter limit.
+    fn default() -> Self {
+        Thresholds::new(crate::relay::DEFAULT_STALE_AFTER, None)
+    }
+}
+
+/// A threshold a [`Status`] crosses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Problem {
+    /// The oldest due event has waited longer than `stale_after`.
+    Stale {
+        /// How long it has waited.
+        oldest_due_age: Duration,
+        /// The threshold.
+        stale_after: Duration,
+    },
+    /// More dead letters than `max_dead`.
+    TooManyDead {
+        /// How many there are.
+        dead: u64,
+        /// The threshold.
+        max_dead: u64,
+    },
+}
+
+impl Status {
+    /// The thresholds this snapshot crosses, stale first; empty when healthy.
+    ///
+    /// ```
+    /// # fn main() -> outboxd::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let mut conn = outboxd::connection::open(dir.path().join("app.db"))?;
+    /// # outboxd::schema::migrate(&mut conn)?;
+    /// use outboxd::status::{status, Thresholds};
+    /// let s = status(&conn, outboxd::Timestamp::now())?;
+    /// assert!(s.problems(&Thresholds::default()).is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn problems(&self, t: &Thresholds) -> Vec<Problem> {
+        let mut found = Vec::new();
+        if let Some(age) = self.oldest_due_age.filter(|age| *age > t.stale_after) {
+            found.push(Problem::Stale {
+                oldest_due_age: age,
+                stale_after: t.stale_after,
+            });
+        }
+        if let Some(max) = t.max_dead.filter(|max| self.counts.dead > *max) {
+            found.push(Problem::TooManyDead {
+                dead: self.counts.dead,
+                max_dead: max,
+            });
+        }
+        found
+    }
 }
 
 /// Reads a count(*) or sum() column; SQLite never returns a negative one.
@@ -273,6 +375,41 @@ mod tests {
         assert_eq!(s.expired_leases, 1);
         // Delivered and dead rows are not due, however old.
         assert_eq!(s.oldest_due_age, Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn problems_are_the_thresholds_crossed() {
+        let (_dir, conn) = migrated();
+        row(&conn, "pending", -120_000, None); // due for 2 min
+        row(&conn, "pending", -10_000, None);
+        row(&conn, "dead", -9_000, None);
+        row(&conn, "dead", -9_000, None);
+        let s = status(&conn, at(0)).unwrap();
+        let minute = Duration::from_secs(60);
+        assert_eq!(
+            s.problems(&Thresholds::new(minute, Some(1))),
+            [
+                Problem::Stale {
+                    oldest_due_age: Duration::from_secs(120),
+                    stale_after: minute
+                },
+                Problem::TooManyDead {
+                    dead: 2,
+                    max_dead: 1
+                }
+            ]
+        );
+        assert!(s
+            .problems(&Thresholds::new(Duration::from_secs(120), Some(2)))
+            .is_empty());
+        assert!(s.problems(&Thresholds::new(Duration::MAX, None)).is_empty());
+        assert_eq!(stale_count(&conn, at(0), minute).unwrap(), 1);
+        assert_eq!(
+            stale_count(&conn, at(0), Duration::from_secs(1)).unwrap(),
+            2
+        );
+        assert_eq!(stale_count(&conn, at(0), Duration::MAX).unwrap(), 0);
+        assert_eq!(oldest_due(&conn, at(0)).unwrap(), Some(at(-120_000)));
     }
 
     #[test]

@@ -2,184 +2,13 @@
 //! work, and every bad input gets a one-line error, the documented exit code,
 //! and leaves the database as it was.
 
-use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod common;
 
+use std::path::Path;
+
+use common::bin::code::{DATABASE, INPUT, OK, PROBLEMS, SCHEMA, USAGE};
+use common::bin::{drop_root, Sandbox};
 use rusqlite::Connection;
-
-const USAGE: i32 = 2;
-const DATABASE: i32 = 3;
-const SCHEMA: i32 = 4;
-const INPUT: i32 = 5;
-
-/// A temporary directory to run `outboxd` in, with `app.db` as its database.
-struct Sandbox {
-    dir: tempfile::TempDir,
-    /// A command (and its arguments) that runs outboxd, such as setpriv to
-    /// drop root; empty to run it directly.
-    runner: Vec<String>,
-}
-
-impl Sandbox {
-    fn new() -> Sandbox {
-        Sandbox {
-            dir: tempfile::tempdir().unwrap(),
-            runner: Vec::new(),
-        }
-    }
-
-    /// A sandbox whose app.db is migrated.
-    fn migrated() -> Sandbox {
-        let sb = Sandbox::new();
-        sb.ok(&["migrate"]);
-        sb
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn db(&self) -> PathBuf {
-        self.path("app.db")
-    }
-
-    /// Runs `outboxd --db app.db ARGS`.
-    fn run(&self, args: &[&str]) -> Output {
-        self.run_on(&self.db(), args, None)
-    }
-
-    /// Runs `outboxd --db DB ARGS`, feeding `stdin` if given.
-    fn run_on(&self, db: &Path, args: &[&str], stdin: Option<&[u8]>) -> Output {
-        let mut cmd = self.command();
-        cmd.arg("--db").arg(db).args(args);
-        spawn(cmd, stdin)
-    }
-
-    /// `outboxd` in the sandbox, without a database setting from the caller's
-    /// environment.
-    fn command(&self) -> Command {
-        let mut cmd = match self.runner.split_first() {
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args).arg(env!("CARGO_BIN_EXE_outboxd"));
-                c
-            }
-            None => Command::new(env!("CARGO_BIN_EXE_outboxd")),
-        };
-        cmd.current_dir(self.dir.path())
-            .env_remove("OUTBOXD_DB")
-            .env_remove("RUST_LOG");
-        cmd
-    }
-
-    /// Runs and expects success; returns stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "outboxd {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    /// `status --json`, which exits 1 (and still prints) when a threshold
-    /// is crossed, such as an event due since 2020.
-    fn status_json(&self) -> serde_json::Value {
-        let out = self.run(&["status", "--json"]);
-        assert!(
-            matches!(out.status.code(), Some(0 | 1)),
-            "outboxd status failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_str(std::str::from_utf8(&out.stdout).unwrap()).unwrap()
-    }
-
-    /// Every file in the sandbox and its bytes, leaving out SQLite's -shm
-    /// index and an empty -wal (a reader may create them; they hold no data).
-    fn snapshot(&self) -> BTreeMap<String, Vec<u8>> {
-        let mut files = BTreeMap::new();
-        for entry in std::fs::read_dir(self.dir.path()).unwrap() {
-            let entry = entry.unwrap();
-            let name = entry.file_name().into_string().unwrap();
-            if !entry.file_type().unwrap().is_file() || name.ends_with("-shm") {
-                continue;
-            }
-            let bytes = std::fs::read(entry.path()).unwrap();
-            if name.ends_with("-wal") && bytes.is_empty() {
-                continue;
-            }
-            files.insert(name, bytes);
-        }
-        files
-    }
-
-    /// Runs `outboxd --db DB ARGS` and checks the failure: the exit code, one
-    /// line on stderr naming the problem, nothing on stdout, nothing written.
-    fn fails_on(&self, db: &Path, args: &[&str], code: i32, needle: &str) -> String {
-        self.fails_with_input(db, args, None, code, needle)
-    }
-
-    fn fails(&self, args: &[&str], code: i32, needle: &str) -> String {
-        self.fails_on(&self.db(), args, code, needle)
-    }
-
-    fn fails_with_input(
-        &self,
-        db: &Path,
-        args: &[&str],
-        stdin: Option<&[u8]>,
-        code: i32,
-        needle: &str,
-    ) -> String {
-        let before = self.snapshot();
-        let out = self.run_on(db, args, stdin);
-        let stderr = String::from_utf8(out.stderr).unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(code),
-            "outboxd {args:?}: wrong exit code; stderr: {stderr}"
-        );
-        assert_one_line_error(&stderr, needle);
-        assert!(out.stdout.is_empty(), "outboxd {args:?} printed to stdout");
-        assert!(
-            self.snapshot() == before,
-            "outboxd {args:?} changed the files in its directory"
-        );
-        stderr
-    }
-}
-
-fn spawn(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("the outboxd binary runs");
-    if let Some(input) = stdin {
-        // A payload larger than the limit may be cut off by outboxd early.
-        let _ = child.stdin.take().unwrap().write_all(input);
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn assert_one_line_error(stderr: &str, needle: &str) {
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "expected one line on stderr, got: {stderr}");
-    assert!(
-        lines[0].starts_with("outboxd: error: "),
-        "error line has the wrong prefix: {stderr}"
-    );
-    assert!(
-        lines[0].contains(needle),
-        "error line does not mention {needle:?}: {stderr}"
-    );
-}
 
 fn outbox_rows(db: &Path) -> i64 {
     Connection::open(db)
@@ -337,22 +166,17 @@ fn enqueue_reads_the_payload_from_a_file_or_stdin() {
     let sb = Sandbox::migrated();
     std::fs::write(sb.path("p.json"), r#"{"from": "file"}"#).unwrap();
     let file = sb.path("p.json");
-    let out = sb.run_on(
-        &sb.db(),
-        &[
-            "enqueue",
-            "--type",
-            "a.b.v1",
-            "--payload-file",
-            file.to_str().unwrap(),
-        ],
-        None,
-    );
+    let out = sb.run(&[
+        "enqueue",
+        "--type",
+        "a.b.v1",
+        "--payload-file",
+        file.to_str().unwrap(),
+    ]);
     assert!(out.status.success());
-    let out = sb.run_on(
-        &sb.db(),
+    let out = sb.outboxd().run_with_stdin(
         &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
-        Some(br#"{"from": "stdin"}"#),
+        br#"{"from": "stdin"}"#,
     );
     assert!(out.status.success(), "{out:?}");
     let conn = Connection::open(sb.db()).unwrap();
@@ -413,24 +237,16 @@ fn tenant_scoped_keys_do_not_collide() {
 #[test]
 fn db_comes_from_the_environment_or_defaults_to_outboxd_db() {
     let sb = Sandbox::new();
-    let out = spawn(
-        {
-            let mut c = sb.command();
-            c.arg("migrate").env("OUTBOXD_DB", sb.path("env.db"));
-            c
-        },
-        None,
-    );
+    let out = sb
+        .outboxd()
+        .without_db()
+        .command(&["migrate"])
+        .env("OUTBOXD_DB", sb.path("env.db"))
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert!(sb.path("env.db").is_file());
-    let out = spawn(
-        {
-            let mut c = sb.command();
-            c.arg("migrate");
-            c
-        },
-        None,
-    );
+    let out = sb.outboxd().without_db().run(&["migrate"]);
     assert!(out.status.success());
     assert!(sb.path("outboxd.db").is_file());
 }
@@ -461,6 +277,14 @@ fn unknown_flags_are_usage_errors() {
     sb.fails(&["enqueue", "--tpye", "a.b.v1"], USAGE, "--tpye");
     sb.fails(&["enqueue"], USAGE, "--type");
     sb.fails(&["status", "--yaml"], USAGE, "--yaml");
+    // 10.16: a log level that is no level is refused, not taken as a target.
+    let err = sb.fails(&["--log-level", "verbose", "status"], USAGE, "verbose");
+    assert!(err.contains("allowed: error, warn"), "{err}");
+    sb.fails(
+        &["--log-level", "info,outboxd=loud", "status"],
+        USAGE,
+        "loud",
+    );
     sb.fails(&["launch"], USAGE, "launch");
     sb.fails(
         &[
@@ -489,10 +313,9 @@ fn invalid_json_is_refused() {
     let sb = Sandbox::migrated();
     let args = ["enqueue", "--type", "a.b.v1", "--payload", "{\"id\": 7"];
     sb.fails(&args, INPUT, "not valid JSON");
-    sb.fails_with_input(
-        &sb.db(),
+    sb.fails_with_stdin(
         &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
-        Some(b"not json"),
+        b"not json",
         INPUT,
         "not valid JSON",
     );
@@ -539,14 +362,29 @@ fn an_oversized_payload_is_refused() {
         "larger than the limit of 8 bytes",
     );
     assert!(err.contains("--max-payload-bytes"), "{err}");
+    // From a file: its size.
+    let file = sb.write("big.json", "\"0123456789abcdef\"");
+    sb.fails(
+        &[
+            "enqueue",
+            "--type",
+            "a.b.v1",
+            "--payload-file",
+            file.to_str().unwrap(),
+            "--max-payload-bytes",
+            "8",
+        ],
+        INPUT,
+        "payload is 18 bytes, larger than the limit of 8 bytes",
+    );
     // The default limit is 1 MiB, from stdin too.
     let big = format!("\"{}\"", "x".repeat(1024 * 1024));
-    sb.fails_with_input(
-        &sb.db(),
+    sb.fails_with_stdin(
         &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
-        Some(big.as_bytes()),
+        big.as_bytes(),
         INPUT,
-        "larger than the limit of 1048576 bytes",
+        // 10.16: the actual size, not "more than the limit".
+        "payload is 1048578 bytes, larger than the limit of 1048576 bytes",
     );
     assert_eq!(outbox_rows(&sb.db()), 0);
     // Just under the limit is fine.
@@ -599,25 +437,6 @@ fn a_missing_database_is_not_created_by_enqueue_or_status() {
     assert!(!sb.db().exists());
 }
 
-/// As root, permission bits do not stop writes. To still test a read-only
-/// file, run outboxd as `nobody` through setpriv when that works here.
-fn drop_root() -> Option<Vec<String>> {
-    let runner: Vec<String> = [
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-    ]
-    .map(String::from)
-    .into();
-    let probe = Command::new(&runner[0])
-        .args(&runner[1..])
-        .arg(env!("CARGO_BIN_EXE_outboxd"))
-        .arg("--version")
-        .output();
-    matches!(probe, Ok(out) if out.status.success()).then_some(runner)
-}
-
 #[test]
 fn a_read_only_file() {
     use std::os::unix::fs::PermissionsExt;
@@ -637,7 +456,7 @@ fn a_read_only_file() {
                 // -shm index there) but owns nothing in it.
                 std::fs::set_permissions(sb.dir.path(), std::fs::Permissions::from_mode(0o777))
                     .unwrap();
-                sb.runner = runner;
+                sb.run_through(runner);
             }
             None => {
                 eprintln!(
@@ -654,6 +473,123 @@ fn a_read_only_file() {
     sb.fails(&["migrate"], DATABASE, "read-only");
     sb.fails(&["enqueue", "--type", "a.b.v1"], DATABASE, "read-only");
     assert_eq!(outbox_rows(&sb.db()), 1);
+}
+
+/// Issue 10.11: an operator who may read a service's database but not
+/// write its directory inspects it with status, doctor, dead list, purge
+/// --dry-run and intents list. SQLite's read-only WAL readers need the -shm
+/// index beside the database: with no writer running it is missing and
+/// cannot be created, so outboxd reads the file as immutable and says so.
+#[test]
+fn inspection_works_in_a_directory_this_user_cannot_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut sb = Sandbox::migrated();
+    sb.ok(&["enqueue", "--type", "a.b.v1"]);
+    sb.ok(&[
+        "enqueue",
+        "--type",
+        "order.paid.v1",
+        "--payload",
+        "{\"n\": 1}",
+    ]);
+    let dead_id: String = sb.scalar("SELECT event_id FROM event_outbox ORDER BY id DESC LIMIT 1");
+    sb.conn()
+        .execute(
+            "UPDATE event_outbox SET status = 'dead', last_error = 'poison: no such order', \
+             finished_at = 1 WHERE event_id = ?1",
+            [&dead_id],
+        )
+        .unwrap();
+    let dir = sb.dir.path().to_path_buf();
+    for sidecar in ["app.db-wal", "app.db-shm"] {
+        assert!(
+            !dir.join(sidecar).exists(),
+            "{sidecar} is left: no writer has it open"
+        );
+    }
+
+    // Who may read but not write the directory: nobody (as root, whom
+    // permission bits do not stop), else this user in a directory made 0555.
+    if common::bin::is_root() {
+        let Some(runner) = drop_root() else {
+            eprintln!("skipped: running as root and setpriv cannot run outboxd as nobody");
+            return;
+        };
+        sb.run_through(runner);
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+    struct Restore(std::path::PathBuf);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::set_permissions(&self.0, std::fs::Permissions::from_mode(0o755));
+        }
+    }
+    let _restore = Restore(dir.clone());
+
+    // The test exercises the failure: this user cannot create a file there,
+    // so SQLite cannot create the -shm index.
+    let probe = sb.on(&dir.join("probe.db")).run(&["migrate"]);
+    assert!(!probe.status.success(), "this user can write the directory");
+    assert!(!dir.join("probe.db").exists());
+
+    // (One dead letter: status exits 1.)
+    let s = sb.json(&["status", "--json"], PROBLEMS);
+    assert_eq!(s["counts"]["pending_due"], 1, "{s}");
+    assert_eq!(s["counts"]["dead"], 1, "{s}");
+    assert!(s["note"].as_str().unwrap().contains("immutable"), "{s}");
+    let text = sb.expect(&["status"], PROBLEMS);
+    assert!(
+        text.contains("note:") && text.contains("immutable"),
+        "{text}"
+    );
+
+    let d = sb.json(&["doctor", "--json"], OK);
+    let find = |check: &str| {
+        d["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["check"] == check)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {check} finding: {d}"))
+    };
+    assert_eq!(find("journal-mode")["severity"], "ok", "{d}");
+    assert_eq!(find("integrity")["severity"], "ok", "{d}");
+    assert_eq!(find("read-mode")["severity"], "note", "{d}");
+
+    let list = sb.ok(&["dead", "list"]);
+    assert!(
+        list.contains(&dead_id) && list.contains("no such order"),
+        "{list}"
+    );
+    sb.ok(&["dead", "show", &dead_id]);
+    let dry = sb.ok(&["purge", "--dry-run"]);
+    assert!(dry.contains("would delete 0 delivered events"), "{dry}");
+    sb.ok(&["intents", "list"]);
+    // Commands that write say why they cannot, and change nothing.
+    sb.fails(&["enqueue", "--type", "a.b.v1"], DATABASE, "read-only");
+    sb.fails(&["dead", "requeue", &dead_id], DATABASE, "read-only");
+    for sidecar in ["app.db-wal", "app.db-shm"] {
+        assert!(!dir.join(sidecar).exists(), "{sidecar} was created");
+    }
+
+    // While a writer (here: root) has the database open, its -shm index
+    // exists and readers share it, as any SQLite reader would.
+    if common::bin::is_root() {
+        let writer = sb.conn();
+        writer
+            .execute("UPDATE event_outbox SET attempts = 0", [])
+            .unwrap();
+        assert!(dir.join("app.db-shm").exists());
+        let s = sb.json(&["status", "--json"], PROBLEMS);
+        assert!(s.get("note").is_none(), "read through the index: {s}");
+        // A -wal file whose index is gone cannot be read without writing
+        // one: the error names the cause.
+        std::fs::remove_file(dir.join("app.db-shm")).unwrap();
+        let err = sb.fails(&["status"], DATABASE, "app.db-shm");
+        assert!(err.contains("cannot create"), "{err}");
+        drop(writer);
+    }
 }
 
 #[test]

@@ -4,64 +4,19 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
+use common::bin::code::{INPUT, OK, PROBLEMS, USAGE};
+use common::bin::Outboxd;
 use common::{event, wait_until, TestDb};
 use outboxd::intents::{self, IntentKey};
 use outboxd::{Delivery, Outcome, Relay, Timestamp};
 use rusqlite::{params, Connection};
 
-const OK: i32 = 0;
-const PROBLEMS: i32 = 1;
-const USAGE: i32 = 2;
-const INPUT: i32 = 5;
-
 const LONG: Duration = Duration::from_secs(30);
 const MINUTE_MS: i64 = 60_000;
 const DAY_MS: i64 = 86_400_000;
-
-/// Runs `outboxd --db DB ARGS` with stdin, stdout and stderr not terminals.
-fn run(db: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_outboxd"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("OUTBOXD_DB")
-        .env_remove("RUST_LOG")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap()
-}
-
-/// Runs, checks the exit code and that nothing panicked; returns stdout.
-fn expect(db: &Path, args: &[&str], code: i32) -> String {
-    let out = run(db, args);
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "outboxd {args:?}: wrong exit code\nstdout: {stdout}\nstderr: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "outboxd {args:?}: {stderr}");
-    stdout
-}
-
-/// Runs, expects `code`, and returns stderr (one line naming the problem).
-fn fails(db: &Path, args: &[&str], code: i32, needle: &str) -> String {
-    let out = run(db, args);
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(out.status.code(), Some(code), "outboxd {args:?}: {stderr}");
-    assert!(stderr.contains(needle), "outboxd {args:?}: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-    stderr
-}
-
-fn json(db: &Path, args: &[&str], code: i32) -> serde_json::Value {
-    serde_json::from_str(&expect(db, args, code)).unwrap()
-}
 
 fn now_ms() -> i64 {
     Timestamp::now().as_millis()
@@ -79,6 +34,26 @@ fn kill(db: &TestDb, sql_where: &str) {
             [now_ms()],
         )
         .unwrap();
+}
+
+/// Two completed publish intents, comment/1 completed 40 days ago and
+/// comment/2 just now.
+fn completed_intents(conn: &Connection) {
+    for k in ["comment/1", "comment/2"] {
+        let key = IntentKey::system(k).unwrap();
+        intents::send(
+            conn,
+            &key,
+            |_| Ok::<_, String>(None),
+            |_| Ok("posted".to_string()),
+        )
+        .unwrap();
+    }
+    conn.execute(
+        "UPDATE publish_intents SET completed_at = ?1 WHERE idempotency_key = 'comment/1'",
+        params![now_ms() - 40 * DAY_MS],
+    )
+    .unwrap();
 }
 
 /// Runs a relay with two consumers until every event is delivered.
@@ -113,26 +88,21 @@ fn status_exits_1_over_the_stale_threshold_and_0_under_it() {
     let ten_minutes_ago = Timestamp::from_millis(now_ms() - 10 * MINUTE_MS);
     db.enqueue(&[event("order.paid.v1", 1).available_at(ten_minutes_ago)]);
 
-    let text = expect(&db.path, &["status"], PROBLEMS);
+    let text = Outboxd::on(&db.path).expect(&["status"], PROBLEMS);
     assert!(text.contains("stale-after"), "{text}");
     assert!(text.contains("more than 5m"), "{text}");
-    let s = json(&db.path, &["status", "--json"], PROBLEMS);
+    let s = Outboxd::on(&db.path).json(&["status", "--json"], PROBLEMS);
     assert_eq!(s["healthy"], false, "{s}");
     assert_eq!(s["problems"][0]["threshold"], "stale-after", "{s}");
     assert_eq!(s["counts"]["pending_due"], 1, "{s}");
 
-    let text = expect(&db.path, &["status", "--stale-after", "1h"], OK);
+    let text = Outboxd::on(&db.path).expect(&["status", "--stale-after", "1h"], OK);
     assert!(text.contains("health:           ok"), "{text}");
-    let s = json(&db.path, &["status", "--json", "--stale-after", "1h"], OK);
+    let s = Outboxd::on(&db.path).json(&["status", "--json", "--stale-after", "1h"], OK);
     assert_eq!(s["healthy"], true, "{s}");
     assert_eq!(s["problems"], serde_json::json!([]), "{s}");
 
-    fails(
-        &db.path,
-        &["status", "--stale-after", "5 minutes"],
-        USAGE,
-        "5m",
-    );
+    Outboxd::on(&db.path).fails(&["status", "--stale-after", "5 minutes"], USAGE, "5m");
 }
 
 #[test]
@@ -141,12 +111,101 @@ fn status_exits_1_when_dead_letters_exceed_the_maximum() {
     db.enqueue(&[event("order.paid.v1", 1), event("order.paid.v1", 2)]);
     kill(&db, "1 = 1");
 
-    let text = expect(&db.path, &["status"], PROBLEMS);
+    let text = Outboxd::on(&db.path).expect(&["status"], PROBLEMS);
     assert!(text.contains("max-dead: 2 dead letters"), "{text}");
     assert!(!text.contains("stale-after"), "{text}");
-    expect(&db.path, &["status", "--max-dead", "1"], PROBLEMS);
-    let s = json(&db.path, &["status", "--json", "--max-dead", "2"], OK);
+    Outboxd::on(&db.path).expect(&["status", "--max-dead", "1"], PROBLEMS);
+    let s = Outboxd::on(&db.path).json(&["status", "--json", "--max-dead", "2"], OK);
     assert_eq!(s["healthy"], true, "{s}");
+}
+
+/// Issue 10.14: `status --config` takes the config's [alerts] (and its
+/// database); the flags win; the sinks are not built (no secret needed).
+#[test]
+fn status_takes_its_thresholds_from_the_config() {
+    let db = TestDb::new();
+    let ten_minutes_ago = Timestamp::from_millis(now_ms() - 10 * MINUTE_MS);
+    db.enqueue(&[
+        event("order.paid.v1", 1),
+        event("order.paid.v1", 2),
+        event("order.paid.v1", 3).available_at(ten_minutes_ago),
+    ]);
+    kill(&db, "json_extract(payload, '$.n') < 3");
+    let config = |alerts: &str| {
+        db.write(
+            "outboxd.toml",
+            &format!(
+                "database = \"app.db\"\n[alerts]\n{alerts}\n\
+                 [[consumer]]\nname = \"hook\"\ntypes = [\"*\"]\n\
+                 [consumer.sink]\nkind = \"webhook\"\nurl = \"https://example.com/h\"\n\
+                 secret_env = \"STATUS_TEST_UNSET_SECRET\"\n"
+            ),
+        )
+    };
+    // The database comes from the config: no --db.
+    let status = |config: &std::path::Path, extra: &[&str], code: i32| {
+        let mut args = vec!["status", "--config", config.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        Outboxd::on(&db.path).without_db().expect(&args, code)
+    };
+
+    // Without a config: any dead letter, and 5 minutes, are the thresholds.
+    let text = Outboxd::on(&db.path).expect(&["status"], PROBLEMS);
+    assert!(
+        text.contains("max-dead: 2 dead letters (more than 0)"),
+        "{text}"
+    );
+    assert!(text.contains("stale-after"), "{text}");
+
+    let generous = config("stale_after = \"1h\"\nmax_dead = 100");
+    let text = status(&generous, &[], OK);
+    assert!(text.contains("health:           ok"), "{text}");
+    assert!(
+        text.contains("dead:             2"),
+        "the config's database: {text}"
+    );
+    // Flags win over the config.
+    let text = status(&generous, &["--max-dead", "1"], PROBLEMS);
+    assert!(
+        text.contains("max-dead: 2 dead letters (more than 1)"),
+        "{text}"
+    );
+    assert!(!text.contains("stale-after"), "{text}");
+    status(&generous, &["--stale-after", "1m"], PROBLEMS);
+
+    let strict = config("max_dead = 1");
+    let s: serde_json::Value =
+        serde_json::from_str(&status(&strict, &["--json"], PROBLEMS)).unwrap();
+    let problems: Vec<&str> = s["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["threshold"].as_str().unwrap())
+        .collect();
+    assert_eq!(problems, ["stale-after", "max-dead"], "{s}");
+    // No max_dead in the config: dead letters alone are no problem there.
+    let text = status(&config("stale_after = \"1h\""), &[], OK);
+    assert!(!text.contains("max-dead"), "{text}");
+    // One dead letter, in the singular.
+    kill(&db, "1 = 1");
+    db.conn()
+        .execute(
+            "DELETE FROM event_outbox WHERE json_extract(payload, '$.n') > 1",
+            [],
+        )
+        .unwrap();
+    let text = Outboxd::on(&db.path).expect(&["status"], PROBLEMS);
+    assert!(
+        text.contains("max-dead: 1 dead letter (more than 0)"),
+        "{text}"
+    );
+    // A config with a mistake is a config error, naming the field.
+    let bad = db.write("bad.toml", "[alerts]\nstale_after = \"0s\"\n");
+    Outboxd::on(&db.path).fails(
+        &["status", "--config", bad.to_str().unwrap()],
+        6,
+        "alerts.stale_after",
+    );
 }
 
 #[test]
@@ -166,15 +225,15 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
     });
     relay.shutdown(LONG).unwrap();
 
-    let text = expect(&db.path, &["dead", "list"], OK);
+    let text = Outboxd::on(&db.path).expect(&["dead", "list"], OK);
     assert!(text.contains("order.paid.v1"), "{text}");
     assert!(text.contains("user.deleted.v1"), "{text}");
     assert!(text.contains("the payload has no customer"), "{text}");
-    let list = json(&db.path, &["dead", "list", "--json", "--limit", "1"], OK);
+    let list = Outboxd::on(&db.path).json(&["dead", "list", "--json", "--limit", "1"], OK);
     assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
 
     // By event id and by row id: reason, attempts and payload.
-    let text = expect(&db.path, &["dead", "show", &ids[0].to_string()], OK);
+    let text = Outboxd::on(&db.path).expect(&["dead", "show", &ids[0].to_string()], OK);
     assert!(text.contains("the payload has no customer"), "{text}");
     assert!(text.contains("attempts:"), "{text}");
     assert!(text.contains(r#"{"n":1}"#), "{text}");
@@ -182,18 +241,187 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
         "SELECT id FROM event_outbox WHERE event_id = '{}'",
         ids[1]
     ));
-    let one = json(
-        &db.path,
-        &["dead", "show", &row_id.to_string(), "--json"],
-        OK,
-    );
+    let one = Outboxd::on(&db.path).json(&["dead", "show", &row_id.to_string(), "--json"], OK);
     assert_eq!(one["event_id"], ids[1].to_string(), "{one}");
     assert_eq!(one["payload"], r#"{"n":2}"#, "{one}");
     assert!(one["reason"].as_str().unwrap().contains("no customer"));
 
+    // 10.15: an event id in lower case finds the row, whichever case the
+    // producer stored it in (the SQL contract accepts lower case).
+    let lower = ids[0].to_string().to_lowercase();
+    let text = Outboxd::on(&db.path).expect(&["dead", "show", &lower], OK);
+    assert!(text.contains(&ids[0].to_string()), "{text}");
+    let foreign = "01jdq7x6zb5n4q2w8v1k3m9t0r";
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload, status, last_error, finished_at)
+             VALUES (?1, 'order.paid.v1', 'null', 'dead', 'poison: legacy', 1)",
+            [foreign],
+        )
+        .unwrap();
+    for id in [foreign.to_string(), foreign.to_uppercase()] {
+        let text = Outboxd::on(&db.path).expect(&["dead", "show", &id], OK);
+        assert!(text.contains("poison: legacy"), "{id}: {text}");
+    }
+
+    // 10.16: `dead list` shows a long reason's start and its end, where the
+    // cause is.
+    db.conn()
+        .execute(
+            "UPDATE event_outbox SET last_error = ?1 WHERE event_id = ?2",
+            [
+                format!(
+                    "webhook https://hooks.example.com/x answered 500: {} THE CAUSE",
+                    "x".repeat(200)
+                ),
+                foreign.to_string(),
+            ],
+        )
+        .unwrap();
+    let text = Outboxd::on(&db.path).expect(&["dead", "list"], OK);
+    let line = text.lines().find(|l| l.contains(foreign)).unwrap();
+    assert!(
+        line.ends_with("xxx THE CAUSE") && line.contains('…'),
+        "{line}"
+    );
+    assert!(line.contains("webhook https://hook"), "{line}");
+
     // Not found: a clear message and exit code 5.
-    fails(&db.path, &["dead", "show", "999"], INPUT, "not found");
-    fails(&db.path, &["dead", "show", "not-an-id"], INPUT, "not-an-id");
+    Outboxd::on(&db.path).fails(&["dead", "show", "999"], INPUT, "not found");
+    Outboxd::on(&db.path).fails(&["dead", "show", "not-an-id"], INPUT, "not-an-id");
+}
+
+/// 10.15: `dead edit` repairs a row a producer wrote that the relay could
+/// not read, checked as the relay checks a row, then requeues it; a repair
+/// that leaves the row unreadable changes nothing.
+#[test]
+fn dead_edit_repairs_a_malformed_row_and_requeues_it() {
+    let db = TestDb::new();
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload)
+             VALUES ('not-a-ulid', 'order.placed', '{bad json')",
+            [],
+        )
+        .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let run_relay = |until: &str| {
+        let seen = seen.clone();
+        let relay = Relay::builder(&db.path)
+            .consumer("indexer", ["*"], move |d: &Delivery| {
+                seen.lock().unwrap().push(d.envelope.clone());
+                Outcome::Delivered
+            })
+            .build()
+            .unwrap()
+            .start()
+            .unwrap();
+        wait_until(until, LONG, || db.count(until) == 1);
+        relay.shutdown(LONG).unwrap();
+    };
+    run_relay("status = 'dead'");
+    let reason: String = db.scalar("SELECT last_error FROM event_outbox");
+    assert!(reason.contains("invalid event type"), "{reason}");
+
+    let bin = Outboxd::on(&db.path);
+    // Still unreadable (the id, the payload): refused, nothing changed.
+    let err = bin.fails(
+        &["dead", "edit", "1", "--type", "order.placed.v1"],
+        INPUT,
+        "not-a-ulid",
+    );
+    assert!(err.contains("invalid event id"), "{err}");
+    let err = bin.fails(
+        &[
+            "dead",
+            "edit",
+            "1",
+            "--type",
+            "order.placed.v1",
+            "--new-event-id",
+        ],
+        INPUT,
+        "payload",
+    );
+    assert!(err.contains("JSON"), "{err}");
+    assert_eq!(
+        db.count("event_type = 'order.placed' AND event_id = 'not-a-ulid'"),
+        1
+    );
+    // The flags are checked before the database is touched.
+    bin.fails(
+        &["dead", "edit", "1", "--type", "Order.Placed"],
+        USAGE,
+        "Order.Placed",
+    );
+    bin.fails(&["dead", "edit", "1"], USAGE, "--type");
+    bin.fails(
+        &["dead", "edit", "999", "--type", "a.b.v1"],
+        INPUT,
+        "not found",
+    );
+    bin.fails(
+        &[
+            "dead",
+            "edit",
+            "1",
+            "--payload",
+            "\"0123456789\"",
+            "--max-payload-bytes",
+            "8",
+        ],
+        INPUT,
+        "payload is 12 bytes",
+    );
+
+    let out = bin.json(
+        &[
+            "dead",
+            "edit",
+            "1",
+            "--type",
+            "order.placed.v1",
+            "--payload",
+            "{\"id\": 7}",
+            "--new-event-id",
+            "--json",
+        ],
+        OK,
+    );
+    assert_eq!(out["event_type"], "order.placed.v1", "{out}");
+    assert_eq!(out["requeued"], false, "{out}");
+    assert_eq!(
+        out["changed"],
+        serde_json::json!(["event_id", "event_type", "payload"])
+    );
+    let id = out["event_id"].as_str().unwrap().to_string();
+    outboxd::EventId::parse(&id).unwrap();
+    assert_eq!(
+        db.count("status = 'dead' AND event_version = 1"),
+        1,
+        "still dead"
+    );
+    // By its new event id, in lower case: requeue as it is repaired.
+    let text = bin.expect(
+        &[
+            "dead",
+            "fix",
+            &id.to_lowercase(),
+            "--causation-id",
+            "cmd-1",
+            "--requeue",
+        ],
+        OK,
+    );
+    assert!(text.contains("requeued"), "{text}");
+    assert_eq!(db.count("status = 'pending' AND attempts = 0"), 1);
+
+    run_relay("status = 'delivered'");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].event_id.to_string(), id);
+    assert_eq!(seen[0].causation_id.as_deref(), Some("cmd-1"));
+    assert_eq!(seen[0].payload.get(), "{\"id\": 7}");
 }
 
 #[test]
@@ -208,24 +436,19 @@ fn dead_requeue_by_id_type_and_all() {
     ]);
     kill(&db, "1 = 1");
 
-    let out = expect(&db.path, &["dead", "requeue", &ids[3].to_string()], OK);
+    let out = Outboxd::on(&db.path).expect(&["dead", "requeue", &ids[3].to_string()], OK);
     assert_eq!(out, "requeued 1 dead letter\n");
     assert_eq!(
         db.count("status = 'pending' AND attempts = 0 AND finished_at IS NULL"),
         1
     );
-    let out = expect(&db.path, &["dead", "requeue", "--type", "order.*.v1"], OK);
+    let out = Outboxd::on(&db.path).expect(&["dead", "requeue", "--type", "order.*.v1"], OK);
     assert_eq!(out, "requeued 3 dead letters\n");
     assert_eq!(db.count("status = 'dead'"), 1);
-    fails(&db.path, &["dead", "requeue", "424242"], INPUT, "not found");
-    fails(&db.path, &["dead", "requeue"], USAGE, "--all");
-    fails(
-        &db.path,
-        &["dead", "requeue", "--type", "Order.*"],
-        USAGE,
-        "Order.*",
-    );
-    let out = expect(&db.path, &["dead", "requeue", "--all"], OK);
+    Outboxd::on(&db.path).fails(&["dead", "requeue", "424242"], INPUT, "not found");
+    Outboxd::on(&db.path).fails(&["dead", "requeue"], USAGE, "--all");
+    Outboxd::on(&db.path).fails(&["dead", "requeue", "--type", "Order.*"], USAGE, "Order.*");
+    let out = Outboxd::on(&db.path).expect(&["dead", "requeue", "--all"], OK);
     assert_eq!(out, "requeued 1 dead letter\n");
     assert_eq!(db.count("status = 'pending'"), 5);
 }
@@ -243,32 +466,23 @@ fn dead_discard_of_several_rows_needs_yes() {
     kill(&db, "1 = 1");
 
     // One row by id needs no confirmation.
-    let out = expect(&db.path, &["dead", "discard", &ids[0].to_string()], OK);
+    let out = Outboxd::on(&db.path).expect(&["dead", "discard", &ids[0].to_string()], OK);
     assert_eq!(out, "discarded 1 dead letter\n");
     assert_eq!(db.count("1 = 1"), 4);
 
     // Several rows without --yes: refused, nothing deleted.
-    let err = fails(
-        &db.path,
-        &["dead", "discard", "--type", "user.*"],
-        INPUT,
-        "--yes",
-    );
+    let err = Outboxd::on(&db.path).fails(&["dead", "discard", "--type", "user.*"], INPUT, "--yes");
     assert!(err.contains("2 dead letters"), "{err}");
-    fails(&db.path, &["dead", "discard", "--all"], INPUT, "--yes");
+    Outboxd::on(&db.path).fails(&["dead", "discard", "--all"], INPUT, "--yes");
     assert_eq!(db.count("status = 'dead'"), 4);
 
     // A pattern matching one row goes through without --yes.
-    let out = expect(&db.path, &["dead", "discard", "--type", "audit.*"], OK);
+    let out = Outboxd::on(&db.path).expect(&["dead", "discard", "--type", "audit.*"], OK);
     assert_eq!(out, "discarded 1 dead letter\n");
-    let out = expect(
-        &db.path,
-        &["dead", "discard", "--type", "user.*", "--yes"],
-        OK,
-    );
+    let out = Outboxd::on(&db.path).expect(&["dead", "discard", "--type", "user.*", "--yes"], OK);
     assert_eq!(out, "discarded 2 dead letters\n");
-    fails(&db.path, &["dead", "discard", "77777"], INPUT, "not found");
-    let out = expect(&db.path, &["dead", "discard", "--all", "--yes"], OK);
+    Outboxd::on(&db.path).fails(&["dead", "discard", "77777"], INPUT, "not found");
+    let out = Outboxd::on(&db.path).expect(&["dead", "discard", "--all", "--yes"], OK);
     assert_eq!(out, "discarded 1 dead letter\n");
     assert_eq!(db.count("1 = 1"), 0);
 }
@@ -289,20 +503,17 @@ fn replay_by_type_time_range_id_and_all() {
     assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (6, 6));
 
     // A time range: only February's event.
-    let out = run(
-        &db.path,
-        &[
-            "replay",
-            "--consumer",
-            "indexer",
-            "--type",
-            "article.*.v1",
-            "--since",
-            "2026-01-15T00:00:00Z",
-            "--until",
-            "2026-02-15T00:00:00Z",
-        ],
-    );
+    let out = Outboxd::on(&db.path).run(&[
+        "replay",
+        "--consumer",
+        "indexer",
+        "--type",
+        "article.*.v1",
+        "--since",
+        "2026-01-15T00:00:00Z",
+        "--until",
+        "2026-02-15T00:00:00Z",
+    ]);
     assert_eq!(out.status.code(), Some(OK), "{out:?}");
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
@@ -320,16 +531,14 @@ fn replay_by_type_time_range_id_and_all() {
     assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (5, 6));
 
     // By type: the two other article events.
-    let out = expect(
-        &db.path,
+    let out = Outboxd::on(&db.path).expect(
         &["replay", "--consumer", "indexer", "--type", "article.*.v1"],
         OK,
     );
     assert_eq!(out, "replayed 2 events to consumer indexer\n");
 
     // By id, repeated.
-    let out = expect(
-        &db.path,
+    let out = Outboxd::on(&db.path).expect(
         &[
             "replay",
             "--consumer",
@@ -345,32 +554,63 @@ fn replay_by_type_time_range_id_and_all() {
     assert_eq!(db.count("status = 'pending'"), 5);
 
     // Everything delivered to audit.
-    let out = expect(&db.path, &["replay", "--consumer", "audit", "--all"], OK);
+    let out = Outboxd::on(&db.path).expect(&["replay", "--consumer", "audit", "--all"], OK);
     assert_eq!(out, "replayed 6 events to consumer audit\n");
     assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (1, 0));
 
+    // 10.13: a consumer the database has never seen is an error listing
+    // the ones it knows (audit has no deliveries left, so it is not among
+    // them); with --config, the config's consumers are known too.
+    let pending = db.count("status = 'pending'");
+    let err = Outboxd::on(&db.path).fails(
+        &["replay", "--consumer", "indexr", "--all"],
+        INPUT,
+        "no consumer is named \"indexr\"",
+    );
+    assert!(err.contains("indexer"), "{err}");
+    assert_eq!(
+        db.count("status = 'pending'"),
+        pending,
+        "nothing was replayed"
+    );
+    let config = db.write(
+        "outboxd.toml",
+        "[[consumer]]\nname = \"audit\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"audit.jsonl\"\n",
+    );
+    let c = config.to_str().unwrap();
+    Outboxd::on(&db.path).fails(
+        &["replay", "--consumer", "audit", "--all"],
+        INPUT,
+        "no consumer is named \"audit\"",
+    );
+    let out = Outboxd::on(&db.path).expect(
+        &["replay", "--consumer", "audit", "--all", "--config", c],
+        OK,
+    );
+    assert_eq!(out, "replayed 0 events to consumer audit\n");
+    assert!(
+        !db.file("audit.jsonl").exists(),
+        "the config's sinks are not built"
+    );
+
     // No filter and no --all, a bad id, a bad time, an empty range.
-    fails(&db.path, &["replay", "--consumer", "audit"], USAGE, "--all");
-    fails(
-        &db.path,
+    Outboxd::on(&db.path).fails(&["replay", "--consumer", "audit"], USAGE, "--all");
+    Outboxd::on(&db.path).fails(
         &["replay", "--consumer", "audit", "--all", "--type", "a.b.v1"],
         USAGE,
         "--all",
     );
-    fails(
-        &db.path,
+    Outboxd::on(&db.path).fails(
         &["replay", "--consumer", "audit", "--id", "nope"],
         USAGE,
         "nope",
     );
-    fails(
-        &db.path,
+    Outboxd::on(&db.path).fails(
         &["replay", "--consumer", "audit", "--since", "yesterday"],
         USAGE,
         "RFC 3339",
     );
-    fails(
-        &db.path,
+    Outboxd::on(&db.path).fails(
         &[
             "replay",
             "--consumer",
@@ -410,61 +650,88 @@ fn purge_dry_run_counts_and_purge_deletes() {
         [old],
     )
     .unwrap();
+    completed_intents(&conn);
     drop(conn);
 
     let before = db.count("1 = 1");
-    let out = expect(&db.path, &["purge", "--dry-run"], OK);
+    let out = Outboxd::on(&db.path).expect(&["purge", "--dry-run"], OK);
     assert!(out.contains("would delete 3 delivered events"), "{out}");
     assert!(out.contains("would delete 6 dedup entries"), "{out}");
     assert!(out.contains("kept every dead letter"), "{out}");
-    let r = json(
-        &db.path,
+    // 10.15: purge says it deletes completed publish intents too.
+    assert!(
+        out.contains("would delete 1 completed publish intent (completed over 30d ago)"),
+        "{out}"
+    );
+    let r = Outboxd::on(&db.path).json(
         &["purge", "--dry-run", "--json", "--dead-retention", "10d"],
         OK,
     );
     assert_eq!(
-        (&r["delivered"], &r["dead"], &r["dedup_entries"]),
-        (&3.into(), &1.into(), &6.into()),
+        (
+            &r["delivered"],
+            &r["dead"],
+            &r["dedup_entries"],
+            &r["intents"]
+        ),
+        (&3.into(), &1.into(), &6.into(), &1.into()),
         "{r}"
     );
+    let r = Outboxd::on(&db.path).json(
+        &["purge", "--dry-run", "--json", "--intent-retention", "1d"],
+        OK,
+    );
+    assert_eq!(r["intents"], 1, "{r}");
+    let r = Outboxd::on(&db.path).json(
+        &["purge", "--dry-run", "--json", "--intent-retention", "0s"],
+        OK,
+    );
+    assert_eq!(r["intents"], 2, "{r}");
     assert_eq!(db.count("1 = 1"), before, "a dry run deletes nothing");
 
-    let out = run(&db.path, &["purge"]);
+    let out = Outboxd::on(&db.path).run(&["purge"]);
     assert_eq!(out.status.code(), Some(OK), "{out:?}");
     assert!(out.stderr.is_empty(), "no progress bar off a terminal");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("deleted 3 delivered events"), "{text}");
+    assert!(
+        text.contains("deleted 1 completed publish intent "),
+        "{text}"
+    );
+    assert_eq!(db.scalar::<i64>("SELECT count(*) FROM publish_intents"), 1);
     assert_eq!(db.count("status = 'delivered'"), 3);
     assert_eq!(db.count("status = 'dead'"), 1, "dead letters are kept");
     assert_eq!(ledger(&db, "indexer") + ledger(&db, "audit"), 6);
 
-    let out = expect(&db.path, &["purge", "--dead-retention", "10d"], OK);
-    assert!(out.contains("deleted 1 dead letters"), "{out}");
+    let out = Outboxd::on(&db.path).expect(&["purge", "--dead-retention", "10d"], OK);
+    assert!(out.contains("deleted 1 dead letter "), "{out}");
     assert_eq!(db.count("status = 'dead'"), 0);
 
     // A dedup window shorter than the retention is refused, naming the flags.
-    fails(
-        &db.path,
+    Outboxd::on(&db.path).fails(
         &["purge", "--delivered-retention", "2d", "--dedup-ttl", "1d"],
         INPUT,
         "--dedup-ttl",
     );
-    // A retention so long it would wrap around into the future is refused.
-    fails(
-        &db.path,
+    // 10.4: a retention so long that "now minus it" would wrap around into
+    // the future (and purge everything) keeps everything.
+    let out = Outboxd::on(&db.path).expect(
         &[
             "purge",
             "--delivered-retention",
             "200000000000d",
             "--dedup-ttl",
             "200000000000d",
+            "--intent-retention",
+            "200000000000d",
         ],
-        INPUT,
-        "100 years",
+        OK,
     );
+    assert!(out.contains("deleted 0 delivered events"), "{out}");
     assert_eq!(db.count("status = 'delivered'"), 3);
+    assert_eq!(ledger(&db, "indexer") + ledger(&db, "audit"), 6);
     // A longer retention alone raises the default dedup window with it.
-    let out = expect(&db.path, &["purge", "--delivered-retention", "30d"], OK);
+    let out = Outboxd::on(&db.path).expect(&["purge", "--delivered-retention", "30d"], OK);
     assert!(out.contains("dedup entries (over 30d ago)"), "{out}");
 }
 
@@ -482,9 +749,9 @@ fn findings(v: &serde_json::Value) -> std::collections::BTreeMap<String, serde_j
 fn doctor_on_a_healthy_database_exits_0() {
     let db = TestDb::new();
     db.enqueue(&[event("order.paid.v1", 1)]);
-    let text = expect(&db.path, &["doctor"], OK);
+    let text = Outboxd::on(&db.path).expect(&["doctor"], OK);
     assert!(text.contains("healthy: 0 errors, 0 warnings"), "{text}");
-    let v = json(&db.path, &["doctor", "--json"], OK);
+    let v = Outboxd::on(&db.path).json(&["doctor", "--json"], OK);
     assert_eq!(v["healthy"], true, "{v}");
     let f = findings(&v);
     for check in [
@@ -500,7 +767,7 @@ fn doctor_on_a_healthy_database_exits_0() {
         assert_eq!(f[check]["severity"], "ok", "{check}: {v}");
     }
     assert_eq!(f["synchronous"]["severity"], "note", "{v}");
-    expect(&db.path, &["doctor", "--quick"], OK);
+    Outboxd::on(&db.path).expect(&["doctor", "--quick"], OK);
 }
 
 #[test]
@@ -528,7 +795,7 @@ fn doctor_reports_expired_leases_dead_letters_and_open_intents() {
 
     // Warnings only: exit 0, and each finding says what to do.
     let before = std::fs::read(&db.path).unwrap();
-    let v = json(&db.path, &["doctor", "--json"], OK);
+    let v = Outboxd::on(&db.path).json(&["doctor", "--json"], OK);
     let f = findings(&v);
     let leases = &f["expired-leases"];
     assert_eq!(leases["severity"], "warning", "{v}");
@@ -541,7 +808,7 @@ fn doctor_reports_expired_leases_dead_letters_and_open_intents() {
         .unwrap()
         .contains("outboxd dead list"));
     assert_eq!(f["publish-intents"]["severity"], "warning", "{v}");
-    let text = expect(&db.path, &["doctor"], OK);
+    let text = Outboxd::on(&db.path).expect(&["doctor"], OK);
     assert!(text.contains("-> a relay died"), "{text}");
     assert_eq!(
         std::fs::read(&db.path).unwrap(),
@@ -560,7 +827,7 @@ fn doctor_reports_a_database_not_in_wal_mode() {
     assert_eq!(mode, "delete");
     drop(conn);
 
-    let v = json(&db.path, &["doctor", "--json"], PROBLEMS);
+    let v = Outboxd::on(&db.path).json(&["doctor", "--json"], PROBLEMS);
     assert_eq!(v["healthy"], false, "{v}");
     let f = findings(&v);
     assert_eq!(f["journal-mode"]["severity"], "error", "{v}");
@@ -588,7 +855,7 @@ fn doctor_reports_an_unmigrated_database() {
         .unwrap()
         .execute_batch("CREATE TABLE articles (id INTEGER PRIMARY KEY)")
         .unwrap();
-    let v = json(&path, &["doctor", "--json"], PROBLEMS);
+    let v = Outboxd::on(&path).json(&["doctor", "--json"], PROBLEMS);
     let f = findings(&v);
     assert_eq!(f["schema"]["severity"], "error", "{v}");
     assert!(f["schema"]["action"]
@@ -638,7 +905,7 @@ fn doctor_reports_a_corrupt_database_without_panicking() {
     }
     std::fs::write(&copy, &bytes).unwrap();
 
-    let v = json(&copy, &["doctor", "--json"], PROBLEMS);
+    let v = Outboxd::on(&copy).json(&["doctor", "--json"], PROBLEMS);
     let f = findings(&v);
     assert_eq!(f["integrity"]["severity"], "error", "{v}");
     let message = f["integrity"]["message"].as_str().unwrap();
@@ -650,7 +917,7 @@ fn doctor_reports_a_corrupt_database_without_panicking() {
         .as_str()
         .unwrap()
         .contains("backup"));
-    let text = expect(&copy, &["doctor"], PROBLEMS);
+    let text = Outboxd::on(&copy).expect(&["doctor"], PROBLEMS);
     assert!(text.contains("damaged"), "{text}");
     assert!(text.contains("unhealthy"), "{text}");
 }
@@ -669,25 +936,10 @@ fn intents_list_shows_open_intents_and_purge_deletes_old_completed_ones() {
         |_| Err("smtp said no".to_string()),
     );
     assert!(e.is_err());
-    for k in ["comment/1", "comment/2"] {
-        let key = IntentKey::system(k).unwrap();
-        intents::send(
-            &conn,
-            &key,
-            |_| Ok::<_, String>(None),
-            |_| Ok("posted".to_string()),
-        )
-        .unwrap();
-    }
-    // One completed intent is old.
-    conn.execute(
-        "UPDATE publish_intents SET completed_at = ?1 WHERE idempotency_key = 'comment/1'",
-        params![now_ms() - 40 * DAY_MS],
-    )
-    .unwrap();
+    completed_intents(&conn);
     drop(conn);
 
-    let text = expect(&db.path, &["intents", "list"], OK);
+    let text = Outboxd::on(&db.path).expect(&["intents", "list"], OK);
     assert!(text.contains("ticket/7"), "{text}");
     assert!(text.contains("acme"), "{text}");
     assert!(text.contains("smtp said no"), "{text}");
@@ -695,7 +947,7 @@ fn intents_list_shows_open_intents_and_purge_deletes_old_completed_ones() {
         !text.contains("comment/"),
         "completed ones are not open: {text}"
     );
-    let list = json(&db.path, &["intents", "list", "--json"], OK);
+    let list = Outboxd::on(&db.path).json(&["intents", "list", "--json"], OK);
     let list = list.as_array().unwrap();
     assert_eq!(list.len(), 2);
     let statuses: Vec<_> = list.iter().map(|i| i["status"].clone()).collect();
@@ -706,11 +958,11 @@ fn intents_list_shows_open_intents_and_purge_deletes_old_completed_ones() {
         .unwrap()
         .starts_with(intents::MARKER_PREFIX));
 
-    let out = expect(&db.path, &["intents", "purge", "--older-than", "30d"], OK);
+    let out = Outboxd::on(&db.path).expect(&["intents", "purge", "--older-than", "30d"], OK);
     assert!(out.starts_with("deleted 1 completed intent "), "{out}");
     let left: i64 = db.scalar("SELECT count(*) FROM publish_intents");
     assert_eq!(left, 3, "pending, failed and the recent completed one stay");
-    fails(&db.path, &["intents", "purge"], USAGE, "--older-than");
+    Outboxd::on(&db.path).fails(&["intents", "purge"], USAGE, "--older-than");
 }
 
 #[test]
@@ -725,7 +977,7 @@ fn commands_refuse_an_unmigrated_database_and_a_missing_file() {
         &["doctor"],
         &["intents", "list"],
     ] {
-        fails(&missing, args, 3, "missing.db");
+        Outboxd::on(&missing).fails(args, 3, "missing.db");
         assert!(!missing.exists(), "{args:?} created the file");
     }
     let host = dir.path().join("host.db");
@@ -742,7 +994,7 @@ fn commands_refuse_an_unmigrated_database_and_a_missing_file() {
         &["intents", "list"],
         &["intents", "purge", "--older-than", "1d"],
     ] {
-        fails(&host, args, 4, "outboxd migrate");
+        Outboxd::on(&host).fails(args, 4, "outboxd migrate");
     }
     // Nothing switched the host's file to WAL.
     let mode: String = Connection::open(&host)
@@ -771,14 +1023,14 @@ fn every_operator_command_has_help_with_an_example() {
     ] {
         let mut args = cmd.to_vec();
         args.push("--help");
-        let help = expect(&db.path, &args, OK);
+        let help = Outboxd::on(&db.path).expect(&args, OK);
         assert!(help.contains("Example"), "{cmd:?} --help has no example");
         assert!(help.contains("outboxd --db app.db"), "{cmd:?} --help");
     }
-    let help = expect(&db.path, &["dead", "discard", "--help"], OK);
+    let help = Outboxd::on(&db.path).expect(&["dead", "discard", "--help"], OK);
     assert!(help.contains("--yes"), "{help}");
     assert!(help.contains("Exit code 5"), "{help}");
-    let help = expect(&db.path, &["status", "--help"], OK);
+    let help = Outboxd::on(&db.path).expect(&["status", "--help"], OK);
     assert!(help.contains("Exits 0 when healthy and 1"), "{help}");
 }
 
@@ -803,11 +1055,7 @@ fn purge_shows_progress_on_a_terminal() {
     )
     .unwrap();
     drop(conn);
-    let line = format!(
-        "{} --db {} purge",
-        env!("CARGO_BIN_EXE_outboxd"),
-        db.path.display()
-    );
+    let line = format!("{} --db {} purge", common::bin::OUTBOXD, db.path.display());
     let out = Command::new("script")
         .args(["-qc", &line, "/dev/null"])
         .env_remove("RUST_LOG")

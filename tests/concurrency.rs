@@ -68,15 +68,21 @@ fn six_relays_in_one_process_deliver_each_pair_exactly_once() {
     println!("six in-process relays: {busy} busy retries, 0 failures");
 }
 
-/// The body of one relay process of the test below; it does nothing unless
-/// started by that test.
+/// The body of one relay process of the test below, not a test of its own:
+/// ignored in a normal run (so it is never reported as passing), the test
+/// starts this binary with `--ignored --exact child_relay_process` and the
+/// variables that say what to do.
 #[test]
+#[ignore = "a child process of six_relay_processes_on_one_file_deliver_each_pair_exactly_once, not a test"]
 fn child_relay_process() {
     let (Ok(db), Ok(out)) = (
         std::env::var("OUTBOXD_TEST_CHILD_DB"),
         std::env::var("OUTBOXD_TEST_CHILD_OUT"),
     ) else {
-        return;
+        panic!(
+            "child_relay_process is a helper process, not a test: \
+             six_relay_processes_on_one_file_deliver_each_pair_exactly_once starts it"
+        );
     };
     let file = Arc::new(Mutex::new(
         std::fs::OpenOptions::new()
@@ -127,6 +133,7 @@ fn six_relay_processes_on_one_file_deliver_each_pair_exactly_once() {
             let out = db.dir.path().join(format!("child-{i}.log"));
             let child = std::process::Command::new(&exe)
                 .args([
+                    "--ignored",
                     "--exact",
                     "child_relay_process",
                     "--nocapture",

@@ -26,15 +26,22 @@ fn per_producer() -> usize {
     }
 }
 
-/// The body of one producer process of the test below; it does nothing
-/// unless started by that test. Prints one `# ` line with its counts.
+/// The body of one producer process of the test below, not a test of its
+/// own: ignored in a normal run (so it is never reported as passing), the
+/// test starts this binary with `--ignored --exact child_producer_process`
+/// and the variables that say what to do. Prints one `# ` line with its
+/// counts.
 #[test]
+#[ignore = "a child process of three_producer_processes_see_no_busy_while_the_relay_drains, not a test"]
 fn child_producer_process() {
     let (Ok(db), Ok(me)) = (
         std::env::var("OUTBOXD_TEST_PRODUCER_DB"),
         std::env::var("OUTBOXD_TEST_PRODUCER_ID"),
     ) else {
-        return;
+        panic!(
+            "child_producer_process is a helper process, not a test: \
+             three_producer_processes_see_no_busy_while_the_relay_drains starts it"
+        );
     };
     let n: usize = std::env::var("OUTBOXD_TEST_PRODUCER_EVENTS")
         .unwrap()
@@ -120,6 +127,7 @@ fn three_producer_processes_see_no_busy_while_the_relay_drains() {
         .map(|i| {
             Command::new(&exe)
                 .args([
+                    "--ignored",
                     "--exact",
                     "child_producer_process",
                     "--nocapture",

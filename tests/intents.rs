@@ -218,6 +218,107 @@ fn a_sender_that_dies_after_the_post_holds_the_intent_until_its_claim_ends() {
     assert_eq!(service.posts(), 1);
 }
 
+/// Issue 10, item 17: the claim records its own end. Before, a sender that
+/// found a claim judged it by its own lease, so a sender with a 1-minute
+/// lease took over (and posted) two minutes into another's 10-minute claim.
+#[test]
+fn senders_with_different_leases_respect_each_others_claims() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(day(1));
+    let long = Intents::new()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(600))
+        .unwrap();
+    let short = Intents::new()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(60))
+        .unwrap();
+    let service = Service::default();
+    let key = IntentKey::system("ticket/7").unwrap();
+    let (a, b) = (db.open(), db.open());
+
+    let sent = long
+        .send(
+            &a,
+            &key,
+            |m| service.find_by_marker(m),
+            |m| {
+                // Two minutes into A's post, B (1-minute lease) tries.
+                clock.advance(Duration::from_secs(120));
+                let e = short.send(&b, &key, never_lookup, never_post).unwrap_err();
+                let IntentError::InFlight { until, .. } = e else {
+                    panic!("B must wait for A's claim, got {e}")
+                };
+                assert_eq!(until, day(1).plus(Duration::from_secs(600)));
+                service.post(body(m))
+            },
+        )
+        .unwrap();
+    assert!(sent.posted());
+    assert_eq!(sent.intent.claimed_until(), None, "completed: no claim");
+    assert_eq!(service.posts(), 1);
+}
+
+/// A post that outlasts its lease extends it; once it has lost the claim
+/// (it did not extend in time and another sender took over), extending
+/// says so and the post stops before posting.
+#[test]
+fn a_long_post_extends_its_lease_and_learns_when_it_lost_it() {
+    let db = TestDb::new();
+    let clock = ManualClock::new(day(1));
+    let lease = Duration::from_secs(60);
+    let intents = Intents::new().clock(clock.clone()).lease(lease).unwrap();
+    let service = Service::default();
+    let key = IntentKey::system("upload/big").unwrap();
+    let (a, b) = (db.open(), db.open());
+
+    let a_sent = intents.send_with_lease(
+        &a,
+        &key,
+        |m| service.find_by_marker(m),
+        |l| {
+            clock.advance(Duration::from_secs(50));
+            let until = l.extend(lease).map_err(|e| e.to_string())?;
+            assert_eq!(until, day(1).plus(Duration::from_secs(110)));
+            assert_eq!(
+                intents::get(&b, &key).unwrap().unwrap().claimed_until(),
+                Some(until)
+            );
+            // Past the first lease, inside the extended one: B waits.
+            clock.advance(Duration::from_secs(50));
+            let e = intents
+                .send(&b, &key, never_lookup, never_post)
+                .unwrap_err();
+            assert!(e.is_in_flight(), "{e}");
+            // A stalls past its extension; B takes over and posts.
+            clock.advance(Duration::from_secs(20));
+            let b_sent = intents
+                .send(
+                    &b,
+                    &key,
+                    |m| service.find_by_marker(m),
+                    |m| service.post(body(m)),
+                )
+                .unwrap();
+            assert!(b_sent.posted());
+            // A finds out before posting.
+            let lost = l.extend(lease).unwrap_err();
+            assert!(matches!(lost, IntentError::LeaseLost { .. }), "{lost}");
+            Err(lost.to_string())
+        },
+    );
+    let e = a_sent.unwrap_err();
+    assert!(e.to_string().contains("passed to another sender"), "{e}");
+    assert_eq!(service.posts(), 1, "only B posted");
+    let intent = intents::get(&a, &key).unwrap().unwrap();
+    assert_eq!(
+        intent.status,
+        IntentStatus::Completed,
+        "A's failure changed nothing"
+    );
+    assert_eq!(intent.result.as_deref(), Some("post-1"));
+}
+
 #[test]
 fn concurrent_senders_of_one_intent_post_once() {
     const SENDERS: usize = 4;

@@ -398,13 +398,11 @@ fn run_case(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 clock.set(Timestamp::from_millis(model.now));
             }
             Op::Purge(r) => {
-                let policy = PurgePolicy {
-                    delivered_retention: Duration::from_secs(*r),
-                    dedup_ttl: Duration::from_secs(*r),
-                    dead_retention: None,
-                    batch_size: 3,
-                    ..PurgePolicy::default()
-                };
+                let policy = PurgePolicy::default()
+                    .delivered_retention(Duration::from_secs(*r))
+                    .dedup_ttl(Duration::from_secs(*r))
+                    .dead_retention(None)
+                    .batch_size(3);
                 outboxd::purge::purge(&mut db.conn(), &policy, clock.now()).unwrap();
                 model.purge(*r as i64 * 1000);
             }

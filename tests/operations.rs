@@ -4,12 +4,13 @@ mod common;
 
 use std::time::Duration;
 
+use common::relay::StartRelay;
 use common::{event, wait_until, Recorder, TestDb};
 use outboxd::dead_letter::{self, Selector};
 use outboxd::purge::{purge, purge_dry_run, PurgePolicy};
 use outboxd::replay::{replay, ReplayFilter};
 use outboxd::router::Pattern;
-use outboxd::{Delivery, Outcome, Relay, Timestamp};
+use outboxd::{Delivery, Outcome, Timestamp};
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -21,14 +22,12 @@ fn dead_letters(db: &TestDb, types: &[&str], n: u64) {
         .flat_map(|t| (0..n).map(move |i| event(t, i)))
         .collect();
     db.enqueue(&events);
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("strict", ["*"], |_: &Delivery| {
             Outcome::poison("bad payload")
         })
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     wait_until("dead letters", LONG, || {
         db.count("status = 'dead'") == events.len() as i64
     });
@@ -83,12 +82,10 @@ fn dead_letters_can_be_listed_shown_requeued_and_discarded() {
 
     // Requeued events are delivered once a consumer takes them.
     let rec = Recorder::default();
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("fixed", ["*"], rec.consumer())
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     wait_until("requeued delivered", LONG, || rec.len() == 4);
     relay.shutdown(LONG).unwrap();
 }
@@ -99,30 +96,33 @@ fn replay_delivers_again_to_one_consumer_only() {
     let ids = db.enqueue(&[event("a.b.v1", 1), event("a.b.v1", 2), event("c.d.v1", 3)]);
     let (a, b) = (Recorder::default(), Recorder::default());
     let start = || {
-        Relay::builder(&db.path)
+        db.relay()
             .consumer("a", ["*"], a.consumer())
             .consumer("b", ["*"], b.consumer())
-            .build()
-            .unwrap()
-            .start()
-            .unwrap()
+            .started()
     };
     let relay = start();
     wait_until("delivered", LONG, || db.count("status = 'delivered'") == 3);
     relay.shutdown(LONG).unwrap();
 
     let mut conn = db.conn();
-    let filter = ReplayFilter {
-        consumer: "a".into(),
-        event_type: Some(Pattern::parse("a.*").unwrap()),
-        ..ReplayFilter::default()
-    };
+    let filter = ReplayFilter::new("a").event_type(Pattern::parse("a.*").unwrap());
     assert_eq!(replay(&mut conn, &filter, Timestamp::now()).unwrap(), 2);
-    let by_id = ReplayFilter {
-        consumer: "b".into(),
-        ids: vec![ids[2]],
-        ..ReplayFilter::default()
+    // A name the database has never seen is an error naming the known ones
+    // (a typo would otherwise replay nothing, successfully)...
+    let typo = replay(&mut conn, &ReplayFilter::new("c"), Timestamp::now()).unwrap_err();
+    let outboxd::Error::UnknownConsumer { name, known } = &typo else {
+        panic!("expected UnknownConsumer, got {typo}")
     };
+    assert_eq!(
+        (name.as_str(), known.as_slice()),
+        ("c", &["a".to_string(), "b".to_string()][..])
+    );
+    assert!(typo.to_string().contains("known consumers: a, b"), "{typo}");
+    // ...unless the caller knows it (a configured consumer with no deliveries yet).
+    let configured = ReplayFilter::new("c").known_consumers(["a", "b", "c"]);
+    assert_eq!(replay(&mut conn, &configured, Timestamp::now()).unwrap(), 0);
+    let by_id = ReplayFilter::new("b").ids([ids[2]]);
     assert_eq!(replay(&mut conn, &by_id, Timestamp::now()).unwrap(), 1);
     let relay = start();
     wait_until("replayed", LONG, || {
@@ -162,10 +162,7 @@ fn purge_removes_only_what_is_past_retention_and_never_pending_or_dead() {
         now - 15 * day,
     ))
     .unwrap();
-    let mut policy = PurgePolicy {
-        batch_size: 3,
-        ..PurgePolicy::default()
-    };
+    let mut policy = PurgePolicy::default().batch_size(3);
     let mut conn = db.conn();
     let dry = purge_dry_run(&conn, &policy, Timestamp::now()).unwrap();
     assert_eq!((dry.delivered, dry.dead, dry.dedup_entries), (4, 0, 1));

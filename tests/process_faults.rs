@@ -20,27 +20,64 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use common::bin::{Outboxd, Running, Sandbox};
 use common::wait_until;
+use libtest_mimic::{Arguments, Trial};
 use outboxd::Event;
-use rand::Rng;
+use rand::RngExt;
 use rusqlite::Connection;
 
-const OUTBOXD: &str = env!("CARGO_BIN_EXE_outboxd");
 const WAIT: Duration = Duration::from_secs(120);
 
-/// The tests of this file run one at a time: each starts several processes,
-/// and the machine may have two cores.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Set (to the database) in the environment of this binary when the kill
+/// test starts it as its producer process.
+const PRODUCER_DB: &str = "OUTBOXD_PF_PRODUCER_DB";
+/// How many events that producer commits before it exits.
+const PRODUCER_EVENTS: &str = "OUTBOXD_PF_PRODUCER_EVENTS";
 
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+/// This suite's own `main` (harness = false in Cargo.toml): the same binary
+/// is either the kill test's producer process (when started with
+/// [`PRODUCER_DB`] set), or the test runner, with libtest's command line.
+/// The tests run one at a time: each starts several processes, and the
+/// machine may have two cores.
+fn main() -> ExitCode {
+    if let Some(db) = std::env::var_os(PRODUCER_DB) {
+        producer(Path::new(&db));
+        return ExitCode::SUCCESS;
+    }
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    let tests: [(&str, fn()); 3] = [
+        (
+            "kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight",
+            kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight,
+        ),
+        (
+            "a_relay_frozen_past_its_lease_has_its_late_outcome_refused_by_the_token_fence",
+            a_relay_frozen_past_its_lease_has_its_late_outcome_refused_by_the_token_fence,
+        ),
+        (
+            "six_relay_processes_deliver_every_event_once_without_busy_failures",
+            six_relay_processes_deliver_every_event_once_without_busy_failures,
+        ),
+    ];
+    // A test fails by panicking, as a #[test] does; libtest-mimic catches it.
+    let tests = tests
+        .into_iter()
+        .map(|(name, test)| {
+            Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+        })
+        .collect();
+    libtest_mimic::run(&args, tests).exit_code()
 }
 
 fn full() -> bool {
@@ -50,175 +87,80 @@ fn full() -> bool {
 // ---------------------------------------------------------------------------
 // Helpers.
 
-/// The shared test database (`tests/common`), plus this suite's helpers.
-struct Sandbox(common::TestDb);
-
-impl std::ops::Deref for Sandbox {
-    type Target = common::TestDb;
-    fn deref(&self) -> &common::TestDb {
-        &self.0
-    }
+/// Every event id in the table.
+fn ids_in_db(sb: &Sandbox) -> HashSet<String> {
+    let conn = sb.conn();
+    let mut stmt = conn.prepare("SELECT event_id FROM event_outbox").unwrap();
+    let ids = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    ids
 }
 
-impl Sandbox {
-    fn new() -> Sandbox {
-        Sandbox(common::TestDb::new())
-    }
-
-    /// Every event id in the table.
-    fn ids_in_db(&self) -> HashSet<String> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT event_id FROM event_outbox").unwrap();
-        let ids = stmt
-            .query_map([], |r| r.get::<_, String>(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        ids
-    }
-
-    fn integrity(&self) -> String {
-        self.scalar("PRAGMA integrity_check")
-    }
-
-    /// Files in the sandbox whose names start with `prefix`.
-    fn files(&self, prefix: &str) -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = fs::read_dir(self.dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(prefix))
-            })
-            .collect();
-        files.sort();
-        files
-    }
+fn integrity(sb: &Sandbox) -> String {
+    sb.scalar("PRAGMA integrity_check")
 }
 
-/// A child process, SIGKILLed (and reaped) when dropped, so a failing test
-/// leaves nothing running.
-struct Proc {
-    child: Child,
-    log: PathBuf,
+/// Files in the sandbox whose names start with `prefix`.
+fn files(sb: &Sandbox, prefix: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(sb.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .collect();
+    files.sort();
+    files
 }
 
-impl Proc {
-    /// `outboxd run --config FILE`, its stderr to `log` (appended).
-    fn relay(config: &Path, log: PathBuf) -> Proc {
-        let err = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
-        // Its own process group: a signal meant for the test's group (a
-        // terminal's Ctrl-C, a harness) does not reach it.
-        let child = Command::new(OUTBOXD)
-            .process_group(0)
-            .arg("run")
-            .arg("--config")
-            .arg(config)
-            .env_remove("OUTBOXD_DB")
-            .env_remove("OUTBOXD_CONFIG")
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .unwrap();
-        Proc { child, log }
-    }
-
-    fn pid(&self) -> String {
-        self.child.id().to_string()
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.pid()])
-            .status()
-            .unwrap();
-        assert!(ok.success(), "kill {sig} {} failed", self.pid());
-    }
-
-    /// SIGKILL and reap.
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        self.child.wait().unwrap();
-    }
-
-    fn exited(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_some()
-    }
-
-    /// Waits for the process to end, at most `timeout`.
-    fn wait(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "process {} did not exit within {timeout:?}; log:\n{}",
-                self.pid(),
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// A counter from the relay's Prometheus endpoint (the config must set
-    /// `metrics.listen`; the bound address is read from the log).
-    fn metric(&self, name: &str) -> u64 {
-        use std::io::Read;
-        let log = self.log();
-        let addr = log
-            .split("address=Some(")
-            .nth(1)
-            .and_then(|rest| rest.split(')').next())
-            .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"));
-        let mut stream = std::net::TcpStream::connect(addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let mut text = String::new();
-        stream.read_to_string(&mut text).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name} ")))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {name} in the metrics:\n{text}")) as u64
-    }
-
-    /// SIGTERM, and expect a clean exit.
-    fn stop(&mut self) {
-        self.signal("-TERM");
-        let status = self.wait(WAIT);
-        assert!(
-            status.success(),
-            "outboxd exited with {status} after SIGTERM; log:\n{}",
-            self.log()
-        );
-    }
+/// `outboxd run --config FILE` (the config names the database), its stderr
+/// appended to `log`.
+fn relay(config: &Path, log: PathBuf) -> Running {
+    let mut cmd =
+        Outboxd::on(config)
+            .without_db()
+            .command(&["run", "--config", config.to_str().unwrap()]);
+    Running::spawn_logging(cmd.stdout(Stdio::null()), log)
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.pid()])
-            .stderr(Stdio::null())
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// SIGTERM, and expect a clean exit.
+fn stop(p: &mut Running) {
+    let status = p.stop();
+    assert!(
+        status.success(),
+        "outboxd exited with {status} after SIGTERM; log:\n{}",
+        p.stderr()
+    );
+}
+
+/// A counter from the relay's Prometheus endpoint (the config must set
+/// `metrics.listen`; the bound address is read from the log).
+fn metric(p: &Running, name: &str) -> u64 {
+    use std::io::Read;
+    let log = p.stderr();
+    let addr = log
+        .split("address=Some(")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"));
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in the metrics:\n{text}")) as u64
 }
 
 /// A config with two JSON-lines consumers, `alpha` and `beta`, writing to
@@ -293,21 +235,17 @@ impl Deliveries {
 // ---------------------------------------------------------------------------
 // 1. kill -9 of the relay and the producer.
 
-/// The body of the producer process of the kill test; does nothing unless
-/// started by it. Commits 1–4 events per transaction and prints `ack <id>`
-/// for each only after COMMIT returned, with a pause of 0–10 ms between
-/// transactions, until it has committed OUTBOXD_PF_PRODUCER_EVENTS events
+/// The producer process of the kill test (this binary, started with
+/// [`PRODUCER_DB`] set): commits 1–4 events per transaction and prints
+/// `ack <id>` for each only after COMMIT returned, with a pause of 0–10 ms
+/// between transactions, until it has committed [`PRODUCER_EVENTS`] events
 /// or is killed.
-#[test]
-fn child_producer() {
-    let Ok(db) = std::env::var("OUTBOXD_PF_PRODUCER_DB") else {
-        return;
-    };
-    let max: usize = std::env::var("OUTBOXD_PF_PRODUCER_EVENTS")
-        .unwrap()
+fn producer(db: &Path) {
+    let max: usize = std::env::var(PRODUCER_EVENTS)
+        .expect("the number of events to produce")
         .parse()
         .unwrap();
-    let mut conn = outboxd::connection::open(&db).unwrap();
+    let mut conn = outboxd::connection::open(db).unwrap();
     let mut rng = rand::rng();
     let mut out = std::io::stdout().lock();
     let (mut n, mut txn) = (0, 0);
@@ -348,40 +286,25 @@ fn child_producer() {
 /// `max(batch_size, 2 × workers)` with the settings of the kill test.
 const IN_FLIGHT: u64 = 16;
 
-#[test]
 fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
-    let _serial = serial();
-    let sb = Sandbox::new();
+    let sb = Sandbox::migrated();
     let rounds = if full() { 1000 } else { 100 };
     let relay_settings = "workers = 2\nbatch_size = 16\nlease = \"1s\"\npoll_interval = \"5ms\"\n\
                           shutdown_grace = \"5s\"";
     let exe = std::env::current_exe().unwrap();
     let mut rng = rand::rng();
     let (mut relay_kills, mut producer_kills, mut producers) = (0u64, 0u64, 0u64);
-    let mut producer: Option<Proc> = None;
+    let mut producer: Option<Running> = None;
     let started = Instant::now();
 
     for round in 0..rounds {
         if producer.as_mut().is_none_or(|p| p.exited()) {
             let out = File::create(sb.file(&format!("acked.{producers:05}.txt"))).unwrap();
-            let child = Command::new(&exe)
-                .args([
-                    "--exact",
-                    "child_producer",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env("OUTBOXD_PF_PRODUCER_DB", sb.db())
-                .env("OUTBOXD_PF_PRODUCER_EVENTS", "1000")
-                .stdin(Stdio::null())
-                .stdout(out)
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            producer = Some(Proc {
-                child,
-                log: sb.file("producer.log"),
-            });
+            let mut cmd = Command::new(&exe);
+            cmd.env(PRODUCER_DB, sb.db())
+                .env(PRODUCER_EVENTS, "1000")
+                .stdout(out);
+            producer = Some(Running::spawn_logging(&mut cmd, sb.file("producer.log")));
             producers += 1;
         }
         let config = sb.write(
@@ -389,14 +312,14 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
             &two_jsonl_consumers(relay_settings, &format!("{round:05}"), true),
         );
         let log = sb.file(&format!("relay.{round:05}.log"));
-        let mut relay = Proc::relay(&config, log);
+        let mut relay = relay(&config, log);
         // Even rounds count the delay from the spawn (the kill may fall into
         // start-up and migration), odd rounds from the moment the relay runs
         // (the kill falls among claims, deliveries and outcome commits).
         if round % 2 == 1 {
             wait_until("the relay to start", WAIT, || {
-                assert!(!relay.exited(), "a relay exited; log:\n{}", relay.log());
-                relay.log().contains("outboxd running")
+                assert!(!relay.exited(), "a relay exited; log:\n{}", relay.stderr());
+                relay.stderr().contains("outboxd running")
             });
         }
         std::thread::sleep(Duration::from_millis(rng.random_range(2..=50)));
@@ -412,17 +335,16 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
             relay.kill9();
             relay_kills += 1;
         } else {
-            panic!("a relay exited on its own; log:\n{}", relay.log());
+            panic!("a relay exited on its own; log:\n{}", relay.stderr());
         }
     }
     if let Some(mut p) = producer.take() {
         p.kill9();
         producer_kills += 1;
     }
-    let delivered_in_loop: usize = sb
-        .files("alpha.")
+    let delivered_in_loop: usize = files(&sb, "alpha.")
         .iter()
-        .chain(sb.files("beta.").iter())
+        .chain(files(&sb, "beta.").iter())
         .map(|f| fs::read_to_string(f).unwrap().lines().count())
         .sum();
     let loop_took = started.elapsed();
@@ -433,20 +355,20 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
         "final.toml",
         &two_jsonl_consumers(relay_settings, "final", true),
     );
-    let mut relay = Proc::relay(&config, sb.file("relay.log"));
+    let mut relay = relay(&config, sb.file("relay.log"));
     wait_until("the final relay to drain the outbox", WAIT, || {
         assert!(
             !relay.exited(),
             "the final relay exited; log:\n{}",
-            relay.log()
+            relay.stderr()
         );
         sb.scalar::<i64>("SELECT count(*) FROM event_outbox WHERE status <> 'delivered'") == 0
     });
-    relay.stop();
+    stop(&mut relay);
 
     // The checker.
     let mut acked = HashSet::new();
-    for file in sb.files("acked.") {
+    for file in files(&sb, "acked.") {
         let text = fs::read_to_string(&file).unwrap();
         acked.extend(
             text.lines()
@@ -454,9 +376,9 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
                 .map(str::to_string),
         );
     }
-    let in_db = sb.ids_in_db();
-    let alpha = Deliveries::read(&sb.files("alpha."));
-    let beta = Deliveries::read(&sb.files("beta."));
+    let in_db = ids_in_db(&sb);
+    let alpha = Deliveries::read(&files(&sb, "alpha."));
+    let beta = Deliveries::read(&files(&sb, "beta."));
     let enqueued: HashSet<String> = acked.union(&in_db).cloned().collect();
     let mut lost = HashSet::new();
     let mut unexpected = HashSet::new();
@@ -470,7 +392,7 @@ fn kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight() {
     let recovered = in_db.difference(&acked).count();
     let missing_from_db = acked.difference(&in_db).count();
     let (dup_alpha, dup_beta) = (alpha.duplicates(), beta.duplicates());
-    let integrity = sb.integrity();
+    let integrity = integrity(&sb);
     let partial: i64 = sb.scalar(
         "SELECT count(*) FROM (SELECT json_extract(payload, '$.txn') AS t, count(*) AS n, \
          max(json_extract(payload, '$.size')) AS size FROM event_outbox GROUP BY t) \
@@ -568,9 +490,7 @@ fn all_threads_stopped(pid: u32) -> bool {
     })
 }
 
-#[test]
 fn a_relay_frozen_past_its_lease_has_its_late_outcome_refused_by_the_token_fence() {
-    let _serial = serial();
     let rounds: u32 = if full() { 40 } else { 2 };
     let mut refreezes = 0;
     let started = Instant::now();
@@ -592,7 +512,7 @@ fn a_relay_frozen_past_its_lease_has_its_late_outcome_refused_by_the_token_fence
 /// waiting when A resumes, A's timeout (long past) kills it, and the late
 /// outcome is a retry. Returns how often A had to be re-frozen.
 fn lease_takeover(late_success: bool) -> u32 {
-    let sb = Sandbox::new();
+    let sb = Sandbox::migrated();
     let script = sb.write("gated.sh", GATED_CONSUMER);
     {
         use std::os::unix::fs::PermissionsExt;
@@ -623,9 +543,9 @@ fn lease_takeover(late_success: bool) -> u32 {
     };
 
     // A claims the event and is inside the delivery, holding the lease.
-    let mut a = Proc::relay(&config_a, sb.file("a.log"));
+    let mut a = relay(&config_a, sb.file("a.log"));
     wait_until("relay A to start delivering", WAIT, || {
-        assert!(!a.exited(), "relay A exited; log:\n{}", a.log());
+        assert!(!a.exited(), "relay A exited; log:\n{}", a.stderr());
         consumer_says("A start")
     });
     // A started its consumer (and its 2 s timeout) before this moment.
@@ -641,7 +561,7 @@ fn lease_takeover(late_success: bool) -> u32 {
         // SIGSTOP lands on each thread on its own; a thread inside a system
         // call runs on until it returns.
         wait_until("every thread of A to stop", WAIT, || {
-            all_threads_stopped(a.child.id())
+            all_threads_stopped(a.pid())
         });
         if write_lock_is_free(&sb.db()) {
             break;
@@ -654,7 +574,7 @@ fn lease_takeover(late_success: bool) -> u32 {
 
     // B takes the row over once A's lease (no heartbeat while frozen) runs out.
     let b_started = Instant::now();
-    let mut b = Proc::relay(&config_b, sb.file("b.log"));
+    let mut b = relay(&config_b, sb.file("b.log"));
     wait_until("relay B to take A's row over", WAIT, || {
         if b.exited() {
             let inode = |p: &Path| {
@@ -685,7 +605,7 @@ fn lease_takeover(late_success: bool) -> u32 {
                     .map(str::to_string),
                 std::process::id(),
                 locks.join("\n"),
-                b.log()
+                b.stderr()
             );
         }
         let status = row("SELECT status FROM event_outbox").unwrap();
@@ -696,7 +616,7 @@ fn lease_takeover(late_success: bool) -> u32 {
         row("SELECT status FROM event_outbox").unwrap() == "delivered"
     });
     assert!(consumer_says("B done"));
-    b.stop();
+    stop(&mut b);
     let finished_by_b: Option<String> = row("SELECT CAST(finished_at AS TEXT) FROM event_outbox");
     let attempts_by_b: Option<String> = row("SELECT CAST(attempts AS TEXT) FROM event_outbox");
 
@@ -714,24 +634,24 @@ fn lease_takeover(late_success: bool) -> u32 {
     }
     a.signal("-CONT");
     wait_until("relay A to refuse its late outcome", WAIT, || {
-        assert!(!a.exited(), "relay A exited; log:\n{}", a.log());
-        a.log()
+        assert!(!a.exited(), "relay A exited; log:\n{}", a.stderr());
+        a.stderr()
             .contains("outcome refused: the lease passed to another relay")
     });
     // The counter moves once the refusing transaction commits, just after
     // the log line.
     wait_until("A to count the refused outcome", WAIT, || {
-        a.metric("outboxd_fenced_out_total") >= 1
+        metric(&a, "outboxd_fenced_out_total") >= 1
     });
-    let fenced = a.metric("outboxd_fenced_out_total");
-    a.stop();
+    let fenced = metric(&a, "outboxd_fenced_out_total");
+    stop(&mut a);
 
-    let timed_out = a.log().contains("timed out after 2s and was killed");
+    let timed_out = a.stderr().contains("timed out after 2s and was killed");
     assert_eq!(
         timed_out,
         !late_success,
         "A's late outcome was not the one expected; A's log:\n{}",
-        a.log()
+        a.stderr()
     );
     assert_eq!(fenced, 1, "A's outboxd_fenced_out_total");
     assert_eq!(row("SELECT status FROM event_outbox").unwrap(), "delivered");
@@ -751,19 +671,17 @@ fn lease_takeover(late_success: bool) -> u32 {
         )),
         1
     );
-    assert_eq!(sb.integrity(), "ok");
+    assert_eq!(integrity(&sb), "ok");
     refreezes
 }
 
 // ---------------------------------------------------------------------------
 // 3. Six relay processes on one file.
 
-#[test]
 fn six_relay_processes_deliver_every_event_once_without_busy_failures() {
-    let _serial = serial();
     const RELAYS: usize = 6;
     let events = if full() { 100_000 } else { 20_000 };
-    let sb = Sandbox::new();
+    let sb = Sandbox::migrated();
     {
         let mut conn = sb.conn();
         for chunk in 0..events / 1000 {
@@ -779,14 +697,14 @@ fn six_relay_processes_deliver_every_event_once_without_busy_failures() {
         }
     }
     let started = Instant::now();
-    let mut relays: Vec<Proc> = (0..RELAYS)
+    let mut relays: Vec<Running> = (0..RELAYS)
         .map(|i| {
             let config = sb.write(
                 &format!("six.{i}.toml"),
                 &(two_jsonl_consumers("workers = 2\nlease = \"30s\"", &format!("{i}"), false)
                     + "[metrics]\nlisten = \"127.0.0.1:0\"\n"),
             );
-            Proc::relay(&config, sb.file(&format!("six.{i}.log")))
+            relay(&config, sb.file(&format!("six.{i}.log")))
         })
         .collect();
     wait_until(
@@ -794,7 +712,7 @@ fn six_relay_processes_deliver_every_event_once_without_busy_failures() {
         Duration::from_secs(600),
         || {
             for r in relays.iter_mut() {
-                assert!(!r.exited(), "a relay exited; log:\n{}", r.log());
+                assert!(!r.exited(), "a relay exited; log:\n{}", r.stderr());
             }
             sb.scalar::<i64>("SELECT count(*) FROM event_outbox WHERE status <> 'delivered'") == 0
         },
@@ -803,18 +721,18 @@ fn six_relay_processes_deliver_every_event_once_without_busy_failures() {
     // SQLITE_BUSY the relays met and retried (never an event failure).
     let busy_retries: u64 = relays
         .iter()
-        .map(|r| r.metric("outboxd_busy_retries_total"))
+        .map(|r| metric(r, "outboxd_busy_retries_total"))
         .sum();
     for r in relays.iter_mut() {
-        r.stop();
+        stop(r);
     }
 
-    let in_db = sb.ids_in_db();
+    let in_db = ids_in_db(&sb);
     assert_eq!(in_db.len(), events);
     let mut doubles = 0;
     let mut per_relay = vec![0usize; RELAYS];
     for name in ["alpha", "beta"] {
-        let files = sb.files(&format!("{name}."));
+        let files = files(&sb, &format!("{name}."));
         for (i, f) in files.iter().enumerate() {
             per_relay[i] += fs::read_to_string(f).unwrap().lines().count();
         }
@@ -830,19 +748,14 @@ fn six_relay_processes_deliver_every_event_once_without_busy_failures() {
     }
     let mut bad_lines = Vec::new();
     for r in &relays {
-        for line in r.log().lines() {
+        for line in r.stderr().lines() {
             let lower = line.to_lowercase();
             if line.contains("ERROR") || lower.contains("locked") || lower.contains("busy") {
                 bad_lines.push(line.to_string());
             }
         }
     }
-    let out = Command::new(OUTBOXD)
-        .arg("--db")
-        .arg(sb.db())
-        .args(["status", "--json"])
-        .output()
-        .unwrap();
+    let out = sb.run(&["status", "--json"]);
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "status --json: {e}; stderr: {}",
@@ -867,5 +780,5 @@ fn six_relay_processes_deliver_every_event_once_without_busy_failures() {
         per_relay.iter().filter(|&&n| n > 0).count() > 1,
         "only one relay delivered anything: {per_relay:?}"
     );
-    assert_eq!(sb.integrity(), "ok");
+    assert_eq!(integrity(&sb), "ok");
 }

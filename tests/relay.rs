@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::relay::{stop, Gate, StartRelay, LONG};
 use common::{event, wait_until, Recorder, TestDb};
-use outboxd::relay::{RetryPolicy, UnroutedPolicy};
-use outboxd::{Clock, Delivery, ManualClock, Outcome, Relay, Timestamp};
-
-const LONG: Duration = Duration::from_secs(30);
+use outboxd::error::Setting;
+use outboxd::purge::PurgePolicy;
+use outboxd::relay::{RetryPolicy, UnroutedPolicy, MAX_BATCH_SIZE, MAX_WORKERS};
+use outboxd::{Clock, Delivery, Error, ManualClock, Outcome, Relay, Timestamp};
 
 #[test]
 fn delivers_every_event_once_to_every_subscribed_consumer() {
@@ -20,15 +21,13 @@ fn delivers_every_event_once_to_every_subscribed_consumer() {
         Recorder::default(),
         Recorder::default(),
     );
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("a", ["article.*.v1"], a.consumer())
         .consumer("b", ["*"], b.consumer())
         .consumer("v2only", ["*.v2"], other.consumer())
         .workers(2)
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     let ids = db.enqueue(
         &(0..500)
             .map(|n| event("article.created.v1", n))
@@ -38,7 +37,7 @@ fn delivers_every_event_once_to_every_subscribed_consumer() {
     wait_until("all delivered", LONG, || {
         db.count("status = 'delivered'") == 500
     });
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     let mut got_a = a.ids();
     got_a.sort();
     let mut want = ids.clone();
@@ -65,7 +64,8 @@ fn a_retry_reruns_only_the_failed_consumer_after_backoff() {
     let ok = Recorder::default();
     let flaky_calls = Arc::new(AtomicU32::new(0));
     let calls = flaky_calls.clone();
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("ok", ["a.b.v1"], ok.consumer())
         .consumer("flaky", ["a.b.v1"], move |d: &Delivery| {
             let n = calls.fetch_add(1, Ordering::SeqCst);
@@ -78,10 +78,7 @@ fn a_retry_reruns_only_the_failed_consumer_after_backoff() {
         })
         .retry_policy(RetryPolicy::default().jitter(0.0))
         .clock(clock.clone())
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     db.enqueue(&[event("a.b.v1", 1)]);
     relay.notify();
     wait_until("first attempt recorded", LONG, || {
@@ -101,7 +98,7 @@ fn a_retry_reruns_only_the_failed_consumer_after_backoff() {
     wait_until("delivered after the retry", LONG, || {
         db.count("status = 'delivered'") == 1
     });
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     assert_eq!(ok.len(), 1, "the consumer that succeeded was not run again");
     assert_eq!(flaky_calls.load(Ordering::SeqCst), 2);
 }
@@ -109,18 +106,16 @@ fn a_retry_reruns_only_the_failed_consumer_after_backoff() {
 #[test]
 fn poison_dead_letters_at_once_without_spending_an_attempt() {
     let db = TestDb::new();
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("strict", ["a.b.v1"], |_: &Delivery| {
             Outcome::poison("payload has no id")
         })
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     db.enqueue(&[event("a.b.v1", 1)]);
     relay.notify();
     wait_until("dead letter", LONG, || db.count("status = 'dead'") == 1);
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     assert_eq!(db.count("attempts = 0"), 1);
     let reason: String = db.scalar("SELECT last_error FROM event_outbox");
     assert!(
@@ -134,16 +129,14 @@ fn retries_end_in_a_dead_letter_with_the_last_reason() {
     let db = TestDb::new();
     // A little ahead of the wall clock, so that events enqueued now are due.
     let clock = ManualClock::new(Timestamp::now().plus(Duration::from_secs(1)));
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("down", ["a.b.v1"], |d: &Delivery| {
             Outcome::retry(format!("try {}", d.attempt))
         })
         .retry_policy(RetryPolicy::default().max_attempts(3).jitter(0.0))
         .clock(clock.clone())
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     db.enqueue(&[event("a.b.v1", 1)]);
     relay.notify();
     for n in 1..3 {
@@ -153,7 +146,7 @@ fn retries_end_in_a_dead_letter_with_the_last_reason() {
         clock.advance(Duration::from_secs(3600));
     }
     wait_until("dead letter", LONG, || db.count("status = 'dead'") == 1);
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     assert_eq!(db.count("attempts = 3"), 1);
     let reason: String = db.scalar("SELECT last_error FROM event_outbox");
     assert!(
@@ -166,20 +159,18 @@ fn retries_end_in_a_dead_letter_with_the_last_reason() {
 fn a_panicking_consumer_is_a_retry_and_the_relay_survives() {
     let db = TestDb::new();
     let good = Recorder::default();
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("boom", ["boom.it.v1"], |_: &Delivery| -> Outcome {
             panic!("kaboom")
         })
         .consumer("good", ["fine.it.v1"], good.consumer())
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     db.enqueue(&[event("boom.it.v1", 1), event("fine.it.v1", 2)]);
     relay.notify();
     wait_until("retry recorded", LONG, || db.count("attempts = 1") == 1);
     wait_until("other event delivered", LONG, || good.len() == 1);
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     let reason: String = db.scalar("SELECT last_error FROM event_outbox WHERE attempts = 1");
     assert!(reason.contains("consumer panicked: kaboom"), "{reason}");
 }
@@ -191,19 +182,17 @@ fn unrouted_events_are_dead_lettered_or_skipped_by_policy() {
         (UnroutedPolicy::Skip, "delivered"),
     ] {
         let db = TestDb::new();
-        let relay = Relay::builder(&db.path)
+        let relay = db
+            .relay()
             .consumer("a", ["a.b.v1"], |_: &Delivery| Outcome::Delivered)
             .unrouted(policy)
-            .build()
-            .unwrap()
-            .start()
-            .unwrap();
+            .started();
         db.enqueue(&[event("nobody.wants.v1", 1)]);
         relay.notify();
         wait_until("unrouted handled", LONG, || {
             db.count(&format!("status = '{status}'")) == 1
         });
-        relay.shutdown(LONG).unwrap();
+        stop(relay);
         if status == "dead" {
             let reason: String = db.scalar("SELECT last_error FROM event_outbox");
             assert_eq!(reason, "no consumer takes event type nobody.wants.v1");
@@ -211,73 +200,164 @@ fn unrouted_events_are_dead_lettered_or_skipped_by_policy() {
     }
 }
 
+/// The builder is the one validator: each bad setting comes back as a
+/// typed [`SettingError`] naming the setting, and for a consumer's own
+/// setting the consumer (and the bad pattern's position), so a caller maps
+/// it to its own field without reading the message.
 #[test]
-fn build_rejects_bad_settings_with_the_field_name() {
+fn build_rejects_bad_settings_naming_the_setting_and_the_consumer() {
     let noop = |_: &Delivery| Outcome::Delivered;
-    let cases: Vec<(outboxd::RelayBuilder, &str)> = vec![
-        (Relay::builder("x.db"), "consumers"),
+    let one = || Relay::builder("x.db").consumer("a", ["a.b.v1"], noop);
+    let quick = RetryPolicy::default().jitter(0.0);
+    let no_batch = PurgePolicy::default().batch_size(0);
+    type Case = (
+        outboxd::RelayBuilder,
+        Setting,
+        Option<&'static str>,
+        Option<usize>,
+    );
+    let cases: Vec<Case> = vec![
+        (Relay::builder("x.db"), Setting::Consumers, None, None),
+        (one().workers(0), Setting::Workers, None, None),
+        (one().workers(MAX_WORKERS + 1), Setting::Workers, None, None),
+        (one().batch_size(0), Setting::BatchSize, None, None),
         (
-            Relay::builder("x.db")
-                .consumer("a", ["a.b.v1"], noop)
-                .workers(0),
-            "workers",
+            one().batch_size(MAX_BATCH_SIZE + 1),
+            Setting::BatchSize,
+            None,
+            None,
+        ),
+        (
+            one().lease(Duration::from_millis(10)),
+            Setting::Lease,
+            None,
+            None,
+        ),
+        (
+            one().poll_interval(Duration::ZERO),
+            Setting::PollInterval,
+            None,
+            None,
+        ),
+        (
+            one().flush_interval(Duration::MAX),
+            Setting::FlushInterval,
+            None,
+            None,
+        ),
+        (
+            one().housekeeping_interval(Duration::MAX),
+            Setting::HousekeepingInterval,
+            None,
+            None,
+        ),
+        (
+            one().stale_after(Duration::ZERO),
+            Setting::StaleAfter,
+            None,
+            None,
+        ),
+        (
+            one().retry_policy(quick.clone().max_attempts(0)),
+            Setting::RetryMaxAttempts,
+            None,
+            None,
+        ),
+        (
+            one().purge(Some(no_batch)),
+            Setting::PurgeBatchSize,
+            None,
+            None,
         ),
         (
             Relay::builder("x.db")
                 .consumer("a", ["a.b.v1"], noop)
-                .batch_size(0),
-            "batch_size",
+                .consumer("b", ["a.b.v1", "Bad"], noop),
+            Setting::ConsumerTypes,
+            Some("b"),
+            Some(1),
         ),
         (
-            Relay::builder("x.db")
-                .consumer("a", ["a.b.v1"], noop)
-                .lease(Duration::from_millis(10)),
-            "lease",
+            Relay::builder("x.db").consumer("a", ["article.created"], noop),
+            Setting::ConsumerTypes,
+            Some("a"),
+            Some(0),
         ),
         (
-            Relay::builder("x.db").consumer("a", ["Bad"], noop),
-            "event type pattern",
+            Relay::builder("x.db").consumer("a", Vec::<String>::new(), noop),
+            Setting::ConsumerTypes,
+            Some("a"),
+            None,
         ),
         (
-            Relay::builder("x.db")
-                .consumer("a", ["a.b.v1"], noop)
-                .consumer("a", ["a.b.v1"], noop),
-            "registered twice",
+            Relay::builder("x.db").consumer("a b", ["a.b.v1"], noop),
+            Setting::ConsumerName,
+            Some("a b"),
+            None,
         ),
         (
-            Relay::builder("x.db")
-                .consumer("a", ["a.b.v1"], noop)
-                .retry_policy_for("zz", RetryPolicy::default()),
-            "zz",
+            one().consumer("a", ["a.b.v1"], noop),
+            Setting::ConsumerName,
+            Some("a"),
+            None,
+        ),
+        (
+            one().retry_policy_for("zz", RetryPolicy::default()),
+            Setting::RetryPolicyFor,
+            Some("zz"),
+            None,
+        ),
+        (
+            one().retry_policy_for("a", quick.clone().initial(Duration::ZERO)),
+            Setting::RetryInitial,
+            Some("a"),
+            None,
+        ),
+        (
+            one().retry_policy_for("a", quick.clone().jitter(2.0)),
+            Setting::RetryJitter,
+            Some("a"),
+            None,
         ),
     ];
-    for (builder, needle) in cases {
-        let err = builder.build().err().expect("build must fail").to_string();
-        assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+    for (builder, setting, consumer, index) in cases {
+        let err = builder.build().err().expect("build must fail");
+        let Error::InvalidSetting(e) = &err else {
+            panic!("{err} is not a setting error")
+        };
+        assert_eq!(
+            (e.setting(), e.consumer(), e.index()),
+            (setting, consumer, index),
+            "{err}"
+        );
+        assert!(err.to_string().contains(setting.as_str()), "{err}");
+        assert!(!e.reason().is_empty());
     }
+    // A duplicate name points at the second registration.
+    let Err(Error::InvalidSetting(e)) = one().consumer("a", ["a.b.v1"], noop).build() else {
+        panic!("a duplicate name must fail")
+    };
+    assert_eq!(e.consumer_position(), Some(1));
+    assert!(e.reason().contains("registered twice"), "{e}");
 }
 
 #[test]
 fn shutdown_finishes_in_flight_deliveries_and_releases_the_rest() {
     let db = TestDb::new();
-    let (started_tx, started) = crossbeam_channel::unbounded();
-    let (go_tx, go) = crossbeam_channel::unbounded::<()>();
+    let gate = Gate::new();
     let done = Recorder::default();
-    let rec = done.consumer();
-    let relay = Relay::builder(&db.path)
+    let (held, rec) = (gate.clone(), done.consumer());
+    let relay = db
+        .relay()
         .consumer("slow", ["a.b.v1"], move |d: &Delivery| {
-            started_tx.send(()).unwrap();
-            go.recv().unwrap();
+            held.hold();
             rec(d)
         })
         .workers(1)
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     db.enqueue(&(0..5).map(|n| event("a.b.v1", n)).collect::<Vec<_>>());
     relay.notify();
-    started.recv_timeout(LONG).unwrap();
+    gate.wait_started();
     // One delivery is running; four are claimed and queued. The running
     // one may finish once the shutdown has handed the four queued back.
     let path = db.path.clone();
@@ -292,9 +372,9 @@ fn shutdown_finishes_in_flight_deliveries_and_releases_the_rest() {
             .unwrap()
                 == 4
         });
-        go_tx.send(()).unwrap();
+        gate.open();
     });
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     releaser.join().unwrap();
     assert_eq!(done.len(), 1, "only the started delivery ran");
     assert_eq!(
@@ -322,16 +402,14 @@ fn picks_up_a_commit_from_another_process_within_milliseconds() {
     };
     let db = TestDb::new();
     let (tx, rx) = crossbeam_channel::unbounded();
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("a", ["*"], move |d: &Delivery| {
             tx.send(d.envelope.event_type.to_string()).unwrap();
             Outcome::Delivered
         })
         .housekeeping_interval(Duration::from_secs(3600))
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     let status = std::process::Command::new(python)
         .args([
             "-c",
@@ -352,7 +430,7 @@ fn picks_up_a_commit_from_another_process_within_milliseconds() {
         "other.process.v1"
     );
     let took = committed.elapsed();
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     assert!(
         took < Duration::from_millis(500),
         "picked up after {took:?}"
@@ -371,7 +449,8 @@ fn which_python() -> Result<&'static str, ()> {
 fn picks_up_a_commit_from_another_connection_without_notify() {
     let db = TestDb::new();
     let (tx, rx) = crossbeam_channel::unbounded();
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("a", ["a.b.v1"], move |d: &Delivery| {
             tx.send(d.envelope.event_id).unwrap();
             Outcome::Delivered
@@ -380,17 +459,14 @@ fn picks_up_a_commit_from_another_connection_without_notify() {
         // can explain a fast pick-up.
         .poll_interval(Duration::from_millis(5))
         .housekeeping_interval(Duration::from_secs(3600))
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     // Let the relay go idle first.
     std::thread::sleep(Duration::from_millis(50));
     let started = std::time::Instant::now();
     let id = db.enqueue(&[event("a.b.v1", 1)])[0];
     assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), id);
     let took = started.elapsed();
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     assert!(took < Duration::from_secs(1), "picked up in {took:?}");
 }
 
@@ -401,12 +477,10 @@ fn a_second_row_with_a_delivered_event_id_is_not_delivered_again() {
     let first = event("a.b.v1", 1);
     let twin = event("a.b.v1", 1).event_id(first.id());
     db.enqueue(&[first]);
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("a", ["a.b.v1"], rec.consumer())
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     relay.notify();
     wait_until("first delivered", LONG, || {
         db.count("status = 'delivered'") == 1
@@ -416,7 +490,7 @@ fn a_second_row_with_a_delivered_event_id_is_not_delivered_again() {
     wait_until("twin settled", LONG, || {
         db.count("status = 'delivered'") == 2
     });
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     assert_eq!(rec.len(), 1, "the consumer saw the event id once");
 }
 
@@ -433,19 +507,17 @@ fn legacy_rows_are_delivered_with_a_stable_id_and_no_dedup() {
         )
         .unwrap();
     }
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("a", ["legacy.*"], move |d: &Delivery| {
             s.lock().unwrap().push((d.envelope.event_id, d.legacy));
             Outcome::Delivered
         })
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     wait_until("both delivered", LONG, || {
         db.count("status = 'delivered'") == 2
     });
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 2, "identical legacy rows are both delivered");
     assert!(seen.iter().all(|(_, legacy)| *legacy));
@@ -479,14 +551,9 @@ fn malformed_rows_are_dead_lettered_with_their_reason_and_good_rows_go_on() {
     }
     db.enqueue(&good[500..]);
     let rec = Recorder::default();
-    let relay = Relay::builder(&db.path)
-        .consumer("a", ["*"], rec.consumer())
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+    let relay = db.relay().consumer("a", ["*"], rec.consumer()).started();
     wait_until("all settled", LONG, || db.count("status = 'pending'") == 0);
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     assert_eq!(rec.len(), 1000, "every good row delivered");
     assert_eq!(db.count("status = 'dead'"), bad.len() as i64);
     for (sql, needle) in bad {
@@ -511,7 +578,8 @@ fn ordering_keys_hold_commit_order_under_four_workers_with_retries() {
         std::collections::HashSet::<String>::new(),
     ));
     let (o, b) = (order.clone(), busy.clone());
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("ordered", ["a.b.v1"], move |d: &Delivery| {
             let key = d.ordering_key.clone().unwrap_or_default();
             assert!(
@@ -538,10 +606,7 @@ fn ordering_keys_hold_commit_order_under_four_workers_with_retries() {
                 .max_delay(Duration::from_millis(5))
                 .jitter(0.0),
         )
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     let events: Vec<_> = (0..200)
         .map(|n| event("a.b.v1", n).ordering_key(format!("k{}", n % 5)))
         .collect();
@@ -550,7 +615,7 @@ fn ordering_keys_hold_commit_order_under_four_workers_with_retries() {
     wait_until("all delivered", LONG, || {
         db.count("status = 'delivered'") == 200
     });
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     let order = order.lock().unwrap();
     assert_eq!(order.len(), 5);
     for (key, seq) in order.iter() {
@@ -575,13 +640,11 @@ fn an_expired_lease_of_a_crashed_relay_is_claimed_again() {
         )
         .unwrap();
     let rec = Recorder::default();
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("a", ["a.b.v1"], rec.consumer())
         .clock(clock.clone())
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     // Let it look at least twice while the lease lives.
     let commits = relay.metrics().commits;
     relay.notify();
@@ -595,37 +658,34 @@ fn an_expired_lease_of_a_crashed_relay_is_claimed_again() {
     assert_eq!(rec.len(), 0, "a live lease is respected");
     clock.advance(Duration::from_secs(31));
     wait_until("delivered after expiry", LONG, || rec.len() == 1);
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     assert_eq!(db.count("status = 'delivered'"), 1);
 }
 
 #[test]
 fn a_worker_whose_lease_was_taken_over_cannot_record_its_outcome() {
     let db = TestDb::new();
-    let (started_tx, started) = crossbeam_channel::unbounded();
-    let (go_tx, go) = crossbeam_channel::unbounded::<()>();
-    let relay = Relay::builder(&db.path)
+    let gate = Gate::new();
+    let held = gate.clone();
+    let relay = db
+        .relay()
         .consumer("slow", ["a.b.v1"], move |_: &Delivery| {
-            started_tx.send(()).unwrap();
-            go.recv().unwrap();
+            held.hold();
             Outcome::Delivered
         })
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     db.enqueue(&[event("a.b.v1", 1)]);
     relay.notify();
-    started.recv_timeout(LONG).unwrap();
+    gate.wait_started();
     // Another relay takes the row over (as after an expired lease).
     db.conn()
         .execute("UPDATE event_outbox SET claim_token = 'new-owner'", [])
         .unwrap();
-    go_tx.send(()).unwrap();
+    gate.open();
     wait_until("outcome fenced out", LONG, || {
         relay.metrics().fenced_out == 1
     });
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     assert_eq!(
         db.count("status = 'pending' AND claim_token = 'new-owner'"),
         1
@@ -636,32 +696,29 @@ fn a_worker_whose_lease_was_taken_over_cannot_record_its_outcome() {
 #[test]
 fn long_deliveries_extend_their_lease_by_heartbeat() {
     let db = TestDb::new();
-    let (started_tx, started) = crossbeam_channel::unbounded();
-    let (go_tx, go) = crossbeam_channel::unbounded::<()>();
-    let relay = Relay::builder(&db.path)
+    let gate = Gate::new();
+    let held = gate.clone();
+    let relay = db
+        .relay()
         .consumer("slow", ["a.b.v1"], move |_: &Delivery| {
-            started_tx.send(()).unwrap();
-            go.recv().unwrap();
+            held.hold();
             Outcome::Delivered
         })
         .lease(Duration::from_secs(1))
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     db.enqueue(&[event("a.b.v1", 1)]);
     relay.notify();
-    started.recv_timeout(LONG).unwrap();
+    gate.wait_started();
     let first: i64 = db.scalar("SELECT lease_until FROM event_outbox");
     wait_until("lease extended twice", LONG, || {
         db.scalar::<Option<i64>>("SELECT lease_until FROM event_outbox")
             .unwrap_or(0)
             > first + 900
     });
-    go_tx.send(()).unwrap();
+    gate.open();
     wait_until("delivered", LONG, || db.count("status = 'delivered'") == 1);
     let fenced = relay.metrics().fenced_out;
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     assert_eq!(
         fenced, 0,
         "the heartbeat kept the lease: the outcome was accepted"
@@ -672,17 +729,15 @@ fn long_deliveries_extend_their_lease_by_heartbeat() {
 fn the_stale_alert_counts_old_due_events_but_not_delayed_ones() {
     let db = TestDb::new();
     let (go_tx, go) = crossbeam_channel::unbounded::<()>();
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("blocked", ["a.b.v1"], move |_: &Delivery| {
             let _ = go.recv();
             Outcome::Delivered
         })
         .stale_after(Duration::from_secs(60))
         .housekeeping_interval(Duration::from_millis(20))
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     let ten_min_ago = Timestamp::now().as_millis() - 600_000;
     db.enqueue(&[
         // Taken at once and blocked: holds its key.
@@ -700,7 +755,7 @@ fn the_stale_alert_counts_old_due_events_but_not_delayed_ones() {
     wait_until("stale alert", LONG, || relay.metrics().stale_events == 1);
     assert!(relay.metrics().oldest_due_ms >= 600_000);
     drop(go_tx);
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
 }
 
 #[test]
@@ -710,12 +765,10 @@ fn dedup_holds_for_an_event_id_written_in_lower_case() {
     let first = event("a.b.v1", 1);
     let id = first.id();
     db.enqueue(&[first]);
-    let relay = Relay::builder(&db.path)
+    let relay = db
+        .relay()
         .consumer("a", ["a.b.v1"], rec.consumer())
-        .build()
-        .unwrap()
-        .start()
-        .unwrap();
+        .started();
     relay.notify();
     wait_until("first delivered", LONG, || {
         db.count("status = 'delivered'") == 1
@@ -731,6 +784,6 @@ fn dedup_holds_for_an_event_id_written_in_lower_case() {
     wait_until("twin settled", LONG, || {
         db.count("status = 'delivered'") == 2
     });
-    relay.shutdown(LONG).unwrap();
+    stop(relay);
     assert_eq!(rec.len(), 1, "the consumer saw the event once");
 }

@@ -18,22 +18,18 @@ use outboxd::{Envelope, EventId, EventType, Timestamp};
 use serde_json::value::RawValue;
 
 fn delivery(payload: &str) -> Delivery {
-    Delivery {
-        envelope: Envelope {
-            event_id: EventId::new(),
-            event_type: EventType::parse("article.created.v1").unwrap(),
-            event_version: 1,
-            causation_id: None,
-            correlation_id: Some("req-42".into()),
-            occurred_at: Timestamp::from_millis(1_796_023_080_123),
-            payload: RawValue::from_string(payload.to_string()).unwrap(),
-        },
-        attempt: 3,
-        consumer: "indexer".into(),
-        legacy: false,
-        tenant_id: Some("acme".into()),
-        ordering_key: None,
-    }
+    Delivery::new(Envelope {
+        event_id: EventId::new(),
+        event_type: EventType::parse("article.created.v1").unwrap(),
+        event_version: 1,
+        causation_id: None,
+        correlation_id: Some("req-42".into()),
+        occurred_at: Timestamp::from_millis(1_796_023_080_123),
+        payload: RawValue::from_string(payload.to_string()).unwrap(),
+    })
+    .attempt(3)
+    .consumer("indexer")
+    .tenant_id(Some("acme".into()))
 }
 
 fn retry_reason(o: Outcome) -> String {
@@ -77,6 +73,82 @@ fn jsonl_appends_one_parseable_line_per_event() {
         b.envelope
     );
     assert!(text.ends_with('\n'));
+}
+
+/// Payloads as a foreign producer may store them: pretty-printed, with
+/// "\n" escaped inside strings, with a raw U+2028 and U+0085, with a number
+/// no f64 holds.
+const AWKWARD_PAYLOADS: [&str; 3] = [
+    "{\n  \"title\": \"Hello\",\n  \"tags\": [\n    \"a\",\n    \"b\"\n  ]\n}\n",
+    "{\"text\": \"line one\\nline two\",\r\n\t\"sep\": \"x\u{2028}y\u{2029}z\u{85}\"}",
+    "[ 1, 2.50, 123456789012345678901234567890 ]",
+];
+
+/// Splits as the most eager line readers do (Python's str.splitlines).
+fn eager_lines(text: &str) -> Vec<&str> {
+    text.split([
+        '\n', '\r', '\u{b}', '\u{c}', '\u{1c}', '\u{1d}', '\u{1e}', '\u{85}', '\u{2028}',
+        '\u{2029}',
+    ])
+    .filter(|l| !l.is_empty())
+    .collect()
+}
+
+#[test]
+fn jsonl_writes_one_line_per_event_whatever_the_payload_whitespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.jsonl");
+    let sink = JsonlSink::file(&path, false).unwrap();
+    let deliveries: Vec<Delivery> = AWKWARD_PAYLOADS.iter().map(|p| delivery(p)).collect();
+    for d in &deliveries {
+        assert_eq!(sink.deliver(d), Outcome::Delivered);
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines = eager_lines(&text);
+    assert_eq!(lines.len(), deliveries.len(), "{text}");
+    for (line, d) in lines.iter().zip(&deliveries) {
+        let got: Envelope = serde_json::from_str(line).expect("each line is an envelope");
+        assert_eq!(got.event_id, d.envelope.event_id);
+        // The same JSON value; the big number digit for digit.
+        let want: serde_json::Value = serde_json::from_str(d.envelope.payload.get()).unwrap();
+        let have: serde_json::Value = serde_json::from_str(got.payload.get()).unwrap();
+        assert_eq!(have, want);
+    }
+    assert!(text.contains(",123456789012345678901234567890]"), "{text}");
+    assert!(text.contains(r#""line one\nline two""#), "{text}");
+    assert!(text.contains(r#""x\u2028y\u2029z\u0085""#), "{text}");
+}
+
+#[test]
+fn jsonl_delivery_fields_add_the_tenant_and_the_legacy_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.jsonl");
+    let sink = JsonlSink::file(&path, false).unwrap().delivery_fields(true);
+    let mut a = delivery(AWKWARD_PAYLOADS[0]);
+    a.tenant_id = Some("acme\u{2028}x".into());
+    let mut b = delivery("1");
+    b.tenant_id = None;
+    b.legacy = true;
+    assert_eq!(sink.deliver(&a), Outcome::Delivered);
+    assert_eq!(sink.deliver(&b), Outcome::Delivered);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines = eager_lines(&text);
+    assert_eq!(lines.len(), 2, "{text}");
+    let a_line: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(a_line["tenant_id"], "acme\u{2028}x");
+    assert_eq!(a_line["legacy"], false);
+    assert_eq!(a_line["event_id"], a.envelope.event_id.to_string());
+    assert_eq!(a_line["payload"]["tags"][1], "b");
+    let b_line: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!(b_line["tenant_id"], serde_json::Value::Null);
+    assert_eq!(b_line["legacy"], true);
+    // After the envelope's own fields, which come first and unchanged.
+    assert!(lines[1].starts_with(&b.envelope.to_json()[..b.envelope.to_json().len() - 1]));
+    assert!(
+        lines[1].ends_with(r#","tenant_id":null,"legacy":true}"#),
+        "{}",
+        lines[1]
+    );
 }
 
 #[test]
@@ -180,8 +252,59 @@ echo "${OUTBOXD_CAUSATION_ID-unset}" > "$OUT/causation""#,
     ] {
         assert!(env.lines().any(|l| l == expected), "{expected} in\n{env}");
     }
+    assert!(!env.contains("OUTBOXD_LEGACY"), "{env}");
     let causation = std::fs::read_to_string(dir.path().join("causation")).unwrap();
     assert_eq!(causation.trim(), "unset");
+
+    // The payload's bytes reach stdin as they were stored, whitespace and all.
+    let d = delivery(AWKWARD_PAYLOADS[1]);
+    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+    let stdin = std::fs::read_to_string(dir.path().join("stdin.json")).unwrap();
+    assert!(stdin.contains(AWKWARD_PAYLOADS[1]), "{stdin}");
+}
+
+#[test]
+fn command_environment_can_drop_inherited_variables() {
+    // The test process's own environment is what the child inherits.
+    std::env::set_var("SINKS_TEST_HIDDEN_SECRET", "hidden-value-1");
+    std::env::set_var("SINKS_TEST_PLAIN", "plain-value");
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(dir.path(), "env.sh", r#"env > "$OUT/env""#)
+        .env_remove(["SINKS_TEST_HIDDEN_SECRET", "SINKS_TEST_NOT_SET"])
+        .env("SINKS_TEST_EXPLICIT", "explicit");
+    let mut d = delivery("1");
+    d.legacy = true;
+    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+    let env = std::fs::read_to_string(dir.path().join("env")).unwrap();
+    assert!(!env.contains("hidden-value-1"), "{env}");
+    assert!(
+        env.lines().any(|l| l == "SINKS_TEST_PLAIN=plain-value"),
+        "{env}"
+    );
+    assert!(
+        env.lines().any(|l| l == "SINKS_TEST_EXPLICIT=explicit"),
+        "{env}"
+    );
+    assert!(env.lines().any(|l| l == "OUTBOXD_LEGACY=true"), "{env}");
+}
+
+#[test]
+fn command_stderr_cannot_start_a_line_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = sh_sink(
+        dir.path(),
+        "forge.sh",
+        r#"printf 'oops\n2030-01-01T00:00:00.000000Z  INFO outboxd: all delivered\r\n\033[2Kclean\342\200\250x' >&2; exit 1"#,
+    );
+    let reason = retry_reason(sink.deliver(&delivery("1")));
+    assert!(
+        !reason.contains(['\n', '\r', '\u{1b}', '\u{2028}']),
+        "{reason:?}"
+    );
+    assert!(
+        reason.contains(r"oops\n2030-01-01T00:00:00.000000Z  INFO outboxd: all delivered\r\n\u{1b}[2Kclean\u{2028}x"),
+        "{reason}"
+    );
 }
 
 #[test]
@@ -365,6 +488,25 @@ fn command_program_is_checked_at_construction() {
         CommandError::EmptyProgram
     ));
 
+    // A program and its arguments in one string: the error says to split
+    // them, naming the program and the arguments.
+    for given in ["/bin/sh -c true", "sh -c true"] {
+        let err = CommandSink::new(given, none).unwrap_err();
+        assert!(matches!(err, CommandError::WithArguments { .. }), "{err}");
+        let shown = err.to_string();
+        assert!(
+            shown.contains(r#"args = ["-c", "true"]"#) && shown.contains("program = "),
+            "{shown}"
+        );
+    }
+    // ... but only when the first word is a program.
+    let err = CommandSink::new("/no/such/program --flag", none).unwrap_err();
+    assert!(matches!(err, CommandError::NotFound { .. }), "{err}");
+    // A path with a space that does exist is simply that program.
+    let spaced = script(dir.path(), "with space.sh", "exit 0");
+    std::fs::set_permissions(&spaced, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(CommandSink::new(&spaced, none).unwrap().program(), spaced);
+
     let sh = CommandSink::new("sh", none).unwrap();
     assert!(sh.program().is_absolute(), "{:?}", sh.program());
     assert_eq!(sh.poison_code(), 65);
@@ -491,7 +633,7 @@ fn serve(stream: TcpStream, addr: std::net::SocketAddr, tx: mpsc::Sender<Request
     reader.read_exact(&mut body).unwrap();
     let _ = tx.send(Request {
         path: path.clone(),
-        headers,
+        headers: headers.clone(),
         body,
     });
 
@@ -507,6 +649,22 @@ fn serve(stream: TcpStream, addr: std::net::SocketAddr, tx: mpsc::Sender<Request
         "/410" => ("410 Gone", String::new(), "gone for good"),
         "/400" => ("400 Bad Request", String::new(), &big),
         "/302" => ("302 Found", format!("Location: http://{addr}/ok\r\n"), ""),
+        p if p.starts_with("/echo") => {
+            // Echoes what it was sent, as some error pages do.
+            let echoed: Vec<String> = headers
+                .iter()
+                .filter(|(k, _)| k == "authorization" || k == "x-source")
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+            let echoed = format!("you sent {p} with {echoed:?}");
+            let mut stream = stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 500 Internal Server Error\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{echoed}",
+                echoed.len()
+            );
+            return;
+        }
         "/slow" => {
             // Never answer; hold the connection until the client gives up.
             let mut rest = Vec::new();
@@ -556,6 +714,8 @@ fn webhook_2xx_delivers_a_signed_request() {
     assert!((now - ts).abs() < 60, "timestamp {ts}, now {now}");
     assert_eq!(req.header("content-type"), Some("application/json"));
     assert_eq!(req.header("x-tenant"), Some("acme"));
+    assert_eq!(req.header("outboxd-tenant-id"), Some("acme"));
+    assert_eq!(req.header("outboxd-legacy"), None);
     let sigs = req.header("webhook-signature").unwrap();
     assert_eq!(sigs.split(' ').count(), 2, "{sigs}");
     for secret in [SECRET, OLD_SECRET] {
@@ -591,6 +751,90 @@ fn webhook_2xx_delivers_a_signed_request() {
             sigs.split(' ').any(|s| s == expected.trim()),
             "python says {expected}, we sent {sigs}"
         );
+    }
+}
+
+#[test]
+fn webhook_carries_the_tenant_and_the_legacy_flag_in_headers_not_the_body() {
+    let server = Server::start();
+    let sink = sink(&server.url("/ok"));
+    let mut d = delivery(AWKWARD_PAYLOADS[0]);
+    d.tenant_id = Some("a b/é%".into());
+    d.legacy = true;
+    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+    let req = server.next();
+    assert_eq!(req.header("outboxd-tenant-id"), Some("a%20b%2F%C3%A9%25"));
+    assert_eq!(req.header("outboxd-legacy"), Some("true"));
+    // The body is the envelope as ever, the payload's bytes as stored.
+    assert_eq!(req.body, d.envelope.to_json().as_bytes());
+    assert!(String::from_utf8_lossy(&req.body).contains(AWKWARD_PAYLOADS[0].trim_end()));
+
+    d.tenant_id = None;
+    d.legacy = false;
+    assert_eq!(sink.deliver(&d), Outcome::Delivered);
+    let req = server.next();
+    assert_eq!(req.header("outboxd-tenant-id"), None);
+    assert_eq!(req.header("outboxd-legacy"), None);
+
+    // They are the sink's own headers.
+    let err = WebhookSink::builder(server.url("/ok"))
+        .secret(SECRET)
+        .header("outboxd-tenant-id", "x")
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("sets this header itself"), "{err}");
+}
+
+#[test]
+fn webhook_reasons_never_carry_configured_secrets() {
+    let server = Server::start();
+    let sink = WebhookSink::builder(server.url("/echo?token=Qry7Tok3nValue"))
+        .secret(SECRET)
+        .header("authorization", "Bearer H3aderT0kenValue")
+        .header("x-source", "outboxd-test")
+        .build()
+        .unwrap();
+    let reason = retry_reason(sink.deliver(&delivery("1")));
+    let req = server.next();
+    // The receiver did get them, and echoed them back.
+    assert_eq!(req.path, "/echo?token=Qry7Tok3nValue");
+    assert!(reason.contains("500"), "{reason}");
+    for secret in [
+        "Qry7Tok3nValue",
+        "H3aderT0kenValue",
+        SECRET,
+        SECRET.strip_prefix("whsec_").unwrap(),
+    ] {
+        assert!(!reason.contains(secret), "{secret} in {reason}");
+    }
+    assert!(reason.contains("outboxd-test"), "{reason}");
+    assert!(reason.contains("<redacted>"), "{reason}");
+}
+
+#[test]
+fn webhook_schedule_in_the_docs_is_the_codes() {
+    // README.md and the example config state the webhook consumers' default
+    // schedule; they must say what RetryPolicy::webhook() does.
+    let p = outboxd::RetryPolicy::webhook();
+    let total: Duration = (1..p.attempts()).map(|n| p.delay_after(n).unwrap()).sum();
+    let most: Duration = (1..p.attempts())
+        .map(|n| p.delay_with_jitter(n, 1.0).unwrap())
+        .sum();
+    let days = |d: Duration| format!("{:.1}", d.as_secs_f64() / 86_400.0);
+    assert_eq!((days(total).as_str(), days(most).as_str()), ("5.2", "5.7"));
+    for (doc, text) in [
+        ("README.md", include_str!("../README.md")),
+        (
+            "packaging/outboxd.example.toml",
+            include_str!("../packaging/outboxd.example.toml"),
+        ),
+    ] {
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            text.contains(&format!("{} days", days(total))) && text.contains(&days(most)),
+            "{doc} states another webhook schedule"
+        );
+        assert!(!text.contains("about 8 days"), "{doc}");
     }
 }
 
@@ -662,23 +906,39 @@ fn webhook_timeouts_and_network_errors_are_retries() {
 
 #[test]
 fn webhook_private_address_guard() {
+    // A URL that names a non-public address is refused when the sink is
+    // built, so check-config and start-up report it (the guard on resolved
+    // addresses at each delivery is unit-tested in src/sinks/webhook.rs).
     let server = Server::start();
     let port = server.addr.port();
     for url in [
         format!("http://127.0.0.1:{port}/ok"),
         format!("http://localhost:{port}/ok"),
         format!("http://[::ffff:127.0.0.1]:{port}/ok"),
+        format!("http://[::1]:{port}/ok?token=abcdef"),
+        "https://10.1.2.3/hook".to_string(),
     ] {
-        let guarded = WebhookSink::builder(&url)
+        let err = WebhookSink::builder(&url)
             .secret(SECRET)
             .deny_private_addresses(true)
             .build()
-            .unwrap();
-        let reason = poison_reason(guarded.deliver(&delivery("1")));
-        assert!(reason.contains("refused to connect"), "{url}: {reason}");
+            .unwrap_err();
+        assert!(
+            matches!(err, outboxd::sinks::WebhookError::PrivateAddress { .. }),
+            "{url}: {err}"
+        );
+        let shown = err.to_string();
+        assert!(shown.contains("deny_private_addresses"), "{shown}");
+        assert!(!shown.contains("abcdef"), "{shown}");
     }
+    // A public name is accepted: it is checked when it resolves.
+    assert!(WebhookSink::builder("https://example.com/hook")
+        .secret(SECRET)
+        .deny_private_addresses(true)
+        .build()
+        .is_ok());
     // Without the guard the same server is reached, and it is the first
-    // request it sees: the guarded ones never connected.
+    // request it sees.
     assert_eq!(
         sink(&server.url("/ok")).deliver(&delivery("1")),
         Outcome::Delivered

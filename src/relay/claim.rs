@@ -14,7 +14,7 @@ use crate::envelope::{check_time, Envelope, EnvelopeError, RawRow};
 #[derive(Debug)]
 pub(crate) struct ClaimedRow {
     pub row_id: i64,
-    /// The dedup key: the canonical event id, or `#<row id>` for a legacy row.
+    /// The dedup ledger key ([`dedup`](crate::dedup)), as the claim computed it.
     pub event_key: String,
     pub legacy: bool,
     /// The envelope, or why the row cannot be delivered.
@@ -23,15 +23,16 @@ pub(crate) struct ClaimedRow {
     pub ordering_key: Option<String>,
     /// Failed attempts so far.
     pub attempts: u32,
-    /// The consumers that already succeeded for this event, when the claim
-    /// could read them (None: look them up by `event_key`).
-    pub delivered: Option<Vec<String>>,
+    /// The consumers that already succeeded for this event (the ledger).
+    pub delivered_to: Vec<String>,
 }
 
 /// Claims up to `limit` due rows: pending, `available_at <= now`, and not
 /// held back by an earlier pending row with the same ordering key. One
 /// statement stamps the token and moves `available_at` to the end of the
-/// lease, so a leased row is simply not due. Rows come back in id order.
+/// lease, so a leased row is simply not due; it also returns each row's
+/// ledger key and the consumers that already have its event, rather than
+/// one more statement per row. Rows come back in id order.
 pub(crate) fn claim(
     conn: &Connection,
     token: &str,
@@ -39,7 +40,7 @@ pub(crate) fn claim(
     lease_until: Timestamp,
     limit: usize,
 ) -> rusqlite::Result<Vec<ClaimedRow>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(concat!(
         "UPDATE event_outbox
             SET claim_token = ?1, lease_until = ?2, available_at = ?2
           WHERE id IN (
@@ -51,13 +52,13 @@ pub(crate) fn claim(
                            AND p.status = 'pending' AND p.id < o.id))
                  ORDER BY o.available_at, o.id
                  LIMIT ?4)
-        RETURNING id, event_id, event_type, event_version, tenant_id, ordering_key,
-                  causation_id, correlation_id, payload, occurred_at, created_at, attempts,
-                  -- the consumers that already have this event (dedup), read here
-                  -- rather than by one more statement per row
-                  (SELECT group_concat(d.consumer, ',') FROM delivered_events d
-                    WHERE d.event_key = coalesce(upper(event_outbox.event_id), '#' || event_outbox.id))",
-    )?;
+        RETURNING id, ",
+        envelope_columns!(),
+        ", tenant_id, ordering_key, attempts, ",
+        crate::dedup::event_key_sql!(),
+        ", ",
+        crate::dedup::delivered_to_sql!()
+    ))?;
     let mut rows = stmt.query(params![
         token,
         lease_until.as_millis(),
@@ -74,49 +75,51 @@ pub(crate) fn claim(
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let row_id: i64 = r.get(0)?;
-    let event_id = r.get_ref(1)?;
-    let legacy = matches!(event_id, ValueRef::Null);
-    let created_at = timestamp(r.get_ref(10)?, "created_at");
-    let occurred_at = timestamp(r.get_ref(9)?, "occurred_at");
-    let envelope = match (occurred_at, created_at) {
+    Ok(ClaimedRow {
+        row_id,
+        event_key: lenient_text(r.get_ref(12)?).unwrap_or_default(),
+        legacy: matches!(r.get_ref(1)?, ValueRef::Null),
+        envelope: read_envelope(r, 1, row_id)?,
+        tenant_id: lenient_text(r.get_ref(9)?),
+        ordering_key: lenient_text(r.get_ref(10)?),
+        attempts: lenient_count(r.get_ref(11)?),
+        delivered_to: crate::dedup::read_delivered_to(r.get_ref(13)?),
+    })
+}
+
+/// The envelope columns of `event_outbox`, in the order [`read_envelope`]
+/// reads them.
+macro_rules! envelope_columns {
+    () => {
+        "event_id, event_type, event_version, causation_id, correlation_id, payload, \
+         occurred_at, created_at"
+    };
+}
+pub(crate) use envelope_columns;
+
+/// Validates the envelope columns ([`envelope_columns!`]) of a row, starting at column `first`,
+/// as the relay does when it claims the row: the envelope, or why the row
+/// cannot be delivered. (The repair of a dead letter checks with it too.)
+pub(crate) fn read_envelope(
+    r: &rusqlite::Row<'_>,
+    first: usize,
+    row_id: i64,
+) -> rusqlite::Result<Result<Envelope, EnvelopeError>> {
+    let occurred_at = timestamp(r.get_ref(first + 6)?, "occurred_at");
+    let created_at = timestamp(r.get_ref(first + 7)?, "created_at");
+    Ok(match (occurred_at, created_at) {
         (Ok(occurred_at), Ok(created_at)) => Envelope::from_row(RawRow {
             row_id,
-            event_id,
-            event_type: r.get_ref(2)?,
-            event_version: r.get_ref(3)?,
-            causation_id: r.get_ref(6)?,
-            correlation_id: r.get_ref(7)?,
-            payload: r.get_ref(8)?,
+            event_id: r.get_ref(first)?,
+            event_type: r.get_ref(first + 1)?,
+            event_version: r.get_ref(first + 2)?,
+            causation_id: r.get_ref(first + 3)?,
+            correlation_id: r.get_ref(first + 4)?,
+            payload: r.get_ref(first + 5)?,
             occurred_at,
             created_at,
         }),
         (Err(e), _) | (_, Err(e)) => Err(e),
-    };
-    let event_key = match (&envelope, legacy) {
-        (_, true) => format!("#{row_id}"),
-        (Ok(env), false) => env.event_id.to_string(),
-        (Err(_), false) => String::new(),
-    };
-    // The statement looked the ledger up by the upper-cased id; that is the
-    // dedup key unless the id was written in a non-canonical spelling.
-    let looked_up = legacy
-        || matches!(event_id, ValueRef::Text(t) if t.to_ascii_uppercase() == event_key.as_bytes());
-    let delivered = looked_up.then(|| match r.get_ref(12) {
-        Ok(ValueRef::Text(names)) => String::from_utf8_lossy(names)
-            .split(',')
-            .map(str::to_string)
-            .collect(),
-        _ => Vec::new(),
-    });
-    Ok(ClaimedRow {
-        row_id,
-        event_key,
-        legacy,
-        envelope,
-        tenant_id: lenient_text(r.get_ref(4)?),
-        ordering_key: lenient_text(r.get_ref(5)?),
-        attempts: lenient_count(r.get_ref(11)?),
-        delivered,
     })
 }
 
@@ -158,33 +161,6 @@ fn lenient_text(v: ValueRef<'_>) -> Option<String> {
         ValueRef::Real(f) => Some(f.to_string()),
         ValueRef::Text(b) | ValueRef::Blob(b) => Some(String::from_utf8_lossy(b).into_owned()),
     }
-}
-
-/// The consumers that already succeeded for an event key.
-pub(crate) fn delivered_consumers(
-    conn: &Connection,
-    event_key: &str,
-) -> rusqlite::Result<Vec<String>> {
-    let mut stmt =
-        conn.prepare_cached("SELECT consumer FROM delivered_events WHERE event_key = ?1")?;
-    let names = stmt.query_map([event_key], |r| r.get(0))?;
-    names.collect()
-}
-
-/// Records that a consumer succeeded for an event (idempotent).
-pub(crate) fn record_progress(
-    conn: &Connection,
-    event_key: &str,
-    consumer: &str,
-    row_id: i64,
-    now: Timestamp,
-) -> rusqlite::Result<()> {
-    conn.prepare_cached(
-        "INSERT OR IGNORE INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
-         VALUES (?1, ?2, ?3, ?4)",
-    )?
-    .execute(params![event_key, consumer, row_id, now.as_millis()])?;
-    Ok(())
 }
 
 /// Marks a row delivered. False if the claim was lost.

@@ -33,83 +33,115 @@
 //!
 //! ## Threads and channels
 //!
-//! One **writer** thread owns the relay's only write connection. It claims
-//! batches of due rows, sends one job per row into a bounded `jobs` channel,
-//! and records the outcomes that come back on the `outcomes` channel, many
-//! per `BEGIN IMMEDIATE` transaction (group commit). **Workers** take jobs,
-//! run the consumers (catching panics) and send outcomes, in small groups
-//! while more jobs wait (so the writer wakes once per group); they never
-//! touch SQLite. Each write transaction records the outcomes gathered so
-//! far and claims the next batch in one go. While another connection is
-//! writing (seen through `data_version`), transactions shrink to 16 rows
-//! and the writer leaves the lock free for a millisecond after each, so a
-//! host's commit waits for one short transaction rather than a train. The writer claims no more rows than the `jobs` channel holds, so
-//! its sends never block; `outcomes` is unbounded, so a worker never blocks
-//! either. A `control` channel carries `notify` and `shutdown` from the
-//! handle. Shutdown: the writer stops claiming, takes the jobs no worker has
-//! started back out of the channel and releases their leases, drops the
-//! jobs sender (so each worker ends after its current job), records the
-//! outcomes that arrive within the grace period, releases whatever is still
-//! leased after it, and ends.
+//! [`Relay::start`] starts the **workers** and then one **writer** thread,
+//! which owns the relay's only write connection; if any thread cannot
+//! start, nothing is left running and `start` fails.
+//!
+//! - The writer claims batches of due rows and sends one job per row into a
+//!   bounded `jobs` channel. It claims no more rows than that channel
+//!   holds, so its sends never block.
+//! - Workers take jobs, run the consumers (catching panics) and send the
+//!   outcomes back on the unbounded `outcomes` channel, so a worker never
+//!   blocks either. A worker that has more jobs waiting holds its outcomes
+//!   briefly and sends them as a group, so the writer wakes once per group.
+//!   Workers never touch SQLite.
+//! - The writer records the outcomes gathered so far, extends leases that
+//!   are half spent, and claims the next batch, all in one `BEGIN
+//!   IMMEDIATE` transaction (group commit).
+//! - A `control` channel carries `notify` and `shutdown` from the handle.
+//!
+//! While another connection is writing (seen through `data_version`), the
+//! writer's transactions carry at most 16 rows, and after a full one it
+//! leaves the lock free for a millisecond, so a host's commit waits for one
+//! short transaction rather than a train of them.
+//!
+//! Shutdown: the writer stops claiming, takes the jobs no worker has started
+//! back out of the channel and releases their leases, drops the jobs sender
+//! (so each worker ends after its current job), records the outcomes that
+//! arrive within the grace period, releases whatever is still leased after
+//! it, and ends.
+//!
+//! ## Where each decision lives
+//!
+//! - `writer`: the thread, its state and the SQL transaction; no policy.
+//! - `plan`: whether to write now, and what (claim, record, heartbeat).
+//! - [`router`](crate::router): which consumers take a claimed row, and what
+//!   happens to one nobody takes ([`UnroutedPolicy`]).
+//! - [`dedup`](crate::dedup): which of them had the event already.
+//! - `retry`: [`RetryPolicy`] and the verdict over a row's outcomes
+//!   (delivered, retry when, or dead letter and why).
+//! - `housekeeping`: purge ticks, WAL checkpoint, the stale check.
+//! - `claim`: the claim statement and the token-fenced writes.
+//! - `worker`: running consumers.
+//! - `metrics`: the counters behind [`RelayHandle::metrics`].
 
-mod backoff;
-mod claim;
+pub(crate) mod claim;
+mod housekeeping;
+mod metrics;
+mod plan;
+mod retry;
 mod worker;
 mod writer;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
 
-pub use backoff::{
+pub use crate::router::UnroutedPolicy;
+pub use metrics::{ConsumerMetrics, Metrics, MetricsSnapshot};
+pub use retry::{
     RetryPolicy, DEFAULT_JITTER, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_INITIAL,
-    DEFAULT_RETRY_MAX_DELAY,
+    DEFAULT_RETRY_MAX_DELAY, MAX_RETRY_ATTEMPTS,
 };
 
 use crate::clock::{Clock, SystemClock};
 use crate::consumer::Consumer;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting, SettingError};
 use crate::purge::PurgePolicy;
-use crate::router::Pattern;
+use crate::router::{Pattern, Routes};
 
 /// Rows claimed per transaction by default.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
+/// The largest [`RelayBuilder::batch_size`].
+pub const MAX_BATCH_SIZE: usize = 10_000;
+/// The most [`RelayBuilder::workers`].
+pub const MAX_WORKERS: usize = 1024;
 /// How long a claim holds a row before another relay may take it. Longer
 /// deliveries extend it by heartbeat.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The shortest [`RelayBuilder::lease`].
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
 /// How often an idle relay checks `PRAGMA data_version` for commits made by
 /// other processes.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// The shortest [`RelayBuilder::poll_interval`].
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
+/// The longest [`RelayBuilder::poll_interval`].
+pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(60);
 /// The longest a finished delivery waits before its outcome is committed
 /// (outcomes are grouped into one transaction).
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(2);
+/// The longest [`RelayBuilder::flush_interval`].
+pub const MAX_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// How often purge, checkpoint and the stale check run.
 pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(10);
+/// The shortest [`RelayBuilder::housekeeping_interval`].
+pub const MIN_HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(1);
+/// The longest [`RelayBuilder::housekeeping_interval`].
+pub const MAX_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(86_400);
 /// The oldest due event may wait this long before the stale alert fires.
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(300);
-/// The grace period the handle's `Drop` gives in-flight deliveries.
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// The grace period a dropped [`RelayHandle`] gives in-flight deliveries
+/// (call [`RelayHandle::shutdown`] to choose another).
+pub const DEFAULT_DROP_GRACE: Duration = Duration::from_secs(10);
 
-/// What to do with an event no consumer subscribes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UnroutedPolicy {
-    /// Dead-letter it, saying no consumer takes its type (the default: it is
-    /// never dropped silently, and a consumer added later can requeue it).
-    #[default]
-    DeadLetter,
-    /// Mark it delivered and log it at INFO.
-    Skip,
-}
-
-/// A registered consumer.
+/// A registered consumer, as the workers run it.
 pub(crate) struct ConsumerEntry {
     pub name: String,
-    pub patterns: Vec<Pattern>,
     pub consumer: Box<dyn Consumer>,
     pub retry: RetryPolicy,
 }
@@ -125,13 +157,13 @@ pub(crate) struct Settings {
     pub housekeeping_interval: Duration,
     pub stale_after: Duration,
     pub purge: Option<PurgePolicy>,
-    pub unrouted: UnroutedPolicy,
 }
 
 /// Builds a [`Relay`]. Every setting has a named default; [`build`]
 /// validates them all and returns an error naming the first bad one.
 ///
 /// [`build`]: RelayBuilder::build
+#[must_use = "a builder does nothing until build() is called"]
 pub struct RelayBuilder {
     path: PathBuf,
     consumers: Vec<(String, Vec<String>, Box<dyn Consumer>)>,
@@ -242,36 +274,58 @@ impl RelayBuilder {
         self
     }
 
-    /// Validates every setting.
+    /// Validates every setting. A bad one is reported as
+    /// [`Error::InvalidSetting`], whose [`SettingError`] names it (and the
+    /// consumer, for a consumer's own setting).
     pub fn build(self) -> Result<Relay> {
-        let bad = |field, reason: &str| {
-            Err(Error::InvalidSetting {
-                field,
-                reason: reason.to_string(),
-            })
-        };
         let workers = self.workers.unwrap_or_else(|| {
             std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(2)
         });
-        if workers == 0 || workers > 1024 {
-            return bad("workers", "must be between 1 and 1024");
+        check_range(Setting::Workers, workers, 1, MAX_WORKERS)?;
+        check_range(Setting::BatchSize, self.batch_size, 1, MAX_BATCH_SIZE)?;
+        if self.lease < MIN_LEASE {
+            return Err(SettingError::new(
+                Setting::Lease,
+                format!(
+                    "{:?} is too short; allowed: {MIN_LEASE:?} or more",
+                    self.lease
+                ),
+            )
+            .into());
         }
-        if self.batch_size == 0 || self.batch_size > 10_000 {
-            return bad("batch_size", "must be between 1 and 10000");
-        }
-        if self.lease < Duration::from_secs(1) {
-            return bad("lease", "must be at least 1 second");
-        }
-        if self.poll_interval.is_zero() || self.poll_interval > Duration::from_secs(60) {
-            return bad("poll_interval", "must be between 1 ms and 60 s");
-        }
-        if self.housekeeping_interval.is_zero() {
-            return bad("housekeeping_interval", "must be longer than zero");
+        check_duration(
+            Setting::PollInterval,
+            self.poll_interval,
+            MIN_POLL_INTERVAL,
+            MAX_POLL_INTERVAL,
+        )?;
+        check_duration(
+            Setting::FlushInterval,
+            self.flush_interval,
+            Duration::ZERO,
+            MAX_FLUSH_INTERVAL,
+        )?;
+        check_duration(
+            Setting::HousekeepingInterval,
+            self.housekeeping_interval,
+            MIN_HOUSEKEEPING_INTERVAL,
+            MAX_HOUSEKEEPING_INTERVAL,
+        )?;
+        if self.stale_after.is_zero() {
+            return Err(SettingError::new(
+                Setting::StaleAfter,
+                "must be longer than zero, such as 5 minutes",
+            )
+            .into());
         }
         if self.consumers.is_empty() {
-            return bad("consumers", "register at least one consumer");
+            return Err(SettingError::new(
+                Setting::Consumers,
+                "no consumer is registered; register at least one",
+            )
+            .into());
         }
         self.retry.validate()?;
         if let Some(p) = &self.purge {
@@ -279,52 +333,63 @@ impl RelayBuilder {
         }
         let mut names = HashSet::new();
         let mut consumers = Vec::with_capacity(self.consumers.len());
-        for (name, types, consumer) in self.consumers {
-            if name.is_empty()
-                || name.len() > 128
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
-            {
-                return Err(Error::InvalidSetting {
-                    field: "consumer name",
-                    reason: format!(
-                        "{name:?}: use 1 to 128 characters of A-Z, a-z, 0-9, _, - and ."
-                    ),
-                });
-            }
+        let mut patterns = Vec::with_capacity(self.consumers.len());
+        for (position, (name, types, consumer)) in self.consumers.into_iter().enumerate() {
+            validate_consumer_name(&name).map_err(|e| e.consumer_at(position))?;
             if !names.insert(name.clone()) {
-                return Err(Error::InvalidSetting {
-                    field: "consumer name",
-                    reason: format!("{name:?} is registered twice"),
-                });
+                return Err(SettingError::new(
+                    Setting::ConsumerName,
+                    format!("{name:?} is registered twice; names must be unique"),
+                )
+                .for_consumer(&name)
+                .consumer_at(position)
+                .into());
             }
             if types.is_empty() {
-                return Err(Error::InvalidSetting {
-                    field: "consumer types",
-                    reason: format!("consumer {name:?} takes no event types"),
-                });
+                return Err(SettingError::new(
+                    Setting::ConsumerTypes,
+                    "takes no event types; list event types or patterns such as \
+                     article.*.v1, or * for every type",
+                )
+                .for_consumer(&name)
+                .consumer_at(position)
+                .into());
             }
-            let patterns = types
+            let parsed = types
                 .iter()
-                .map(|t| Pattern::parse(t))
-                .collect::<Result<Vec<_>>>()?;
+                .enumerate()
+                .map(|(i, t)| {
+                    Pattern::parse(t).map_err(|e| {
+                        SettingError::new(Setting::ConsumerTypes, e.to_string())
+                            .for_consumer(&name)
+                            .consumer_at(position)
+                            .at(i)
+                    })
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            patterns.push(parsed);
             consumers.push(ConsumerEntry {
                 name,
-                patterns,
                 consumer,
                 retry: self.retry.clone(),
             });
         }
         for (name, policy) in self.retry_overrides {
-            policy.validate()?;
-            let entry = consumers
+            let found = consumers
                 .iter_mut()
-                .find(|c| c.name == name)
-                .ok_or_else(|| Error::InvalidSetting {
-                    field: "retry_policy_for",
-                    reason: format!("no consumer is named {name:?}"),
-                })?;
+                .enumerate()
+                .find(|(_, c)| c.name == name);
+            let Some((position, entry)) = found else {
+                return Err(SettingError::new(
+                    Setting::RetryPolicyFor,
+                    format!("no consumer is named {name:?}"),
+                )
+                .for_consumer(&name)
+                .into());
+            };
+            policy
+                .validate()
+                .map_err(|e| e.for_consumer(&name).consumer_at(position))?;
             entry.retry = policy;
         }
         Ok(Relay {
@@ -338,18 +403,64 @@ impl RelayBuilder {
                 housekeeping_interval: self.housekeeping_interval,
                 stale_after: self.stale_after,
                 purge: self.purge,
-                unrouted: self.unrouted,
             },
             consumers,
+            routes: Routes::new(patterns, self.unrouted),
             clock: self.clock,
         })
     }
 }
 
+/// Checks a consumer name: 1 to 128 characters of A-Z, a-z, 0-9, `_`, `-`
+/// and `.`. [`RelayBuilder::build`] applies it to every consumer.
+///
+/// ```
+/// use outboxd::relay::validate_consumer_name;
+/// assert!(validate_consumer_name("search-index.v2").is_ok());
+/// assert!(validate_consumer_name("search index").is_err());
+/// ```
+pub fn validate_consumer_name(name: &str) -> std::result::Result<(), SettingError> {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"_-.".contains(&b);
+    if name.is_empty() || name.len() > 128 || !name.bytes().all(allowed) {
+        return Err(SettingError::new(
+            Setting::ConsumerName,
+            format!(
+                "{name:?} is not allowed; use 1 to 128 characters of A-Z, a-z, 0-9, _, - and ."
+            ),
+        )
+        .for_consumer(name));
+    }
+    Ok(())
+}
+
+fn check_range(setting: Setting, n: usize, lo: usize, hi: usize) -> Result<()> {
+    if n < lo || n > hi {
+        return Err(SettingError::new(
+            setting,
+            format!("{n} is out of range; allowed: {lo} to {hi}"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+fn check_duration(setting: Setting, d: Duration, lo: Duration, hi: Duration) -> Result<()> {
+    if d < lo || d > hi {
+        return Err(SettingError::new(
+            setting,
+            format!("{d:?} is out of range; allowed: {lo:?} to {hi:?}"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// A configured relay, ready to [`start`](Relay::start).
+#[must_use = "a relay does nothing until it is started"]
 pub struct Relay {
     settings: Settings,
     consumers: Vec<ConsumerEntry>,
+    routes: Routes,
     clock: Arc<dyn Clock>,
 }
 
@@ -375,32 +486,96 @@ impl Relay {
     }
 
     /// Opens the write connection, checks the schema is current, and starts
-    /// the writer and worker threads.
+    /// the worker threads and the writer thread. Fails, with nothing left
+    /// running, when the database cannot be used or a thread cannot be
+    /// started ([`Error::Spawn`]).
     pub fn start(self) -> Result<RelayHandle> {
+        let Relay {
+            settings,
+            consumers,
+            routes,
+            clock,
+        } = self;
         let metrics = Arc::new(Metrics::new(
-            self.consumers.iter().map(|c| c.name.clone()).collect(),
+            consumers.iter().map(|c| c.name.clone()).collect(),
         ));
         let (control_tx, control_rx) = crossbeam_channel::bounded(64);
+        let (workers, flush_interval) = (settings.workers, settings.flush_interval);
+        let consumers = Arc::new(consumers);
         let writer = writer::Writer::open(
-            self.settings,
-            Arc::new(self.consumers),
-            self.clock,
+            settings,
+            consumers.clone(),
+            routes,
+            clock,
             metrics.clone(),
             control_rx,
         )?;
-        let thread = std::thread::Builder::new()
-            .name("outboxd-writer".into())
-            .spawn(move || writer.run())
-            .map_err(|e| Error::InvalidSetting {
-                field: "workers",
-                reason: format!("cannot start the writer thread: {e}"),
-            })?;
+        // The writer claims no more rows than this channel holds, so its
+        // sends never block; outcomes are unbounded, so a worker never blocks.
+        let (jobs_tx, jobs_rx) = crossbeam_channel::bounded(writer.capacity());
+        let (outcomes_tx, outcomes_rx) = crossbeam_channel::unbounded();
+        let mut pool = Vec::with_capacity(workers);
+        for n in 0..workers {
+            let (consumers, jobs, outcomes) =
+                (consumers.clone(), jobs_rx.clone(), outcomes_tx.clone());
+            let spawned = spawn(format!("outboxd-worker-{n}"), move || {
+                worker::run(consumers, jobs, outcomes, flush_interval)
+            });
+            match spawned {
+                Ok(handle) => pool.push(handle),
+                Err(e) => {
+                    // A relay short of workers would claim rows it cannot
+                    // deliver: stop the ones started (they end when the jobs
+                    // channel closes) and report.
+                    drop(jobs_tx);
+                    for handle in pool {
+                        let _ = handle.join();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        drop(outcomes_tx);
+        let pool = writer::Pool {
+            jobs: jobs_tx,
+            unstarted: jobs_rx,
+            outcomes: outcomes_rx,
+            workers: pool,
+        };
+        // If this spawn fails, the closure (and with it the jobs sender) is
+        // dropped, and the workers end on their own.
+        let thread = spawn(WRITER_THREAD.into(), move || writer.run(pool))?;
         Ok(RelayHandle {
             control: control_tx,
             thread: Some(thread),
             metrics,
         })
     }
+}
+
+/// The writer thread's name.
+const WRITER_THREAD: &str = "outboxd-writer";
+
+/// Starts a named thread of the relay.
+fn spawn<T, F>(name: String, f: F) -> Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    #[cfg(test)]
+    if tests::spawn_fails(&name) {
+        return Err(Error::Spawn {
+            thread: name,
+            source: std::io::Error::other("refused by the test"),
+        });
+    }
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(f)
+        .map_err(|source| Error::Spawn {
+            thread: name,
+            source,
+        })
 }
 
 /// Messages from the handle to the writer.
@@ -410,7 +585,9 @@ pub(crate) enum Control {
 }
 
 /// A running relay. Dropping it shuts the relay down with
-/// [`DEFAULT_SHUTDOWN_GRACE`] and waits for it.
+/// [`DEFAULT_DROP_GRACE`] and waits for it: keep it for as long as the
+/// relay should run.
+#[must_use = "dropping the handle stops the relay at once"]
 pub struct RelayHandle {
     control: Sender<Control>,
     thread: Option<JoinHandle<Result<()>>>,
@@ -431,8 +608,9 @@ impl RelayHandle {
         self.join_inner()
     }
 
-    /// Waits until the relay stops (after a shutdown from another handle
-    /// clone is impossible, so this is for a relay whose writer failed).
+    /// Waits for the relay to stop without asking it to. The writer ends by
+    /// itself only when it fails ([`Error::Panicked`]): pair it with
+    /// [`is_finished`](Self::is_finished) to notice a relay that died.
     pub fn join(mut self) -> Result<()> {
         self.join_inner()
     }
@@ -455,10 +633,10 @@ impl RelayHandle {
 
     fn join_inner(&mut self) -> Result<()> {
         match self.thread.take() {
-            Some(t) => t.join().unwrap_or_else(|_| {
-                Err(Error::InvalidSetting {
-                    field: "relay",
-                    reason: "the writer thread panicked".into(),
+            Some(t) => t.join().unwrap_or_else(|panic| {
+                Err(Error::Panicked {
+                    thread: WRITER_THREAD.into(),
+                    message: worker::panic_message(&*panic),
                 })
             }),
             None => Ok(()),
@@ -469,110 +647,72 @@ impl RelayHandle {
 impl Drop for RelayHandle {
     fn drop(&mut self) {
         if self.thread.is_some() {
-            let _ = self.control.send(Control::Shutdown(DEFAULT_SHUTDOWN_GRACE));
+            let _ = self.control.send(Control::Shutdown(DEFAULT_DROP_GRACE));
             let _ = self.join_inner();
         }
     }
 }
 
-/// Counters a host can read while the relay runs (see
-/// [`RelayHandle::metrics`]). All counts are since start.
-#[derive(Debug)]
-pub struct Metrics {
-    consumers: Vec<String>,
-    per_consumer: Vec<[AtomicU64; 3]>,
-    delivered: AtomicU64,
-    retried: AtomicU64,
-    dead_lettered: AtomicU64,
-    fenced_out: AtomicU64,
-    claimed: AtomicU64,
-    commits: AtomicU64,
-    busy_retries: AtomicU64,
-    errors: AtomicU64,
-    claim_micros_total: AtomicU64,
-    commit_micros_total: AtomicU64,
-    stale_events: AtomicU64,
-    oldest_due_ms: AtomicU64,
-}
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
 
-/// A copy of the relay's counters at one moment.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct MetricsSnapshot {
-    /// Events marked delivered (every consumer succeeded).
-    pub delivered: u64,
-    /// Retries scheduled.
-    pub retried: u64,
-    /// Events dead-lettered (poison, attempts spent, invalid, unrouted).
-    pub dead_lettered: u64,
-    /// Outcomes refused because the claim had passed to another relay.
-    pub fenced_out: u64,
-    /// Rows claimed.
-    pub claimed: u64,
-    /// Write transactions committed.
-    pub commits: u64,
-    /// Transactions retried after SQLITE_BUSY.
-    pub busy_retries: u64,
-    /// Write transactions that failed for another reason (and were retried).
-    pub errors: u64,
-    /// Total time spent in claim statements, in microseconds.
-    pub claim_micros_total: u64,
-    /// Total time spent in write transactions, in microseconds.
-    pub commit_micros_total: u64,
-    /// Due events older than the stale threshold at the last check.
-    pub stale_events: u64,
-    /// Age of the oldest due event at the last check, in milliseconds.
-    pub oldest_due_ms: u64,
-    /// Per consumer: (name, delivered, retry, poison) results.
-    pub per_consumer: Vec<(String, u64, u64, u64)>,
-}
+    use super::*;
+    use crate::consumer::{Delivery, Outcome};
 
-impl Metrics {
-    fn new(consumers: Vec<String>) -> Metrics {
-        let z = || AtomicU64::new(0);
-        Metrics {
-            per_consumer: consumers.iter().map(|_| [z(), z(), z()]).collect(),
-            consumers,
-            delivered: z(),
-            retried: z(),
-            dead_lettered: z(),
-            fenced_out: z(),
-            claimed: z(),
-            commits: z(),
-            busy_retries: z(),
-            errors: z(),
-            claim_micros_total: z(),
-            commit_micros_total: z(),
-            stale_events: z(),
-            oldest_due_ms: z(),
-        }
+    thread_local! {
+        /// The thread whose start `Relay::start` on this thread fails.
+        static REFUSE: RefCell<Option<String>> = const { RefCell::new(None) };
     }
 
-    /// A copy of every counter.
-    pub fn snapshot(&self) -> MetricsSnapshot {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        MetricsSnapshot {
-            delivered: g(&self.delivered),
-            retried: g(&self.retried),
-            dead_lettered: g(&self.dead_lettered),
-            fenced_out: g(&self.fenced_out),
-            claimed: g(&self.claimed),
-            commits: g(&self.commits),
-            busy_retries: g(&self.busy_retries),
-            errors: g(&self.errors),
-            claim_micros_total: g(&self.claim_micros_total),
-            commit_micros_total: g(&self.commit_micros_total),
-            stale_events: g(&self.stale_events),
-            oldest_due_ms: g(&self.oldest_due_ms),
-            per_consumer: self
-                .consumers
-                .iter()
-                .zip(&self.per_consumer)
-                .map(|(n, c)| (n.clone(), g(&c[0]), g(&c[1]), g(&c[2])))
-                .collect(),
-        }
+    pub(super) fn spawn_fails(name: &str) -> bool {
+        REFUSE.with(|r| r.borrow().as_deref() == Some(name))
     }
 
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
+    /// Regression (issue 10): a worker that could not start was logged and
+    /// the relay ran on, claiming and heart-beating rows it had too few
+    /// workers for (with none, forever); a writer that could not start was
+    /// reported as an invalid setting. Now `start` fails with the thread's
+    /// name, and nothing runs.
+    #[test]
+    fn a_relay_that_cannot_start_a_thread_stops_and_says_which() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut conn = crate::connection::open(&path).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        crate::Enqueuer::new()
+            .allow_autocommit(true)
+            .enqueue(&conn, &crate::Event::new("a.b.v1", &1).unwrap())
+            .unwrap();
+        for thread in ["outboxd-worker-0", "outboxd-worker-2", WRITER_THREAD] {
+            REFUSE.with(|r| *r.borrow_mut() = Some(thread.to_string()));
+            let (seen_tx, seen) = crossbeam_channel::unbounded();
+            let started = Relay::builder(&path)
+                .consumer("a", ["*"], move |_: &Delivery| {
+                    seen_tx.send(()).unwrap();
+                    Outcome::Delivered
+                })
+                .workers(3)
+                .build()
+                .unwrap()
+                .start();
+            let Err(Error::Spawn { thread: name, .. }) = &started else {
+                panic!("start must fail when {thread} cannot start");
+            };
+            assert_eq!(name, thread);
+            assert!(started.err().unwrap().to_string().contains(thread));
+            // Nothing claimed, nothing delivered: the relay never ran.
+            let touched: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM event_outbox
+                      WHERE claim_token IS NOT NULL OR status <> 'pending'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(touched, 0, "{thread}");
+            assert!(seen.try_recv().is_err(), "{thread}");
+        }
+        REFUSE.with(|r| *r.borrow_mut() = None);
     }
 }

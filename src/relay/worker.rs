@@ -113,19 +113,25 @@ fn deliver(entry: &ConsumerEntry, job: &Job) -> Outcome {
     // A panicking consumer is a failed delivery, not a dead relay.
     let outcome = catch_unwind(AssertUnwindSafe(|| entry.consumer.deliver(&delivery)))
         .unwrap_or_else(|panic| {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a non-string panic payload".into());
-            Outcome::retry(format!("consumer panicked: {msg}"))
+            Outcome::retry(format!("consumer panicked: {}", panic_message(&*panic)))
         });
     match &outcome {
         Outcome::Delivered => tracing::debug!("delivered"),
-        Outcome::Retry { reason, .. } => tracing::warn!(%reason, "delivery failed, will retry"),
+        // Whether it is tried again is the writer's verdict (the retries may
+        // be spent), logged once it is recorded.
+        Outcome::Retry { reason, .. } => tracing::warn!(%reason, "delivery failed"),
         Outcome::Poison { reason } => {
             tracing::warn!(%reason, "consumer rejected the event as poison")
         }
     }
     outcome
+}
+
+/// The text a panic carried (`panic!("…")` gives a `&str` or a `String`).
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".into())
 }

@@ -30,11 +30,18 @@ pub struct Migration {
 
 /// Every migration, in order. Versions are 1, 2, 3… with no gaps (a test
 /// checks it against the files in `migrations/`).
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../../migrations/0001_init.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../../migrations/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "intent_leases",
+        sql: include_str!("../../migrations/0002_intent_leases.sql"),
+    },
+];
 
 /// The newest schema version this build knows.
 pub const LATEST_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
@@ -64,6 +71,11 @@ impl MigrationReport {
 /// database whose schema is newer than this build is refused before anything
 /// is written.
 pub fn migrate(conn: &mut Connection) -> Result<MigrationReport> {
+    migrate_up_to(conn, LATEST_VERSION)
+}
+
+/// [`migrate`], stopping at `target` (tests build older schemas with it).
+pub(crate) fn migrate_up_to(conn: &mut Connection, target: u32) -> Result<MigrationReport> {
     let from = version(conn)?.unwrap_or(0);
     if from > LATEST_VERSION {
         return Err(Error::SchemaTooNew {
@@ -91,7 +103,10 @@ pub fn migrate(conn: &mut Connection) -> Result<MigrationReport> {
                 supported: LATEST_VERSION,
             });
         }
-        let Some(next) = MIGRATIONS.iter().find(|m| m.version == current + 1) else {
+        let next = MIGRATIONS
+            .iter()
+            .find(|m| m.version == current + 1 && m.version <= target);
+        let Some(next) = next else {
             tx.commit().map_err(Error::db("finish migrating"))?;
             return Ok(MigrationReport { from, to: current });
         };

@@ -14,12 +14,23 @@
 //! | `OUTBOXD_ATTEMPT` | 1 on the first try, 2 on the first retry, … |
 //! | `OUTBOXD_CONSUMER` | the consumer's name |
 //! | `OUTBOXD_TENANT_ID` | the tenant; unset when there is none |
+//! | `OUTBOXD_LEGACY` | `true` for a legacy row (written without an event id: its id is derived from the row, and it is not deduplicated); unset otherwise |
+//!
+//! Stdin carries the envelope JSON with the payload's bytes as the producer
+//! wrote them (whitespace included).
+//!
+//! The program inherits outboxd's environment, minus the variables given to
+//! [`env_remove`](CommandSink::env_remove) (the `outboxd` binary passes every
+//! variable its config reads a secret from), unless
+//! [`env_clear`](CommandSink::env_clear) starts it from an empty one.
 //!
 //! Its exit status is the verdict: 0 is delivered, the poison code
 //! ([`EX_DATAERR`], 65, unless configured otherwise) dead-letters the event at
 //! once, and anything else (another code, death by a signal, the timeout) is
-//! a retry whose reason carries the last [`STDERR_TAIL_BYTES`] of stderr.
-//! Standard output is read and thrown away.
+//! a retry whose reason carries the last [`STDERR_TAIL_BYTES`] of stderr, on
+//! one line (line breaks and other control characters escaped, so that a
+//! program cannot write lines of its own into outboxd's log). Standard
+//! output is read and thrown away.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -85,6 +96,21 @@ pub enum CommandError {
         /// The path.
         path: PathBuf,
     },
+    /// A program and its arguments given as one string, such as
+    /// `"/bin/echo hello"`: no such file exists, but its first word is a
+    /// program.
+    #[error(
+        "command program {given:?} does not exist, but {program:?} does: give the program \
+         alone and its arguments apart (in outboxd.toml: program = {program:?}, args = {args:?})"
+    )]
+    WithArguments {
+        /// The program as given.
+        given: String,
+        /// Its first word, which is a program.
+        program: String,
+        /// The other words, split at whitespace (no shell quoting).
+        args: Vec<String>,
+    },
     /// The file could not be inspected.
     #[error("cannot inspect command program {path}: {source}")]
     Inspect {
@@ -118,6 +144,7 @@ pub struct CommandSink {
     program: PathBuf,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    removed_env: Vec<OsString>,
     clear_env: bool,
     timeout: Duration,
     poison_exit_code: u8,
@@ -136,6 +163,7 @@ impl CommandSink {
             program: resolve_program(program.as_ref())?,
             args: args.into_iter().map(|a| a.as_ref().to_owned()).collect(),
             env: Vec::new(),
+            removed_env: Vec::new(),
             clear_env: false,
             timeout: DEFAULT_COMMAND_TIMEOUT,
             poison_exit_code: EX_DATAERR,
@@ -163,6 +191,26 @@ impl CommandSink {
     pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> CommandSink {
         self.env
             .push((key.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    /// Keeps these variables of outboxd's own environment from the program,
+    /// such as those holding other sinks' secrets. A variable set with
+    /// [`env`](Self::env) is still set.
+    ///
+    /// ```
+    /// use outboxd::sinks::CommandSink;
+    /// let sink = CommandSink::new("cat", [] as [&str; 0])?
+    ///     .env_remove(["SEARCH_WEBHOOK_SECRET", "NATS_TOKEN"]);
+    /// # Ok::<(), outboxd::sinks::CommandError>(())
+    /// ```
+    pub fn env_remove<I>(mut self, keys: I) -> CommandSink
+    where
+        I: IntoIterator,
+        I::Item: AsRef<OsStr>,
+    {
+        self.removed_env
+            .extend(keys.into_iter().map(|k| k.as_ref().to_owned()));
         self
     }
 
@@ -195,6 +243,9 @@ impl CommandSink {
         if self.clear_env {
             cmd.env_clear();
         }
+        for key in &self.removed_env {
+            cmd.env_remove(key);
+        }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         for (key, value) in vars {
             match value {
@@ -213,7 +264,7 @@ impl CommandSink {
 
     fn run(&self, delivery: &Delivery) -> Outcome {
         let env = &delivery.envelope;
-        let vars: [(&'static str, Option<String>); 9] = [
+        let vars: [(&'static str, Option<String>); 10] = [
             ("OUTBOXD_EVENT_ID", Some(env.event_id.to_string())),
             ("OUTBOXD_EVENT_TYPE", Some(env.event_type.to_string())),
             ("OUTBOXD_EVENT_VERSION", Some(env.event_version.to_string())),
@@ -223,6 +274,10 @@ impl CommandSink {
             ("OUTBOXD_ATTEMPT", Some(delivery.attempt.to_string())),
             ("OUTBOXD_CONSUMER", Some(delivery.consumer.clone())),
             ("OUTBOXD_TENANT_ID", delivery.tenant_id.clone()),
+            (
+                "OUTBOXD_LEGACY",
+                delivery.legacy.then(|| "true".to_string()),
+            ),
         ];
         if let Some((key, _)) = vars
             .iter()
@@ -312,6 +367,7 @@ impl fmt::Debug for CommandSink {
             .field("program", &self.program)
             .field("args", &self.args)
             .field("env", &env_keys)
+            .field("removed_env", &self.removed_env)
             .field("clear_env", &self.clear_env)
             .field("timeout", &self.timeout)
             .field("poison_exit_code", &self.poison_exit_code)
@@ -378,15 +434,13 @@ fn wait_with_deadline(child: &mut Child, deadline: Instant) -> io::Result<Option
 }
 
 fn kill_group(child: &mut Child) {
+    // The group id is the child's pid (process_group(0)), and the child is
+    // not yet reaped, so the id still names its group.
     #[cfg(unix)]
-    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: kill(2) takes plain integers; the group id is the child's
-        // pid (process_group(0)), and the child is not yet reaped, so the id
-        // still names its group.
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-        }
-    }
+    let _ = rustix::process::kill_process_group(
+        rustix::process::Pid::from_child(child),
+        rustix::process::Signal::KILL,
+    );
     // The direct child at least, should the group kill have failed.
     let _ = child.kill();
 }
@@ -397,18 +451,19 @@ fn describe(status: ExitStatus) -> String {
     {
         use std::os::unix::process::ExitStatusExt;
         if let Some(sig) = status.signal() {
-            let name = match sig {
-                libc::SIGHUP => " (SIGHUP)",
-                libc::SIGINT => " (SIGINT)",
-                libc::SIGQUIT => " (SIGQUIT)",
-                libc::SIGILL => " (SIGILL)",
-                libc::SIGABRT => " (SIGABRT)",
-                libc::SIGBUS => " (SIGBUS)",
-                libc::SIGFPE => " (SIGFPE)",
-                libc::SIGKILL => " (SIGKILL)",
-                libc::SIGSEGV => " (SIGSEGV)",
-                libc::SIGPIPE => " (SIGPIPE)",
-                libc::SIGTERM => " (SIGTERM)",
+            use rustix::process::Signal;
+            let name = match Signal::from_named_raw(sig) {
+                Some(Signal::HUP) => " (SIGHUP)",
+                Some(Signal::INT) => " (SIGINT)",
+                Some(Signal::QUIT) => " (SIGQUIT)",
+                Some(Signal::ILL) => " (SIGILL)",
+                Some(Signal::ABORT) => " (SIGABRT)",
+                Some(Signal::BUS) => " (SIGBUS)",
+                Some(Signal::FPE) => " (SIGFPE)",
+                Some(Signal::KILL) => " (SIGKILL)",
+                Some(Signal::SEGV) => " (SIGSEGV)",
+                Some(Signal::PIPE) => " (SIGPIPE)",
+                Some(Signal::TERM) => " (SIGTERM)",
                 _ => "",
             };
             return format!("was killed by signal {sig}{name}");
@@ -418,38 +473,51 @@ fn describe(status: ExitStatus) -> String {
 }
 
 fn resolve_program(program: &OsStr) -> Result<PathBuf, CommandError> {
+    let err = match resolve_one(program) {
+        Err(err @ (CommandError::NotFound { .. } | CommandError::NotInPath { .. })) => err,
+        other => return other,
+    };
+    // "/bin/echo hello": a program and its arguments in one string. Say so
+    // when the first word is a program, rather than "does not exist".
+    let words: Vec<&str> = program.to_str().unwrap_or("").split_whitespace().collect();
+    if let [first, rest @ ..] = words.as_slice() {
+        if !rest.is_empty() && resolve_one(OsStr::new(first)).is_ok() {
+            return Err(CommandError::WithArguments {
+                given: program.to_string_lossy().into_owned(),
+                program: first.to_string(),
+                args: rest.iter().map(|a| a.to_string()).collect(),
+            });
+        }
+    }
+    Err(err)
+}
+
+fn resolve_one(program: &OsStr) -> Result<PathBuf, CommandError> {
     if program.is_empty() {
         return Err(CommandError::EmptyProgram);
     }
     let given = Path::new(program);
-    if program.as_encoded_bytes().contains(&b'/') {
-        let path = std::path::absolute(given).map_err(|source| CommandError::Inspect {
-            path: given.to_path_buf(),
+    let absolute = |path: &Path| {
+        std::path::absolute(path).map_err(|source| CommandError::Inspect {
+            path: path.to_path_buf(),
             source,
-        })?;
+        })
+    };
+    if program.as_encoded_bytes().contains(&b'/') {
+        let path = absolute(given)?;
         check_executable(&path)?;
         return Ok(path);
     }
-    let path_var = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path_var) {
-        // An empty PATH entry means the current directory.
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
-        };
-        let candidate = dir.join(given);
-        if check_executable(&candidate).is_ok() {
-            return std::path::absolute(&candidate).map_err(|source| CommandError::Inspect {
-                path: candidate,
-                source,
-            });
-        }
+    match which::which(given) {
+        Ok(found) => absolute(&found),
+        Err(_) => Err(CommandError::NotInPath {
+            name: program.to_string_lossy().into_owned(),
+            path_var: std::env::var_os("PATH")
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+        }),
     }
-    Err(CommandError::NotInPath {
-        name: program.to_string_lossy().into_owned(),
-        path_var: path_var.to_string_lossy().into_owned(),
-    })
 }
 
 fn check_executable(path: &Path) -> Result<(), CommandError> {
@@ -467,21 +535,13 @@ fn check_executable(path: &Path) -> Result<(), CommandError> {
             path: path.to_path_buf(),
         });
     }
+    // access(2) rather than the mode bits: it answers for this user, its
+    // groups and ACLs, as the exec will.
     #[cfg(unix)]
-    {
-        use std::os::unix::ffi::OsStrExt;
-        let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-            CommandError::Inspect {
-                path: path.to_path_buf(),
-                source: io::Error::new(io::ErrorKind::InvalidInput, "the path holds a NUL byte"),
-            }
-        })?;
-        // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
-        if unsafe { libc::access(c_path.as_ptr(), libc::X_OK) } != 0 {
-            return Err(CommandError::NotExecutable {
-                path: path.to_path_buf(),
-            });
-        }
+    if rustix::fs::access(path, rustix::fs::Access::EXEC_OK).is_err() {
+        return Err(CommandError::NotExecutable {
+            path: path.to_path_buf(),
+        });
     }
     Ok(())
 }

@@ -22,10 +22,23 @@ pub enum JsonlError {
     },
 }
 
-/// Writes each envelope as one line of JSON ([`Envelope::to_json`] and a
-/// newline), and reports [`Outcome::Delivered`] only once the line is
-/// written and flushed (and, with `fsync`, synced to disk). A failed write
-/// is a retry carrying the I/O error.
+/// Writes each envelope as one line of JSON and a newline, and reports
+/// [`Outcome::Delivered`] only once the line is written and flushed (and,
+/// with `fsync`, synced to disk). A failed write is a retry carrying the I/O
+/// error.
+///
+/// Each event is exactly one line, whatever its payload looks like: the
+/// envelope ([`Envelope::to_json`]) is re-encoded compactly, dropping the
+/// whitespace between tokens that a pretty-printed payload (or any foreign
+/// producer) stored, and writing U+0085, U+2028 and U+2029 inside strings as
+/// `\u` escapes, since some readers (Python's `splitlines`, older
+/// JavaScript) break lines at them. The JSON value is unchanged: the same
+/// keys in the same order, the same numbers digit for digit, the same
+/// strings. (The webhook and command sinks deliver the payload's bytes as
+/// they were stored.)
+///
+/// With [`delivery_fields`](Self::delivery_fields), each line also carries
+/// the event's `tenant_id` and `legacy` flag after the envelope's fields.
 ///
 /// Deliveries from several worker threads are serialised by a mutex, so a
 /// line never interleaves with another.
@@ -42,6 +55,7 @@ pub enum JsonlError {
 pub struct JsonlSink {
     target: Mutex<Target>,
     fsync: bool,
+    delivery_fields: bool,
     label: String,
 }
 
@@ -62,6 +76,7 @@ impl JsonlSink {
         JsonlSink {
             target: Mutex::new(Target::Stdout),
             fsync: false,
+            delivery_fields: false,
             label: "stdout".to_string(),
         }
     }
@@ -81,6 +96,7 @@ impl JsonlSink {
         Ok(JsonlSink {
             target: Mutex::new(Target::File { file, dirty: false }),
             fsync,
+            delivery_fields: false,
             label: path.display().to_string(),
         })
     }
@@ -91,8 +107,42 @@ impl JsonlSink {
         JsonlSink {
             target: Mutex::new(Target::Writer(Box::new(writer))),
             fsync: false,
+            delivery_fields: false,
             label: "a writer".to_string(),
         }
+    }
+
+    /// Adds `"tenant_id"` (a string, or null) and `"legacy"` (true for a
+    /// row written without an event id) to each line, after the envelope's
+    /// fields. Off by default: each line is then exactly an envelope (which
+    /// [`Envelope`](crate::envelope::Envelope)'s deserializer, refusing
+    /// unknown fields, reads back).
+    ///
+    /// ```
+    /// use outboxd::sinks::JsonlSink;
+    /// let sink = JsonlSink::stdout().delivery_fields(true);
+    /// ```
+    pub fn delivery_fields(mut self, on: bool) -> JsonlSink {
+        self.delivery_fields = on;
+        self
+    }
+
+    /// The line written for one delivery, newline included.
+    fn line(&self, delivery: &Delivery) -> Vec<u8> {
+        let mut json = delivery.envelope.to_json();
+        if self.delivery_fields {
+            // The envelope is a JSON object: its last byte is its closing brace.
+            json.pop();
+            json.push_str(",\"tenant_id\":");
+            json.push_str(
+                &serde_json::to_string(&delivery.tenant_id).expect("a string always serializes"),
+            );
+            json.push_str(",\"legacy\":");
+            json.push_str(if delivery.legacy { "true}" } else { "false}" });
+        }
+        let mut line = one_line(&json).into_bytes();
+        line.push(b'\n');
+        line
     }
 
     fn write_line(&self, line: &[u8]) -> io::Result<()> {
@@ -134,9 +184,7 @@ impl JsonlSink {
 
 impl Consumer for JsonlSink {
     fn deliver(&self, delivery: &Delivery) -> Outcome {
-        let mut line = delivery.envelope.to_json().into_bytes();
-        line.push(b'\n');
-        match self.write_line(&line) {
+        match self.write_line(&self.line(delivery)) {
             Ok(()) => Outcome::Delivered,
             Err(e) => Outcome::retry(format!("cannot write to {}: {e}", self.label)),
         }
@@ -148,6 +196,73 @@ impl fmt::Debug for JsonlSink {
         f.debug_struct("JsonlSink")
             .field("target", &self.label)
             .field("fsync", &self.fsync)
+            .field("delivery_fields", &self.delivery_fields)
             .finish()
+    }
+}
+
+/// Valid JSON text re-encoded on one line: whitespace between tokens is
+/// dropped, and the characters some readers take for line breaks (U+0085,
+/// U+2028, U+2029; the others are control characters, which JSON strings
+/// never hold raw) are escaped inside strings. Everything else is copied
+/// as it is, so the value is unchanged (no number is re-parsed, no key
+/// reordered). The input must be valid JSON, as an envelope always is.
+fn one_line(json: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(json.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    for c in json.chars() {
+        if !in_string {
+            match c {
+                ' ' | '\t' | '\n' | '\r' => {}
+                '"' => {
+                    in_string = true;
+                    out.push(c);
+                }
+                c => out.push(c),
+            }
+            continue;
+        }
+        match c {
+            _ if escaped => {
+                escaped = false;
+                out.push(c);
+            }
+            '\\' => {
+                escaped = true;
+                out.push(c);
+            }
+            '"' => {
+                in_string = false;
+                out.push(c);
+            }
+            '\u{85}' | '\u{2028}' | '\u{2029}' => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn one_line_keeps_the_value_and_drops_the_layout() {
+        let pretty = "{\n  \"a b\" : [ 1 ,\t2.50e3 ],\r\n  \"s\": \"x \\\" \\n y\u{2028}z\u{85}\",\n  \"n\": 123456789012345678901234567890\n}";
+        let line = one_line(pretty);
+        assert_eq!(
+            line,
+            r#"{"a b":[1,2.50e3],"s":"x \" \n y\u2028z\u0085","n":123456789012345678901234567890}"#
+        );
+        let a: serde_json::Value = serde_json::from_str(pretty).unwrap();
+        let b: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(a, b);
+        // Compact JSON without those characters is left as it is.
+        let compact = r#"{"id":7,"text":"caf\u00e9 ok","list":[true,false,null]}"#;
+        assert_eq!(one_line(compact), compact);
     }
 }

@@ -8,6 +8,17 @@
 //! | `webhook-timestamp` | when this attempt was sent, in Unix seconds |
 //! | `webhook-signature` | `v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`, one per secret, space-separated |
 //! | `content-type` | `application/json` |
+//! | `outboxd-tenant-id` | the event's tenant, percent-encoded UTF-8 (letters, digits and `-._~` as they are); absent when the event has none |
+//! | `outboxd-legacy` | `true` for a legacy row (written without an event id: its id is derived from the row, and it is not deduplicated); absent otherwise |
+//!
+//! The body is the envelope JSON with the payload's bytes as the producer
+//! wrote them (whitespace included): the signature covers exactly those
+//! bytes. The `outboxd-*` headers, like configured ones, are not signed.
+//!
+//! A replay (`outboxd replay`) delivers the same event again, so it carries
+//! the same `webhook-id`: a receiver that drops ids it has already processed
+//! drops a replay too. To replay into such a receiver, clear its record of
+//! those ids first.
 //!
 //! The answer is the verdict: 2xx is delivered; 408, 425, 429, 5xx, network
 //! errors and timeouts are retried (no sooner than a `Retry-After` says);
@@ -64,8 +75,14 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 /// Secret prefix required by Standard Webhooks.
 const SECRET_PREFIX: &str = "whsec_";
 
+/// The header carrying the event's tenant.
+pub const TENANT_HEADER: &str = "outboxd-tenant-id";
+
+/// The header marking a legacy row.
+pub const LEGACY_HEADER: &str = "outboxd-legacy";
+
 /// Headers the sink sets itself; configured headers may not replace them.
-const RESERVED_HEADERS: [&str; 7] = [
+const RESERVED_HEADERS: [&str; 9] = [
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
@@ -73,7 +90,34 @@ const RESERVED_HEADERS: [&str; 7] = [
     "content-length",
     "host",
     "transfer-encoding",
+    TENANT_HEADER,
+    LEGACY_HEADER,
 ];
+
+/// The log targets of the HTTP client (ureq) under this sink. At TRACE it
+/// logs the request line with its query string and a dump of every byte
+/// sent, credential headers and signatures included; up to DEBUG it hides
+/// paths, queries and all but a few harmless headers. A host whose logger
+/// records `log` or `tracing` events must keep these targets at DEBUG or
+/// less, as the `outboxd` binary does whatever level it is given:
+///
+/// ```
+/// use outboxd::sinks::webhook::is_http_client_log_target;
+/// assert!(is_http_client_log_target("ureq_proto::util"));
+/// assert!(is_http_client_log_target("ureq"));
+/// assert!(!is_http_client_log_target("ureqx"));
+/// assert!(!is_http_client_log_target("outboxd::sinks::webhook"));
+/// ```
+pub fn is_http_client_log_target(target: &str) -> bool {
+    ["ureq", "ureq_proto"].iter().any(|t| {
+        target
+            .strip_prefix(t)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    })
+}
+
+/// What replaces a configured secret found in a retry or poison reason.
+const REDACTED: &str = "<redacted>";
 
 /// A webhook sink's configuration is wrong. No message ever contains a
 /// secret.
@@ -101,6 +145,19 @@ pub enum WebhookError {
     UrlHost {
         /// The URL without credentials or query.
         url: String,
+    },
+    /// The URL names a loopback, private or otherwise non-public address
+    /// (or `localhost`) although the sink denies private addresses.
+    #[error(
+        "webhook URL {url} names {host}, which is not a public address, and \
+         deny_private_addresses is on: every delivery would be refused; give a public \
+         address or turn deny_private_addresses off"
+    )]
+    PrivateAddress {
+        /// The URL without credentials or query.
+        url: String,
+        /// The host as written in the URL.
+        host: String,
     },
     /// No secret was configured.
     #[error(
@@ -361,6 +418,11 @@ impl WebhookSinkBuilder {
     /// checked on the addresses the host name resolves to, which are the
     /// ones dialled: no second lookup can rebind. For services whose tenants
     /// configure webhook URLs. Off by default.
+    ///
+    /// A URL whose host is already known to be refused (a non-public IP
+    /// literal, `localhost` or a name under `.localhost`) fails
+    /// [`build`](Self::build) with [`WebhookError::PrivateAddress`]; other
+    /// names are checked when they resolve, at each delivery.
     pub fn deny_private_addresses(mut self, deny: bool) -> Self {
         self.deny_private = deny;
         self
@@ -394,9 +456,21 @@ impl WebhookSinkBuilder {
                 })
             }
         }
-        if uri.host().is_none_or(str::is_empty) {
+        let host = uri.host().unwrap_or("");
+        if host.is_empty() {
             return Err(WebhookError::UrlHost { url: shown });
         }
+        if self.deny_private && names_non_public(host) {
+            return Err(WebhookError::PrivateAddress {
+                url: shown,
+                host: host.to_string(),
+            });
+        }
+        self.assemble(shown)
+    }
+
+    /// Builds the sink from a checked URL: everything but the URL checks.
+    fn assemble(self, shown: String) -> Result<WebhookSink, WebhookError> {
         if self.secrets.is_empty() {
             return Err(WebhookError::NoSecret);
         }
@@ -452,8 +526,10 @@ impl WebhookSinkBuilder {
             deny_private: self.deny_private,
         };
         let agent = ureq::Agent::with_parts(config, DefaultConnector::default(), resolver);
+        let redactor = Redactor::new(&self.url, &self.secrets, &self.headers);
         Ok(WebhookSink {
             agent,
+            redactor,
             url: self.url.trim().to_string(),
             shown_url: shown,
             secrets,
@@ -488,6 +564,7 @@ impl fmt::Debug for WebhookSinkBuilder {
 /// [module docs](self)). Built with [`WebhookSink::builder`].
 pub struct WebhookSink {
     agent: ureq::Agent,
+    redactor: Redactor,
     url: String,
     shown_url: String,
     secrets: Vec<WebhookSecret>,
@@ -555,6 +632,12 @@ impl WebhookSink {
                 "webhook-signature",
                 self.signature_header(&id, timestamp, body.as_bytes()),
             );
+        if let Some(tenant) = &delivery.tenant_id {
+            request = request.header(TENANT_HEADER, percent_encode(tenant));
+        }
+        if delivery.legacy {
+            request = request.header(LEGACY_HEADER, "true");
+        }
         for (name, value) in &self.headers {
             request = request.header(name, value);
         }
@@ -610,7 +693,19 @@ impl WebhookSink {
 
 impl Consumer for WebhookSink {
     fn deliver(&self, delivery: &Delivery) -> Outcome {
-        self.post(delivery)
+        // A receiver may echo the request (its URL, an authorization header)
+        // in its answer, and an error may quote the URL: the reason goes to
+        // logs and dead letters, so configured secrets are cut out of it.
+        match self.post(delivery) {
+            Outcome::Retry { reason, after } => Outcome::Retry {
+                reason: self.redactor.apply(reason),
+                after,
+            },
+            Outcome::Poison { reason } => Outcome::Poison {
+                reason: self.redactor.apply(reason),
+            },
+            delivered => delivered,
+        }
     }
 }
 
@@ -700,6 +795,115 @@ fn redact_url(url: &str) -> String {
             format!("{scheme}://{host}{path}")
         }
         None => without_query.to_string(),
+    }
+}
+
+/// True when a URL's host is refused before any lookup: a non-public IP
+/// literal, `localhost`, or a name under `.localhost` (RFC 6761 reserves
+/// them for loopback).
+fn names_non_public(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return is_non_public(ip);
+    }
+    let name = bare.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost" || name.ends_with(".localhost")
+}
+
+/// A header value of any UTF-8 text: percent-encoded, with letters, digits
+/// and `-._~` as they are (RFC 3986's unreserved characters), so that any
+/// tenant id fits a header and decodes back unambiguously.
+fn percent_encode(text: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// True for a header whose value is a credential, by its name.
+fn is_credential_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    [
+        "auth",
+        "token",
+        "secret",
+        "key",
+        "password",
+        "cookie",
+        "session",
+        "credential",
+        "signature",
+    ]
+    .iter()
+    .any(|word| name.contains(word))
+}
+
+/// The secrets of one sink's configuration, to cut out of every reason:
+/// the URL's query string and each of its values, the URL's user and
+/// password, each signing secret (whole, and its base64 part), and the
+/// values of credential headers (whole, and the token after a scheme such
+/// as `Bearer`).
+struct Redactor {
+    /// Longest first, so a whole query goes before its parts.
+    needles: Vec<String>,
+}
+
+impl Redactor {
+    /// Shorter strings are left alone: they are not secrets worth the name,
+    /// and cutting them would garble ordinary words.
+    const MIN_LEN: usize = 4;
+
+    fn new(url: &str, secrets: &[String], headers: &[(String, String)]) -> Redactor {
+        let mut needles: Vec<String> = Vec::new();
+        let url = url.trim();
+        if let Some((_, query)) = url.split_once('?') {
+            let query = query.split('#').next().unwrap_or("");
+            needles.push(query.to_string());
+            for pair in query.split('&') {
+                needles.push(pair.split_once('=').map_or(pair, |(_, v)| v).to_string());
+            }
+        }
+        if let Some((_, rest)) = url.split_once("://") {
+            let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+            if let Some((userinfo, _)) = authority.rsplit_once('@') {
+                needles.push(userinfo.to_string());
+                needles.extend(userinfo.split(':').map(str::to_string));
+            }
+        }
+        for secret in secrets {
+            let secret = secret.trim();
+            needles.push(secret.to_string());
+            if let Some(b64) = secret.strip_prefix(SECRET_PREFIX) {
+                needles.push(b64.to_string());
+            }
+        }
+        for (name, value) in headers {
+            if is_credential_header(name) {
+                needles.push(value.trim().to_string());
+                if let Some(token) = value.split_whitespace().last() {
+                    needles.push(token.to_string());
+                }
+            }
+        }
+        needles.retain(|n| n.len() >= Self::MIN_LEN);
+        needles.sort_by_key(|n| std::cmp::Reverse(n.len()));
+        needles.dedup();
+        Redactor { needles }
+    }
+
+    fn apply(&self, mut text: String) -> String {
+        for needle in &self.needles {
+            if text.contains(needle.as_str()) {
+                text = text.replace(needle.as_str(), REDACTED);
+            }
+        }
+        text
     }
 }
 
@@ -861,6 +1065,106 @@ mod tests {
         assert_eq!(parse_retry_after("0", now), None);
         assert_eq!(parse_retry_after("soon", now), None);
         assert_eq!(parse_retry_after("99999999", now), Some(MAX_RETRY_AFTER));
+    }
+
+    #[test]
+    fn hosts_refused_before_any_lookup() {
+        for host in [
+            "127.0.0.1",
+            "[::1]",
+            "10.0.0.7",
+            "[::ffff:192.168.1.1]",
+            "localhost",
+            "LocalHost.",
+            "api.localhost",
+            "0.0.0.0",
+        ] {
+            assert!(names_non_public(host), "{host}");
+        }
+        for host in [
+            "example.com",
+            "8.8.8.8",
+            "[2606:4700::1]",
+            "localhost.example.com",
+        ] {
+            assert!(!names_non_public(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn delivery_time_guard_refuses_what_a_name_resolves_to() {
+        // build() refuses localhost outright; assemble() skips that check so
+        // the guard that runs at each delivery (after DNS) is tested alone.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        for url in [
+            format!("http://localhost:{port}/ok"),
+            format!("http://127.0.0.1:{port}/ok"),
+            format!("http://[::ffff:127.0.0.1]:{port}/ok"),
+        ] {
+            let builder = WebhookSink::builder(&url)
+                .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+                .deny_private_addresses(true);
+            let shown = redact_url(&url);
+            let sink = builder.assemble(shown).unwrap();
+            let delivery = Delivery {
+                envelope: crate::Envelope {
+                    event_id: crate::EventId::new(),
+                    event_type: crate::EventType::parse("a.b.v1").unwrap(),
+                    event_version: 1,
+                    causation_id: None,
+                    correlation_id: None,
+                    occurred_at: crate::Timestamp::from_millis(0),
+                    payload: serde_json::value::RawValue::from_string("1".into()).unwrap(),
+                },
+                attempt: 1,
+                consumer: "c".into(),
+                legacy: false,
+                tenant_id: None,
+                ordering_key: None,
+            };
+            match sink.deliver(&delivery) {
+                Outcome::Poison { reason } => {
+                    assert!(reason.contains("refused to connect"), "{url}: {reason}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        // Nothing connected: the guard refused before dialling.
+        assert_eq!(
+            listener.accept().unwrap_err().kind(),
+            std::io::ErrorKind::WouldBlock
+        );
+    }
+
+    #[test]
+    fn tenant_ids_are_percent_encoded() {
+        assert_eq!(percent_encode("acme-01_x.y~z"), "acme-01_x.y~z");
+        assert_eq!(percent_encode("a b%c/é\n"), "a%20b%25c%2F%C3%A9%0A");
+    }
+
+    #[test]
+    fn configured_secrets_are_cut_out_of_reasons() {
+        let r = Redactor::new(
+            "https://user:hunter22@h/p?token=qtok-1234&mode=x#frag",
+            &["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_string()],
+            &[
+                ("Authorization".to_string(), "Bearer htok-5678".to_string()),
+                ("x-source".to_string(), "outboxd".to_string()),
+            ],
+        );
+        let reason = r.apply(
+            "answered 500: you sent /p?token=qtok-1234&mode=x with Bearer htok-5678, \
+             token qtok-1234, key MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw, pw hunter22, from outboxd"
+                .to_string(),
+        );
+        for secret in ["qtok-1234", "htok-5678", "MfKQ9r8GKYq", "hunter22"] {
+            assert!(!reason.contains(secret), "{secret} in {reason}");
+        }
+        // Ordinary header values and short query values stay.
+        assert!(reason.ends_with("from outboxd"), "{reason}");
+        assert!(reason.contains("/p?<redacted> with"), "{reason}");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod bin;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -116,3 +118,6 @@ impl Recorder {
         self.seen.lock().unwrap().len()
     }
 }
+
+/// Starting relays in tests: `db.relay()…started()`, `stop`, `Gate`.
+pub mod relay;

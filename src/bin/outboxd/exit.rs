@@ -26,6 +26,9 @@ pub enum Exit {
     /// a sink that cannot be built, a metrics address in use. Raised before
     /// any event is claimed.
     Config = 6,
+    /// outboxd itself failed: a thread could not be started (the system's
+    /// limits on threads or memory) or one of its threads panicked (a bug).
+    Internal = 7,
 }
 
 impl From<Exit> for ExitCode {
@@ -44,10 +47,14 @@ Exit codes:
   4  schema error: no outboxd schema (run `outboxd migrate`), or a schema
      older or newer than this binary
   5  invalid input: bad JSON, invalid event type, payload too large, an id
-     that is not found, a discard of several rows without --yes
+     that is not found, a consumer the database does not know, a discard of
+     several rows without --yes
   6  configuration error: a config file field is wrong, a sink cannot be
      built (missing program, bad URL, missing secret), the metrics address
      is in use; found at start-up, before any event is claimed
+  7  internal error: a thread could not be started (the system's limit on
+     threads or memory was reached), or one of outboxd's threads panicked or
+     found its own data inconsistent (a bug: please report it with the log)
   130  `run` stopped by a second SIGINT/SIGTERM during its graceful shutdown";
 
 /// An error the binary raises itself, tagged with its exit code. Library
@@ -84,6 +91,14 @@ impl Failure {
             message: message.into(),
         }
     }
+
+    /// outboxd itself failed: a thread could not start, or one panicked (exit 7).
+    pub fn internal(message: impl Into<String>) -> Failure {
+        Failure {
+            exit: Exit::Internal,
+            message: message.into(),
+        }
+    }
 }
 
 /// The exit code for an error: the first [`Failure`] or [`outboxd::Error`]
@@ -110,7 +125,9 @@ fn library(e: &outboxd::Error) -> Exit {
         | E::PayloadTooLarge { .. }
         | E::Payload(_)
         | E::InvalidSetting { .. }
-        | E::NotFound { .. } => Exit::Input,
+        | E::NotFound { .. }
+        | E::UnknownConsumer { .. } => Exit::Input,
+        E::Spawn { .. } | E::Panicked { .. } | E::Invariant { .. } => Exit::Internal,
         _ => Exit::Database,
     }
 }
@@ -164,6 +181,28 @@ mod tests {
         });
         assert_eq!(classify(&e), Exit::Database);
         let e = anyhow::Error::new(Failure::input("bad")).context("while reading");
+        assert_eq!(classify(&e), Exit::Input);
+        // A thread that could not start, or a panic, is neither bad input
+        // nor a database problem.
+        let e = anyhow::Error::new(outboxd::Error::Spawn {
+            thread: "outboxd-worker-0".into(),
+            source: std::io::Error::from(std::io::ErrorKind::OutOfMemory),
+        })
+        .context("the relay stopped");
+        assert_eq!(classify(&e), Exit::Internal);
+        let e = anyhow::Error::new(outboxd::Error::Panicked {
+            thread: "outboxd-writer".into(),
+            message: "index out of bounds".into(),
+        });
+        assert_eq!(classify(&e), Exit::Internal);
+        let e = anyhow::Error::new(outboxd::Error::Invariant {
+            what: "a claimed row vanished".into(),
+        });
+        assert_eq!(classify(&e), Exit::Internal);
+        let e = anyhow::Error::new(outboxd::Error::UnknownConsumer {
+            name: "serch".into(),
+            known: vec!["search".into()],
+        });
         assert_eq!(classify(&e), Exit::Input);
     }
 

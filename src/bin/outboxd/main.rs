@@ -10,6 +10,7 @@ mod args;
 mod assets;
 mod cmd;
 mod config;
+mod console;
 mod exit;
 mod metrics;
 
@@ -77,8 +78,9 @@ fn main() -> ExitCode {
         format: cli.log_format,
         level: cli.log_level,
     };
-    // `run` sets up logging itself once it has read its config's [log].
-    if !matches!(cli.command, cmd::Command::Run(_)) {
+    // `run` and `console` set up logging themselves once they have read
+    // their config's [log].
+    if !matches!(cli.command, cmd::Command::Run(_) | cmd::Command::Console(_)) {
         init_logging(&log, &LogSettings::default(), "warn");
     }
     let global = cmd::Global {
@@ -136,11 +138,7 @@ pub struct LogOptions {
 }
 
 fn parse_log_level(s: &str) -> Result<String, String> {
-    tracing_subscriber::EnvFilter::try_new(s)
-        .map(|_| s.to_string())
-        .map_err(|e| {
-            format!("{e}; expected error, warn, info, debug, trace or directives such as info,outboxd=debug")
-        })
+    config::log::check_level(s).map(|()| s.to_string())
 }
 
 /// Sets up logging to stderr, once. The level comes from `--log-level`, else
@@ -159,16 +157,26 @@ pub fn init_logging(flags: &LogOptions, config: &LogSettings, default_level: &st
         (None, None, Some(level)) => EnvFilter::new(level),
         (None, None, None) => EnvFilter::new(default_level),
     };
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
+    // The webhook sink's HTTP client dumps whole requests (secrets included)
+    // at TRACE: never let those through, whatever the level or RUST_LOG say.
+    let no_http_trace = tracing_subscriber::filter::filter_fn(|meta| {
+        *meta.level() < tracing::Level::TRACE
+            || !outboxd::sinks::webhook::is_http_client_log_target(meta.target())
+    });
     let format = flags.format.or(config.format).unwrap_or(LogFormat::Text);
     // Errors only if logging was set up already, which is then kept.
     let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Json => builder.json().finish().with(no_http_trace).try_init(),
         // Colour codes only for a person at a terminal, not for journald or a file.
         LogFormat::Text => builder
             .with_ansi(std::io::stderr().is_terminal())
+            .finish()
+            .with(no_http_trace)
             .try_init(),
     };
 }

@@ -2,10 +2,10 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Result;
 
+use super::support::{count, human};
 use super::Global;
 use crate::config::Config;
 use crate::exit::{Exit, Failure};
@@ -34,10 +34,7 @@ pub struct Args {
 /// Validates the config and prints what it configures.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let c = Config::load(&args.config).map_err(|e| Failure::config(e.to_string()))?;
-    let db = match &c.database {
-        Some(path) if !global.db_explicit => path.clone(),
-        _ => global.db.clone(),
-    };
+    let db = global.db_with_config(c.database.as_deref());
     let mut out = std::io::stdout().lock();
     writeln!(out, "config {}: ok", args.config.display())?;
     writeln!(out, "database:  {}", db.display())?;
@@ -70,9 +67,10 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
         out,
         "alerts:    stale after {}{}",
         human(c.alerts.stale_after),
-        c.alerts
-            .max_dead
-            .map_or(String::new(), |n| format!(", more than {n} dead letters"))
+        c.alerts.max_dead.map_or(String::new(), |n| format!(
+            ", more than {}",
+            count(n, "dead letter", "dead letters")
+        ))
     )?;
     if let Some(addr) = c.metrics {
         writeln!(out, "metrics:   http://{addr}/metrics")?;
@@ -88,15 +86,4 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
         )?;
     }
     Ok(Exit::Ok)
-}
-
-fn human(d: Duration) -> String {
-    let ms = d.as_millis();
-    match ms {
-        _ if ms % 86_400_000 == 0 && ms > 0 => format!("{}d", ms / 86_400_000),
-        _ if ms % 3_600_000 == 0 && ms > 0 => format!("{}h", ms / 3_600_000),
-        _ if ms % 60_000 == 0 && ms > 0 => format!("{}m", ms / 60_000),
-        _ if ms % 1000 == 0 => format!("{}s", ms / 1000),
-        _ => format!("{ms}ms"),
-    }
 }

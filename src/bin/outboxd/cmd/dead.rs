@@ -4,23 +4,29 @@ use std::io::Write;
 
 use anyhow::Result;
 use outboxd::dead_letter::{self, DeadLetter, Selector};
+use outboxd::repair::{repair, Repair};
 use outboxd::router::Pattern;
-use outboxd::Timestamp;
+use outboxd::text::{clip, Keep, ELLIPSIS};
+use outboxd::{EventId, EventType, Timestamp};
 
-use super::support::{not_found, open_migrated, open_migrated_read_only};
-use super::Global;
+use super::payload::PayloadArgs;
+use super::support::{count, not_found};
+use super::{database, Global};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd dead --help`.
 pub const EXAMPLES: &str = "\
-A dead letter is an event a consumer refused (poison) or that ran out of
-retries. It stays until you requeue it (deliver again) or discard it.
+A dead letter is an event a consumer refused (poison), that ran out of
+retries, or that the relay could not read (a row a producer wrote with a bad
+event type, payload or id: `dead edit` repairs it). It stays until you
+requeue it (deliver again) or discard it.
 Exit code 5 when no dead letter has the id given, or when a discard of
 several rows lacks --yes.
 
 Examples:
   outboxd --db app.db dead list
   outboxd --db app.db dead show 42
+  outboxd --db app.db dead edit 42 --type order.placed.v1 --requeue
   outboxd --db app.db dead requeue --type 'order.*'
   outboxd --db app.db dead discard --all --yes";
 
@@ -29,12 +35,17 @@ const NOT_FOUND_HINT: &str = "see the dead letters with `outboxd dead list`";
 /// The `dead` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Args {
-    /// List dead letters, newest first: row id, event id, type, attempts, reason.
+    /// List dead letters, newest first: row id, event id, type, attempts, and
+    /// the reason's start and end (`dead show` has it whole).
     #[command(after_help = LIST_HELP)]
     List(ListArgs),
     /// Show one dead letter in full: reason, attempts and payload.
     #[command(after_help = SHOW_HELP)]
     Show(ShowArgs),
+    /// Repair a dead letter the relay could not read: set its type, payload,
+    /// ids or time, checked as the relay checks a row; then requeue it.
+    #[command(after_help = EDIT_HELP, visible_alias = "fix")]
+    Edit(Box<EditArgs>),
     /// Put dead letters back in the queue, due now, with their attempts reset.
     #[command(after_help = REQUEUE_HELP)]
     Requeue(ChangeArgs),
@@ -55,6 +66,22 @@ Exit code 5 when no dead letter has that id.
 Examples:
   outboxd --db app.db dead show 42
   outboxd --db app.db dead show 01JDQ7X6ZB5N4Q2W8V1K3M9T0R --json";
+
+const EDIT_HELP: &str = "\
+For a row a producer wrote that the relay cannot read, and dead-lettered
+with the reason (`dead show ID`): an event type without a version, a payload
+that is not JSON, a malformed event id, a version that disagrees with the
+type, a time outside years 1 to 9999. Sets the columns given, then checks the
+whole row as the relay will when it claims it; if the row would still be
+refused, nothing is changed and the error names the column (exit 5). Setting
+the type sets the version with it. The row stays dead unless --requeue is
+given (or run `dead requeue ID` after). Prefer this to a hand-written UPDATE:
+it keeps to the rules of the SQL contract (docs/sql-contract.md).
+
+Examples:
+  outboxd --db app.db dead edit 42 --type order.placed.v1
+  outboxd --db app.db dead edit 42 --payload-file fixed.json --requeue
+  outboxd --db app.db dead edit 01JDQ7X6ZB5N4Q2W8V1K3M9T0R --new-event-id --requeue";
 
 const REQUEUE_HELP: &str = "\
 Changes the selected rows from dead to pending, due now, with attempts back
@@ -124,6 +151,84 @@ impl Which {
     }
 }
 
+/// Options of `dead edit`: the id, and at least one column to set.
+#[derive(Debug, clap::Args)]
+#[command(group(
+    clap::ArgGroup::new("columns")
+        .required(true)
+        .multiple(true)
+        .args([
+            "event_type", "payload", "payload_file", "event_id", "new_event_id",
+            "causation_id", "no_causation_id", "correlation_id", "no_correlation_id",
+            "occurred_at",
+        ])
+))]
+pub struct EditArgs {
+    /// The row id or the event id.
+    #[arg(value_name = "ID")]
+    id: String,
+    /// The event type, such as order.placed.v1 (the version column follows).
+    #[arg(long = "type", value_name = "TYPE", value_parser = EventType::parse)]
+    event_type: Option<EventType>,
+    #[command(flatten)]
+    payload: PayloadArgs,
+    /// The event id (a ULID).
+    #[arg(long, value_name = "ID", value_parser = EventId::parse, conflicts_with = "new_event_id")]
+    event_id: Option<EventId>,
+    /// A fresh event id, for a row whose id is malformed.
+    #[arg(long)]
+    new_event_id: bool,
+    /// The causation id.
+    #[arg(long, value_name = "ID", conflicts_with = "no_causation_id")]
+    causation_id: Option<String>,
+    /// Clear the causation id.
+    #[arg(long)]
+    no_causation_id: bool,
+    /// The correlation id.
+    #[arg(long, value_name = "ID", conflicts_with = "no_correlation_id")]
+    correlation_id: Option<String>,
+    /// Clear the correlation id.
+    #[arg(long)]
+    no_correlation_id: bool,
+    /// When the event occurred (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    occurred_at: Option<Timestamp>,
+    /// Put it back in the queue once repaired, due now.
+    #[arg(long)]
+    requeue: bool,
+    /// Print the repaired dead letter as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+impl EditArgs {
+    /// The columns the flags set.
+    fn repair(&self) -> Result<Repair> {
+        let mut r = Repair::new();
+        if let Some(t) = &self.event_type {
+            r = r.event_type(t.clone());
+        }
+        if let Some(json) = self.payload.read()? {
+            r = r.payload(json);
+        }
+        match (&self.event_id, self.new_event_id) {
+            (Some(id), _) => r = r.event_id(*id),
+            (None, true) => r = r.event_id(EventId::new()),
+            (None, false) => {}
+        }
+        if self.causation_id.is_some() || self.no_causation_id {
+            r = r.causation_id(self.causation_id.clone());
+        }
+        if self.correlation_id.is_some() || self.no_correlation_id {
+            r = r.correlation_id(self.correlation_id.clone());
+        }
+        if let Some(t) = self.occurred_at {
+            r = r.occurred_at(t);
+        }
+        Ok(r)
+    }
+}
+
 /// Options of `dead requeue`.
 #[derive(Debug, clap::Args)]
 pub struct ChangeArgs {
@@ -146,13 +251,14 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     match args {
         Args::List(a) => list(global, a),
         Args::Show(a) => show(global, a),
+        Args::Edit(a) => edit(global, a),
         Args::Requeue(a) => requeue(global, a),
         Args::Discard(a) => discard(global, a),
     }
 }
 
 fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
-    let conn = open_migrated_read_only(&global.db)?;
+    let conn = database::for_reading(&global.db)?;
     let dead = dead_letter::list(&conn, args.limit)?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -178,14 +284,14 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
             d.event_type,
             d.attempts,
             d.dead_at.map_or_else(|| "-".into(), |t| t.to_string()),
-            one_line(d.reason.as_deref().unwrap_or("-"), 80)
+            reason_summary(d.reason.as_deref().unwrap_or("-"), 80)
         )?;
     }
     Ok(Exit::Ok)
 }
 
 fn show(global: &Global, args: &ShowArgs) -> Result<Exit> {
-    let conn = open_migrated_read_only(&global.db)?;
+    let conn = database::for_reading(&global.db)?;
     let d = dead_letter::show(&conn, &args.id).map_err(not_found(NOT_FOUND_HINT))?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -218,11 +324,51 @@ fn write_one(out: &mut impl Write, d: &DeadLetter) -> std::io::Result<()> {
     Ok(())
 }
 
+fn edit(global: &Global, args: &EditArgs) -> Result<Exit> {
+    // Everything the flags say is read and checked before the database is.
+    let r = args.repair()?;
+    let mut conn = database::for_writing(&global.db)?;
+    let d = repair(&mut conn, &args.id, &r).map_err(not_found(NOT_FOUND_HINT))?;
+    if args.requeue {
+        let selector = Selector::One(d.row_id.to_string());
+        dead_letter::requeue(&mut conn, &selector, Timestamp::now())?;
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        // The row as repaired; "requeued" says whether it is still dead.
+        let mut value = serde_json::to_value(&d)?;
+        if let Some(map) = value.as_object_mut() {
+            map.insert("requeued".into(), args.requeue.into());
+            map.insert("changed".into(), r.columns().into());
+        }
+        serde_json::to_writer(&mut out, &value)?;
+        writeln!(out)?;
+        return Ok(Exit::Ok);
+    }
+    writeln!(
+        out,
+        "repaired dead letter {} ({}): {}",
+        d.row_id,
+        d.event_id.as_deref().unwrap_or("no event id"),
+        r.columns().join(", ")
+    )?;
+    if args.requeue {
+        writeln!(out, "requeued: a running relay delivers it again")?;
+    } else {
+        writeln!(
+            out,
+            "it is still dead; deliver it with `outboxd dead requeue {}` (or edit with --requeue)",
+            d.row_id
+        )?;
+    }
+    Ok(Exit::Ok)
+}
+
 fn requeue(global: &Global, args: &ChangeArgs) -> Result<Exit> {
-    let mut conn = open_migrated(&global.db)?;
+    let mut conn = database::for_writing(&global.db)?;
     let n = dead_letter::requeue(&mut conn, &args.which.selector(), Timestamp::now())
         .map_err(not_found(NOT_FOUND_HINT))?;
-    writeln!(std::io::stdout().lock(), "requeued {n} {}", plural(n))?;
+    writeln!(std::io::stdout().lock(), "requeued {}", dead_letters(n))?;
     Ok(Exit::Ok)
 }
 
@@ -231,7 +377,7 @@ fn discard(global: &Global, args: &DiscardArgs) -> Result<Exit> {
     if !args.yes && !matches!(selector, Selector::One(_)) {
         // Count what would go before deleting anything. (A dead letter that
         // arrives between this count and the discard is discarded too.)
-        let conn = open_migrated_read_only(&global.db)?;
+        let conn = database::for_reading(&global.db)?;
         let n = dead_letter::list(&conn, i64::MAX as usize)?
             .iter()
             .filter(|d| match &selector {
@@ -247,27 +393,47 @@ fn discard(global: &Global, args: &DiscardArgs) -> Result<Exit> {
             .into());
         }
     }
-    let mut conn = open_migrated(&global.db)?;
+    let mut conn = database::for_writing(&global.db)?;
     let n = dead_letter::discard(&mut conn, &selector).map_err(not_found(NOT_FOUND_HINT))?;
-    writeln!(std::io::stdout().lock(), "discarded {n} {}", plural(n))?;
+    writeln!(std::io::stdout().lock(), "discarded {}", dead_letters(n))?;
     Ok(Exit::Ok)
 }
 
-fn plural(n: u64) -> &'static str {
-    if n == 1 {
-        "dead letter"
-    } else {
-        "dead letters"
-    }
+fn dead_letters(n: u64) -> String {
+    count(n, "dead letter", "dead letters")
 }
 
-/// The text on one line, cut to `max` characters.
-fn one_line(text: &str, max: usize) -> String {
+/// A reason on one line in at most `max` bytes: its start (what happened:
+/// "gave up after 10 attempts", "invalid row", "poison") and, the most
+/// room, its end (the cause, such as a consumer's last words), the middle
+/// cut out. `dead show` has it whole.
+fn reason_summary(text: &str, max: usize) -> String {
     let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() <= max {
+    if flat.len() <= max {
         return flat;
     }
-    let mut cut: String = flat.chars().take(max.saturating_sub(1)).collect();
-    cut.push('…');
-    cut
+    let head = clip(&flat, max / 3, Keep::Head);
+    let tail = clip(&flat, max - head.len() + ELLIPSIS.len(), Keep::Tail);
+    format!("{}{tail}", head.trim_end_matches(ELLIPSIS))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_reason_keeps_its_start_and_its_end() {
+        assert_eq!(reason_summary("short\nreason", 80), "short reason");
+        let long = format!(
+            "gave up after 10 attempts: {} connection refused",
+            "x".repeat(200)
+        );
+        let s = reason_summary(&long, 80);
+        assert!(s.len() <= 80, "{s}");
+        assert!(s.starts_with("gave up after 10 att"), "{s}");
+        assert!(
+            s.ends_with("x connection refused") && s.contains('…'),
+            "{s}"
+        );
+    }
 }

@@ -6,14 +6,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
+use outboxd::connection::ReadMode;
 use outboxd::intents::{self, IntentStatus};
 use outboxd::schema::LATEST_VERSION;
+use outboxd::status::{Problem, Thresholds};
 use outboxd::Timestamp;
 use rusqlite::Connection;
 use serde::Serialize;
 
-use super::support::human;
-use super::Global;
+use super::support::{count, human};
+use super::{database, Global};
 use crate::args::parse_duration;
 use crate::exit::Exit;
 
@@ -120,8 +122,11 @@ impl Finding {
 
 /// Runs every check and prints the findings.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    let conn = outboxd::connection::open_read_only(&global.db)?;
-    let findings = examine(&conn, &global.db, args, Timestamp::now());
+    let (conn, mode) = database::for_inspection(&global.db)?;
+    let mut findings = examine(&conn, mode, &global.db, args, Timestamp::now());
+    if let Some(note) = database::read_mode_note(mode) {
+        findings.push(Finding::new("read-mode", Severity::Note, note));
+    }
     let healthy = findings.iter().all(|f| f.severity < Severity::Error);
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -138,10 +143,16 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     Ok(if healthy { Exit::Ok } else { Exit::Problems })
 }
 
-fn examine(conn: &Connection, db: &Path, args: &Args, now: Timestamp) -> Vec<Finding> {
+fn examine(
+    conn: &Connection,
+    mode: ReadMode,
+    db: &Path,
+    args: &Args,
+    now: Timestamp,
+) -> Vec<Finding> {
     let mut findings = vec![
         integrity(conn, args.quick, db),
-        journal_mode(conn),
+        journal_mode(conn, mode, db),
         wal_size(db),
         synchronous(),
     ];
@@ -235,9 +246,15 @@ fn schema(conn: &Connection) -> Finding {
     }
 }
 
-fn journal_mode(conn: &Connection) -> Finding {
+fn journal_mode(conn: &Connection, mode: ReadMode, db: &Path) -> Finding {
     const CHECK: &str = "journal-mode";
-    match conn.query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0)) {
+    let found = match mode {
+        ReadMode::Shared => conn.query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0)),
+        // An immutable connection reports "delete" whatever the file is:
+        // the file header says (its read and write versions are 2 in WAL).
+        ReadMode::Immutable => Ok(header_journal_mode(db)),
+    };
+    match found {
         Err(e) => Finding::failed(CHECK, "read the journal mode", e),
         Ok(mode) if mode.eq_ignore_ascii_case("wal") => Finding::ok(CHECK, "WAL"),
         Ok(mode) => Finding::new(
@@ -285,6 +302,17 @@ fn wal_size(db: &Path) -> Finding {
     }
 }
 
+/// "wal" when the database file's header says WAL (bytes 18 and 19, the
+/// file format's write and read versions, are 2), else "delete".
+fn header_journal_mode(db: &Path) -> String {
+    use std::io::Read;
+    let mut header = [0u8; 20];
+    let wal = std::fs::File::open(db)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .is_ok_and(|()| header[18] == 2 && header[19] == 2);
+    if wal { "wal" } else { "delete" }.to_string()
+}
+
 /// `synchronous` belongs to each connection, not to the file, so doctor
 /// cannot read the application's; it reminds instead.
 fn synchronous() -> Finding {
@@ -306,6 +334,16 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
         Ok(s) => s,
         Err(e) => return vec![Finding::failed("outbox", "read the outbox", e)],
     };
+    // Doctor warns on any dead letter; the thresholds are checked by the
+    // library, as for `status`.
+    let crossed = s.problems(&Thresholds::new(stale_after, Some(0)));
+    let stale = crossed.iter().find_map(|p| match p {
+        Problem::Stale { oldest_due_age, .. } => Some(*oldest_due_age),
+        _ => None,
+    });
+    let dead = crossed
+        .iter()
+        .any(|p| matches!(p, Problem::TooManyDead { .. }));
     let mut found = Vec::new();
     found.push(if s.expired_leases > 0 {
         Finding::new(
@@ -331,8 +369,8 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
             format!("no expired leases ({} live)", s.leases_held),
         )
     });
-    found.push(match s.oldest_due_age {
-        Some(age) if age > stale_after => Finding::new(
+    found.push(match (stale, s.oldest_due_age) {
+        (Some(age), _) => Finding::new(
             "stale-events",
             Severity::Warning,
             format!(
@@ -343,7 +381,7 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
             ),
         )
         .action("check that `outboxd run` is running and its consumers are reachable"),
-        Some(age) => Finding::ok(
+        (None, Some(age)) => Finding::ok(
             "stale-events",
             format!(
                 "{} due; the oldest has waited {}",
@@ -351,13 +389,13 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
                 human(age)
             ),
         ),
-        None => Finding::ok("stale-events", "no event is waiting"),
+        (None, None) => Finding::ok("stale-events", "no event is waiting"),
     });
-    found.push(if s.counts.dead > 0 {
+    found.push(if dead {
         Finding::new(
             "dead-letters",
             Severity::Warning,
-            format!("{} dead letters", s.counts.dead),
+            count(s.counts.dead, "dead letter", "dead letters"),
         )
         .action(
             "see why with `outboxd dead list` and `outboxd dead show ID`; fix the cause, then \
@@ -370,7 +408,7 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
 }
 
 fn events(n: u64) -> String {
-    format!("{n} {}", if n == 1 { "event" } else { "events" })
+    count(n, "event", "events")
 }
 
 fn open_intents(conn: &Connection, now: Timestamp) -> Finding {
@@ -385,10 +423,7 @@ fn open_intents(conn: &Connection, now: Timestamp) -> Finding {
         .count();
     let abandoned = open
         .iter()
-        .filter(|i| {
-            i.claimed_until(intents::DEFAULT_LEASE)
-                .is_some_and(|until| until <= now)
-        })
+        .filter(|i| i.claimed_until().is_some_and(|until| until <= now))
         .count();
     if failed + abandoned > 0 {
         Finding::new(

@@ -1,20 +1,21 @@
 //! `outboxd enqueue`: add one event from the shell.
 
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use outboxd::{Enqueued, Enqueuer, Event, Timestamp};
 use rusqlite::TransactionBehavior;
 
-use super::{open_for_writing, require_existing, Global};
+use super::payload::PayloadArgs;
+use super::{database, Global};
 use crate::args::parse_duration;
-use crate::exit::{Exit, Failure};
+use crate::exit::Exit;
 
 /// Shown under `outboxd enqueue --help`.
 pub const EXAMPLES: &str = "\
-Prints the new event's id. With --key, a second enqueue with the same key
+Prints the new event's id. Without --payload or --payload-file the payload
+is null. With --key, a second enqueue with the same key
 (and tenant) writes nothing and prints `duplicate of <id>`, naming the first
 event; it still exits 0. The database must be migrated first.
 
@@ -28,12 +29,8 @@ pub struct Args {
     /// Event type, `<domain>.<verb>.v<N>` (such as article.created.v1).
     #[arg(long = "type", value_name = "TYPE")]
     event_type: String,
-    /// The payload as JSON text [default: null].
-    #[arg(long, value_name = "JSON", conflicts_with = "payload_file")]
-    payload: Option<String>,
-    /// Read the JSON payload from a file, or from stdin with `-`.
-    #[arg(long, value_name = "FILE")]
-    payload_file: Option<PathBuf>,
+    #[command(flatten)]
+    payload: PayloadArgs,
     /// Idempotency key: unique per tenant (or in the system scope without --tenant).
     #[arg(long, value_name = "KEY")]
     key: Option<String>,
@@ -56,9 +53,6 @@ pub struct Args {
     /// The id shared by everything one request caused.
     #[arg(long, value_name = "ID")]
     correlation_id: Option<String>,
-    /// The largest payload accepted, in bytes of JSON.
-    #[arg(long, value_name = "BYTES", default_value_t = outboxd::enqueue::DEFAULT_MAX_PAYLOAD_BYTES)]
-    max_payload_bytes: usize,
 }
 
 /// Validates the event, then writes it in one `BEGIN IMMEDIATE` transaction.
@@ -66,20 +60,14 @@ pub struct Args {
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let event = build_event(args)?;
 
-    require_existing(&global.db)?;
-    // Check the schema on a read-only connection first: opening for writing
-    // switches the journal mode to WAL, a write an unmigrated (or foreign)
-    // database must not get from a command that is about to refuse.
-    outboxd::schema::ensure_current(&outboxd::connection::open_read_only(&global.db)?)?;
-
-    let mut conn = open_for_writing(&global.db)?;
+    let mut conn = database::for_writing(&global.db)?;
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .context("cannot start a write transaction")?;
     // Again under the write lock, in case a migration ran in between.
     outboxd::schema::ensure_current(&tx)?;
     let outcome = Enqueuer::new()
-        .max_payload_bytes(args.max_payload_bytes)
+        .max_payload_bytes(args.payload.max_payload_bytes)
         .enqueue(&tx, &event)?;
     tx.commit().context("cannot commit the event")?;
 
@@ -93,15 +81,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 
 /// The event the arguments describe, with every field validated.
 fn build_event(args: &Args) -> Result<Event> {
-    let limit = args.max_payload_bytes;
-    let payload = match (&args.payload, &args.payload_file) {
-        (Some(json), _) => json.clone(),
-        (None, Some(file)) => read_payload(file, limit)?,
-        (None, None) => "null".to_string(),
-    };
-    if payload.len() > limit {
-        return Err(too_large(payload.len().to_string(), limit).into());
-    }
+    let payload = args.payload.read()?.unwrap_or_else(|| "null".to_string());
     let mut event = Event::from_json(&args.event_type, payload)?;
     if let Some(key) = &args.key {
         event = event.idempotency_key(key);
@@ -125,42 +105,4 @@ fn build_event(args: &Args) -> Result<Event> {
         event = event.correlation_id(id);
     }
     Ok(event)
-}
-
-/// Reads a payload file (`-` for stdin), stopping one byte past the limit so
-/// an endless stream cannot exhaust memory.
-fn read_payload(file: &Path, limit: usize) -> Result<String> {
-    let name = if file == Path::new("-") {
-        "stdin".to_string()
-    } else {
-        file.display().to_string()
-    };
-    let cannot_read =
-        |e: std::io::Error| Failure::input(format!("cannot read the payload from {name}: {e}"));
-    let reader: Box<dyn Read> = if file == Path::new("-") {
-        Box::new(std::io::stdin().lock())
-    } else {
-        Box::new(std::fs::File::open(file).map_err(cannot_read)?)
-    };
-    let mut bytes = Vec::new();
-    reader
-        .take(limit as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(cannot_read)?;
-    if bytes.len() > limit {
-        return Err(too_large(format!("more than {limit}"), limit).into());
-    }
-    String::from_utf8(bytes).map_err(|_| {
-        Failure::input(format!(
-            "the payload in {name} is not UTF-8 text, so not JSON"
-        ))
-        .into()
-    })
-}
-
-fn too_large(size: String, limit: usize) -> Failure {
-    Failure::input(format!(
-        "payload is {size} bytes, larger than the limit of {limit} bytes \
-         (raise it with --max-payload-bytes)"
-    ))
 }

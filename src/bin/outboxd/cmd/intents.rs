@@ -8,8 +8,8 @@ use anyhow::Result;
 use outboxd::intents::{self, Intent, IntentStatus};
 use outboxd::Timestamp;
 
-use super::support::{human, open_migrated, open_migrated_read_only};
-use super::Global;
+use super::support::{count, human};
+use super::{database, Global};
 use crate::args::parse_duration;
 use crate::exit::Exit;
 
@@ -80,7 +80,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 }
 
 fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
-    let conn = open_migrated_read_only(&global.db)?;
+    let conn = database::for_reading(&global.db)?;
     let open = intents::list_open(&conn)?;
     let now = Timestamp::now();
     let mut out = std::io::stdout().lock();
@@ -117,7 +117,7 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
 
 /// What an operator should know about an open intent.
 fn note(i: &Intent, now: Timestamp) -> String {
-    match (i.status, i.claimed_until(intents::DEFAULT_LEASE)) {
+    match (i.status, i.claimed_until()) {
         (IntentStatus::Failed, _) => format!(
             "failed: {}",
             i.last_error.as_deref().unwrap_or("(no reason recorded)")
@@ -144,22 +144,19 @@ fn json(i: &Intent, now: Timestamp) -> serde_json::Value {
         "last_error": i.last_error,
         "created_at": i.created_at,
         "updated_at": i.updated_at,
-        "claimed_until": i.claimed_until(intents::DEFAULT_LEASE),
+        "claimed_until": i.claimed_until(),
         "note": note(i, now),
     })
 }
 
 fn purge(global: &Global, args: &PurgeArgs) -> Result<Exit> {
-    let conn = open_migrated(&global.db)?;
-    let cutoff = Timestamp::from_millis(
-        Timestamp::now().as_millis()
-            - i64::try_from(args.older_than.as_millis()).unwrap_or(i64::MAX),
-    );
+    let conn = database::for_writing(&global.db)?;
+    let cutoff = Timestamp::now().minus(args.older_than);
     let n = intents::purge_completed(&conn, cutoff, PURGE_BATCH)?;
     writeln!(
         std::io::stdout().lock(),
-        "deleted {n} completed {} (completed over {} ago)",
-        if n == 1 { "intent" } else { "intents" },
+        "deleted {} (completed over {} ago)",
+        count(n as u64, "completed intent", "completed intents"),
         human(args.older_than)
     )?;
     Ok(Exit::Ok)

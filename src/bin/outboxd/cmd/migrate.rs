@@ -2,11 +2,9 @@
 
 use std::io::Write;
 
-use anyhow::Result;
-use outboxd::schema::LATEST_VERSION;
-
-use super::{open_for_writing, Global};
+use super::{database, Global};
 use crate::exit::Exit;
+use anyhow::Result;
 
 /// Shown under `outboxd migrate --help`.
 pub const EXAMPLES: &str = "\
@@ -23,21 +21,7 @@ pub struct Args {}
 
 /// Migrates the database to the newest schema this binary knows.
 pub fn exec(global: &Global, _args: &Args) -> Result<Exit> {
-    if global.db.is_file() {
-        // Refuse a newer schema on a read-only connection: opening for
-        // writing may switch the journal mode to WAL, and a database this
-        // binary does not understand must be left exactly as it is.
-        let found = outboxd::schema::version(&outboxd::connection::open_read_only(&global.db)?)?;
-        if let Some(found) = found.filter(|v| *v > LATEST_VERSION) {
-            return Err(outboxd::Error::SchemaTooNew {
-                found,
-                supported: LATEST_VERSION,
-            }
-            .into());
-        }
-    }
-    let mut conn = open_for_writing(&global.db)?;
-    let report = outboxd::schema::migrate(&mut conn)?;
+    let report = database::migrate(&global.db)?;
     let mut out = std::io::stdout().lock();
     if report.was_current() {
         writeln!(out, "already at v{}", report.to)?;

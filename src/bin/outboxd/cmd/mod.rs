@@ -3,19 +3,20 @@
 //! (cargo's `commands/` layout). To add a command: a file here, a variant
 //! in [`Command`], and an arm in [`Command::exec`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
+use crate::exit::Exit;
 use anyhow::Result;
-use rusqlite::Connection;
-
-use crate::exit::{Exit, Failure};
 
 pub mod check_config;
+pub mod console;
+pub mod database;
 pub mod dead;
 pub mod doctor;
 pub mod enqueue;
 pub mod intents;
 pub mod migrate;
+pub mod payload;
 pub mod purge;
 pub mod replay;
 pub mod run;
@@ -32,6 +33,17 @@ pub struct Global {
     pub db_explicit: bool,
     /// The logging flags (`run` sets up logging itself, after its config).
     pub log: crate::LogOptions,
+}
+
+impl Global {
+    /// The database to use with a config file that names `configured`:
+    /// --db or OUTBOXD_DB when given, else the config's, else the default.
+    pub fn db_with_config(&self, configured: Option<&std::path::Path>) -> PathBuf {
+        match configured {
+            Some(path) if !self.db_explicit => path.to_path_buf(),
+            _ => self.db.clone(),
+        }
+    }
 }
 
 /// The subcommands.
@@ -67,6 +79,10 @@ pub enum Command {
     /// --config, print every event as a JSON line on stdout) until SIGINT/SIGTERM.
     #[command(after_help = run::EXAMPLES)]
     Run(run::Args),
+    /// Serve the web console (and /metrics, /healthz) for a database, without
+    /// running a relay.
+    #[command(after_help = console::EXAMPLES)]
+    Console(console::Args),
     /// Check a config file (sinks included) without running anything.
     #[command(after_help = check_config::EXAMPLES)]
     CheckConfig(check_config::Args),
@@ -85,41 +101,8 @@ impl Command {
             Command::Doctor(args) => doctor::exec(global, args),
             Command::Intents(args) => intents::exec(global, args),
             Command::Run(args) => run::exec(global, args),
+            Command::Console(args) => console::exec(global, args),
             Command::CheckConfig(args) => check_config::exec(global, args),
         }
     }
-}
-
-/// Opens the database read-write with outboxd's settings, refusing a
-/// read-only file up front with a clear message rather than failing on the
-/// first write. (As root, permission bits do not stop writes, so a 0444
-/// file is written like any other.)
-pub fn open_for_writing(path: &Path) -> Result<Connection> {
-    if path.is_file() {
-        if let Err(e) = std::fs::OpenOptions::new().write(true).open(path) {
-            if e.kind() == std::io::ErrorKind::PermissionDenied {
-                return Err(Failure::database(format!(
-                    "cannot open database {}: the file is read-only; this command writes to \
-                     it (`outboxd status` works on a read-only file)",
-                    path.display()
-                ))
-                .into());
-            }
-        }
-    }
-    Ok(outboxd::connection::open(path)?)
-}
-
-/// Refuses a database file that does not exist, for commands that must not
-/// create one.
-pub fn require_existing(path: &Path) -> Result<()> {
-    if !path.exists() {
-        return Err(Failure::database(format!(
-            "cannot open database {}: no such file; create it with `outboxd --db {} migrate`",
-            path.display(),
-            path.display()
-        ))
-        .into());
-    }
-    Ok(())
 }

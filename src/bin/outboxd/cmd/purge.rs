@@ -4,22 +4,25 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Result;
+use outboxd::error::Setting;
 use outboxd::purge::{purge_dry_run, purge_with_progress, PurgePolicy, PurgeReport};
 use outboxd::Timestamp;
 
-use super::support::{human, open_migrated, open_migrated_read_only, Progress};
-use super::Global;
+use super::support::{count, human, Progress};
+use super::{database, Global};
 use crate::args::parse_duration;
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd purge --help`.
 pub const EXAMPLES: &str = "\
 Deletes delivered events older than --delivered-retention, dedup entries
-older than --dedup-ttl and, only with --dead-retention, dead letters older
-than that; pending events are never touched. Works in small transactions so
-the application's writes are never blocked for long, and shows progress on a
-terminal. `outboxd run` purges on its own as well; this is for a one-off
-clean-up. --dry-run counts without deleting (and opens the file read-only).
+older than --dedup-ttl, completed publish intents older than
+--intent-retention and, only with --dead-retention, dead letters older than
+that; pending events, and intents still pending or failed, are never
+touched. Works in small transactions so the application's writes are never
+blocked for long, and shows progress on a terminal. `outboxd run` purges on
+its own as well; this is for a one-off clean-up. --dry-run counts without
+deleting (and opens the file read-only).
 
 Examples:
   outboxd --db app.db purge --dry-run
@@ -41,6 +44,9 @@ pub struct Args {
     /// Delete dead letters older than this [default: keep them].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     dead_retention: Option<Duration>,
+    /// Delete publish intents completed longer ago than this [default: 30d].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    intent_retention: Option<Duration>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -51,14 +57,14 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let policy = policy(args)?;
     let now = Timestamp::now();
     let report = if args.dry_run {
-        purge_dry_run(&open_migrated_read_only(&global.db)?, &policy, now)?
+        purge_dry_run(&database::for_reading(&global.db)?, &policy, now)?
     } else {
-        let mut conn = open_migrated(&global.db)?;
+        let mut conn = database::for_writing(&global.db)?;
         let mut progress = Progress::stderr();
         let report = purge_with_progress(&mut conn, &policy, now, |r| {
             progress.show(&format!(
-                "purging: {} delivered, {} dead, {} dedup entries deleted",
-                r.delivered, r.dead, r.dedup_entries
+                "purging: {} delivered, {} dead, {} dedup entries, {} intents deleted",
+                r.delivered, r.dead, r.dedup_entries, r.intents
             ));
         })?;
         progress.finish();
@@ -71,6 +77,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             "delivered": report.delivered,
             "dead": report.dead,
             "dedup_entries": report.dedup_entries,
+            "intents": report.intents,
         });
         serde_json::to_writer(&mut out, &value)?;
         writeln!(out)?;
@@ -80,45 +87,25 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     Ok(Exit::Ok)
 }
 
-/// The library's defaults, with the flags given on top; checked here so the
-/// message names the flags.
+/// The library's defaults with the flags given on top; the library checks
+/// it, and its verdict names the flag.
 fn policy(args: &Args) -> Result<PurgePolicy> {
-    // The library subtracts a retention from now in i64 milliseconds; one
-    // past i64::MAX would wrap into a cutoff in the future and purge every
-    // finished row. Nothing sensible is longer than a century.
-    const LONGEST: Duration = Duration::from_secs(100 * 365 * 86_400);
-    for (flag, d) in [
-        ("--delivered-retention", args.delivered_retention),
-        ("--dedup-ttl", args.dedup_ttl),
-        ("--dead-retention", args.dead_retention),
-    ] {
-        if d.is_some_and(|d| d > LONGEST) {
-            return Err(Failure::input(format!(
-                "{flag} is longer than 100 years (36500d); give a shorter duration"
-            ))
-            .into());
-        }
-    }
-    let mut policy = PurgePolicy::default();
-    if let Some(d) = args.delivered_retention {
-        policy.delivered_retention = d;
-    }
-    match args.dedup_ttl {
-        Some(d) => policy.dedup_ttl = d,
-        // The ledger must outlive every kept row; follow a longer retention.
-        None => policy.dedup_ttl = policy.dedup_ttl.max(policy.delivered_retention),
-    }
-    policy.dead_retention = args.dead_retention;
-    if policy.dedup_ttl < policy.delivered_retention {
-        return Err(Failure::input(format!(
-            "--dedup-ttl ({}) is shorter than --delivered-retention ({}); the dedup ledger must \
-             remember every delivered event still kept, so give a --dedup-ttl of at least {}",
-            human(policy.dedup_ttl),
-            human(policy.delivered_retention),
-            human(policy.delivered_retention)
-        ))
-        .into());
-    }
+    let d = PurgePolicy::default();
+    let delivered = args.delivered_retention.unwrap_or(d.delivered_retention);
+    // The ledger must outlive every kept row: follow a longer retention.
+    let dedup = args.dedup_ttl.unwrap_or_else(|| d.dedup_ttl.max(delivered));
+    let policy = PurgePolicy::default()
+        .delivered_retention(delivered)
+        .dedup_ttl(dedup)
+        .dead_retention(args.dead_retention)
+        .intent_retention(args.intent_retention.unwrap_or(d.intent_retention));
+    policy.validate().map_err(|e| {
+        let flag = match e.setting() {
+            Setting::PurgeDedupTtl => "--dedup-ttl",
+            _ => "purge",
+        };
+        Failure::input(format!("{flag}: {}", e.reason()))
+    })?;
     Ok(policy)
 }
 
@@ -131,23 +118,33 @@ fn write_text(
     let verb = if dry_run { "would delete" } else { "deleted" };
     writeln!(
         out,
-        "{verb} {} delivered events (finished over {} ago)",
-        r.delivered,
+        "{verb} {} (finished over {} ago)",
+        count(r.delivered, "delivered event", "delivered events"),
         human(policy.delivered_retention)
     )?;
     match policy.dead_retention {
         Some(d) => writeln!(
             out,
-            "{verb} {} dead letters (over {} ago)",
-            r.dead,
+            "{verb} {} (over {} ago)",
+            count(r.dead, "dead letter", "dead letters"),
             human(d)
         )?,
         None => writeln!(out, "kept every dead letter (no --dead-retention)")?,
     }
     writeln!(
         out,
-        "{verb} {} dedup entries (over {} ago)",
-        r.dedup_entries,
+        "{verb} {} (over {} ago)",
+        count(r.dedup_entries, "dedup entry", "dedup entries"),
         human(policy.dedup_ttl)
+    )?;
+    writeln!(
+        out,
+        "{verb} {} (completed over {} ago)",
+        count(
+            r.intents,
+            "completed publish intent",
+            "completed publish intents"
+        ),
+        human(policy.intent_retention)
     )
 }

@@ -1,14 +1,16 @@
 //! `outboxd replay`: deliver events again to one consumer.
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use anyhow::Result;
 use outboxd::replay::{replay_with_progress, ReplayFilter};
 use outboxd::router::Pattern;
 use outboxd::{EventId, Timestamp};
 
-use super::support::{bar, open_migrated, Progress};
-use super::Global;
+use super::support::{bar, count, Progress};
+use super::{database, Global};
+use crate::config::Config;
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd replay --help`.
@@ -19,6 +21,9 @@ queue, due now; a running relay then delivers them to that consumer only
 delivered, and whose rows are not purged, can be replayed. Filters combine
 with AND; name at least one, or --all for everything the consumer had.
 Prints how many events were put back. Shows a progress bar on a terminal.
+A consumer name the database has never seen (no delivery recorded) is an
+error listing the names it knows, exit 5; with --config, the config's
+consumers are known too.
 
 Examples:
   outboxd --db app.db replay --consumer search-index --type 'article.*.v1' \\
@@ -39,6 +44,11 @@ pub struct Args {
     /// The consumer to deliver to again (its name in the configuration).
     #[arg(long, value_name = "NAME")]
     consumer: String,
+    /// The config file: its consumers are the known names (one with no
+    /// deliveries yet replays nothing rather than being unknown), and its
+    /// database is used unless --db is given.
+    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Only event types matching this pattern, such as article.*.v1.
     #[arg(long = "type", value_name = "PATTERN", value_parser = Pattern::parse)]
     event_type: Option<Pattern>,
@@ -70,14 +80,20 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             .into());
         }
     }
-    let filter = ReplayFilter {
-        consumer: args.consumer.clone(),
-        ids: args.ids.clone(),
-        event_type: args.event_type.clone(),
-        since: args.since,
-        until: args.until,
+    let (db, known) = match &args.config {
+        Some(file) => {
+            let c = Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?;
+            (global.db_with_config(c.database.as_deref()), c.consumers)
+        }
+        None => (global.db.clone(), Vec::new()),
     };
-    let mut conn = open_migrated(&global.db)?;
+    let mut filter = ReplayFilter::new(args.consumer.clone())
+        .ids(args.ids.clone())
+        .known_consumers(known);
+    filter.event_type = args.event_type.clone();
+    filter.since = args.since;
+    filter.until = args.until;
+    let mut conn = database::for_writing(&db)?;
     let mut progress = Progress::stderr();
     let n = replay_with_progress(&mut conn, &filter, Timestamp::now(), |done, total| {
         progress.show(&format!("replaying {}", bar(done, total)));
@@ -85,8 +101,8 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     progress.finish();
     writeln!(
         std::io::stdout().lock(),
-        "replayed {n} {} to consumer {}",
-        if n == 1 { "event" } else { "events" },
+        "replayed {} to consumer {}",
+        count(n, "event", "events"),
         args.consumer
     )?;
     Ok(Exit::Ok)

@@ -1,19 +1,18 @@
 //! `outboxd run`: the relay, until SIGINT or SIGTERM.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use outboxd::schema::LATEST_VERSION;
 use outboxd::Timestamp;
 
-use super::{open_for_writing, Global};
+use super::{database, Global};
 use crate::args::parse_duration;
-use crate::config::{resolve_listen, Config};
+use crate::config::{alerts, resolve_listen, Config};
 use crate::exit::{Exit, Failure};
+use outboxd::status::Thresholds;
 
 /// Shown under `outboxd run --help`.
 pub const EXAMPLES: &str = "\
@@ -33,7 +32,7 @@ second one exits at once with code 130.
 Examples:
   outboxd run                                   # terminal 1
   outboxd enqueue --type article.created.v1 --payload '{\"id\": 7}'   # terminal 2
-  outboxd run --config /etc/outboxd/outboxd.toml --metrics 127.0.0.1:9464";
+  outboxd run --config /etc/outboxd/outboxd.toml --http 127.0.0.1:9464   # console at /";
 
 /// How often the main thread checks that the relay is alive.
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
@@ -51,6 +50,10 @@ pub struct Args {
     /// wins over the config's metrics.listen.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Serve the web console, /metrics and /healthz on this address (such
+    /// as 127.0.0.1:9464); wins over the config's http.listen.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
     /// How long deliveries in flight may finish after SIGINT/SIGTERM: 500ms,
     /// 30s, 5m; wins over the config's relay.shutdown_grace [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -65,28 +68,20 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     };
     crate::init_logging(&global.log, &config.log, "info");
 
-    let db = match &config.database {
-        Some(path) if !global.db_explicit => path.clone(),
-        _ => global.db.clone(),
-    };
+    let db = global.db_with_config(config.database.as_deref());
     let grace = args.shutdown_grace.unwrap_or(config.relay.shutdown_grace);
     let metrics_addr = match &args.metrics {
         Some(a) => Some(resolve_listen(a).map_err(|m| Failure::config(format!("--metrics: {m}")))?),
         None => config.metrics,
     };
-    let listener = match metrics_addr {
-        Some(addr) => Some(TcpListener::bind(addr).map_err(|e| {
-            Failure::config(format!(
-                "cannot serve metrics on {addr}: {e}; choose a free address with --metrics or \
-                 metrics.listen"
-            ))
-        })?),
-        None => None,
-    };
+    let http = super::console::Plan::bind(&config, args.http.as_deref(), metrics_addr)?;
     let signals = install_signal_handler()?;
 
-    migrate(&db)?;
-    let max_dead = config.alerts.max_dead;
+    let report = database::migrate(&db)?;
+    if !report.was_current() {
+        tracing::info!(from = report.from, to = report.to, "migrated the database");
+    }
+    let alerts = config.alerts;
     let config_file = config
         .file
         .as_ref()
@@ -111,18 +106,14 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
         .map_err(|e| Failure::config(format!("invalid relay setting: {e}")))?
         .start()
         .with_context(|| format!("cannot start the relay on {}", db.display()))?;
-    if let Some(listener) = listener {
-        let addr = listener.local_addr().ok();
-        crate::metrics::spawn(listener, relay.metrics_source(), db.clone())
-            .context("cannot start the metrics thread")?;
-        tracing::info!(address = ?addr, "serving Prometheus metrics at /metrics");
-    }
+    let _servers = http.start(&db, relay.metrics_source())?;
     for c in &consumers {
         tracing::info!(consumer = %c, "consumer registered");
     }
     tracing::info!(database = %db.display(), config = %config_file, "outboxd running; SIGINT or SIGTERM stops it");
 
-    let mut last_alert_check = Instant::now();
+    // The dead-letter alert is checked at once, then every ALERT_INTERVAL.
+    let mut last_alert_check: Option<Instant> = None;
     let mut dead_alert = false;
     loop {
         match signals.recv_timeout(LIVENESS_INTERVAL) {
@@ -133,11 +124,11 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             relay.join().context("the relay stopped")?;
             anyhow::bail!("the relay stopped without being asked to");
         }
-        if let Some(max) = max_dead {
-            if last_alert_check.elapsed() >= ALERT_INTERVAL {
-                last_alert_check = Instant::now();
-                dead_alert = check_dead_letters(&db, max, dead_alert);
-            }
+        if alerts.max_dead.is_some()
+            && last_alert_check.is_none_or(|t| t.elapsed() >= ALERT_INTERVAL)
+        {
+            last_alert_check = Some(Instant::now());
+            dead_alert = check_dead_letters(&db, &alerts, dead_alert);
         }
     }
     tracing::info!(
@@ -153,7 +144,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 
 /// The first SIGINT/SIGTERM/SIGHUP is sent on the channel; a second one
 /// exits the process at once with 130.
-fn install_signal_handler() -> Result<Receiver<()>> {
+pub fn install_signal_handler() -> Result<Receiver<()>> {
     static SIGNALS: AtomicUsize = AtomicUsize::new(0);
     let (tx, rx) = crossbeam_channel::bounded(1);
     ctrlc::set_handler(move || {
@@ -164,53 +155,42 @@ fn install_signal_handler() -> Result<Receiver<()>> {
             std::process::exit(130);
         }
     })
-    .context("cannot install the SIGINT/SIGTERM handler")?;
+    .map_err(|e| {
+        // ctrlc starts a thread to wait for signals; failing that is the
+        // system's limits, not the user's input.
+        let why = match &e {
+            ctrlc::Error::System(io) => io.to_string(),
+            other => other.to_string(),
+        };
+        Failure::internal(format!(
+            "cannot install the SIGINT/SIGTERM handler: {why}"
+        ))
+    })?;
     Ok(rx)
 }
 
-/// Creates or upgrades the schema, refusing a newer one before opening the
-/// file for writing (as `outboxd migrate` does).
-fn migrate(db: &Path) -> Result<()> {
-    if db.is_file() {
-        let found = outboxd::schema::version(&outboxd::connection::open_read_only(db)?)?;
-        if let Some(found) = found.filter(|v| *v > LATEST_VERSION) {
-            return Err(outboxd::Error::SchemaTooNew {
-                found,
-                supported: LATEST_VERSION,
-            }
-            .into());
-        }
-    }
-    let mut conn = open_for_writing(db)?;
-    let report = outboxd::schema::migrate(&mut conn)?;
-    if !report.was_current() {
-        tracing::info!(from = report.from, to = report.to, "migrated the database");
-    }
-    Ok(())
-}
-
-/// Logs when the dead letters cross `max` (and when they fall back); returns
-/// whether they are over it now.
-fn check_dead_letters(db: &Path, max: u64, was_over: bool) -> bool {
+/// Logs when the dead letters cross `[alerts] max_dead` (and when they fall
+/// back); returns whether they are over it now. (Stale events: the relay
+/// logs them itself, against the same `[alerts] stale_after`.)
+fn check_dead_letters(db: &Path, thresholds: &Thresholds, was_over: bool) -> bool {
     let status = outboxd::connection::open_read_only(db)
         .and_then(|conn| outboxd::status::status(&conn, Timestamp::now()));
     match status {
         Ok(s) => {
-            let over = s.counts.dead > max;
-            if over && !was_over {
-                tracing::warn!(
+            let over = s
+                .problems(thresholds)
+                .iter()
+                .map(alerts::describe)
+                .find(|p| p.threshold == "max-dead");
+            match &over {
+                Some(p) if !was_over => tracing::warn!("{} (alerts.max_dead)", p.message),
+                None if was_over => tracing::info!(
                     dead = s.counts.dead,
-                    max_dead = max,
-                    "dead letters over alerts.max_dead; inspect them with `outboxd dead list`"
-                );
-            } else if !over && was_over {
-                tracing::info!(
-                    dead = s.counts.dead,
-                    max_dead = max,
                     "dead letters back under alerts.max_dead"
-                );
+                ),
+                _ => {}
             }
-            over
+            over.is_some()
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the outbox status for the dead-letter alert");

@@ -2,31 +2,42 @@
 //! crosses the thresholds a monitor alerts on.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
 use outboxd::status::Status;
 use outboxd::Timestamp;
-use serde::Serialize;
 
 use super::support::human;
-use super::Global;
+use super::{database, Global};
 use crate::args::parse_duration;
-use crate::exit::Exit;
+use crate::config::{alerts, Config};
+use crate::exit::{Exit, Failure};
+use outboxd::status::Thresholds;
 
 /// Shown under `outboxd status --help`.
 pub const EXAMPLES: &str = "\
-Opens the database read-only, so it works on a file you may not write.
+Opens the database read-only, so it works on a file, or in a directory, you
+may not write. (SQLite keeps a WAL database's index, the -shm file, beside
+it: when no writer has the database open and you may not create that file,
+the database is read as an immutable file, and the output says so; a write
+during the read could then show a mix of old and new.)
+
 \"Oldest due\" is how long the oldest event that is due (not delayed on
 purpose) has waited: the measure of a stuck relay.
 
 Exits 0 when healthy and 1 when a threshold is crossed: the oldest due event
 has waited longer than --stale-after, or there are more dead letters than
---max-dead. The output names the threshold crossed, so the command fits cron
-jobs and monitoring checks as it is.
+--max-dead. With --config (or OUTBOXD_CONFIG), the thresholds and the
+database are the config's ([alerts] stale_after and max_dead; no max_dead
+there: dead letters alone are no problem); the flags win over it. The output
+names the threshold crossed, so the command fits cron jobs and monitoring
+checks as it is.
 
 Examples:
   outboxd --db app.db status
+  outboxd status --config /etc/outboxd/outboxd.toml || page-someone
   outboxd --db app.db status --stale-after 1m --max-dead 10 || page-someone
   outboxd --db app.db status --json | jq '.healthy, .problems'";
 
@@ -36,40 +47,52 @@ pub struct Args {
     /// Print one JSON object instead of text (with "healthy" and "problems").
     #[arg(long)]
     json: bool,
+    /// Take the thresholds ([alerts]) and the database from this config file.
+    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Unhealthy when the oldest due event has waited longer than this:
-    /// 500ms, 30s, 5m, 2h or 1d.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5m")]
-    stale_after: Duration,
-    /// Unhealthy when there are more dead letters than this.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    max_dead: u64,
-}
-
-/// A crossed threshold.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-struct Problem {
-    /// Which threshold: "stale-after" or "max-dead".
-    threshold: &'static str,
-    /// What was found and what to do.
-    message: String,
+    /// 500ms, 30s, 5m, 2h or 1d [default: the config's alerts.stale_after,
+    /// else 5m].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    stale_after: Option<Duration>,
+    /// Unhealthy when there are more dead letters than this [default: the
+    /// config's alerts.max_dead, else 0].
+    #[arg(long, value_name = "N")]
+    max_dead: Option<u64>,
 }
 
 /// Prints a snapshot of the outbox; exit 1 when a threshold is crossed.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    let conn = outboxd::connection::open_read_only(&global.db)?;
+    let (db, mut alerts) = match &args.config {
+        Some(file) => {
+            let c = Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?;
+            (global.db_with_config(c.database.as_deref()), c.alerts)
+        }
+        None => (global.db.clone(), thresholds_without_config()),
+    };
+    if let Some(d) = args.stale_after {
+        alerts.stale_after = d;
+    }
+    if let Some(n) = args.max_dead {
+        alerts.max_dead = Some(n);
+    }
+    let (conn, mode) = database::for_inspection(&db)?;
     let status = outboxd::status::status(&conn, Timestamp::now())?;
-    let problems = problems(&status, args);
+    let problems = problems(&status, &alerts);
+    let note = database::read_mode_note(mode);
     let mut out = std::io::stdout().lock();
     if args.json {
-        let mut value = serde_json::to_value(&status)?;
-        if let Some(map) = value.as_object_mut() {
-            map.insert("healthy".into(), problems.is_empty().into());
-            map.insert("problems".into(), serde_json::to_value(&problems)?);
+        let mut value = json(&status, &problems)?;
+        if let (Some(map), Some(note)) = (value.as_object_mut(), note) {
+            map.insert("note".into(), note.into());
         }
         serde_json::to_writer(&mut out, &value)?;
         writeln!(out)?;
     } else {
-        write_text(&mut out, &global.db.display().to_string(), &status)?;
+        write_text(&mut out, &db.display().to_string(), &status)?;
+        if let Some(note) = note {
+            writeln!(out, "note:             {note}")?;
+        }
         if problems.is_empty() {
             writeln!(out, "health:           ok")?;
         } else {
@@ -86,30 +109,34 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     })
 }
 
-fn problems(s: &Status, args: &Args) -> Vec<Problem> {
-    let mut found = Vec::new();
-    if let Some(age) = s.oldest_due_age.filter(|age| *age > args.stale_after) {
-        found.push(Problem {
-            threshold: "stale-after",
-            message: format!(
-                "the oldest due event has waited {} (more than {}); is `outboxd run` \
-                 running and able to deliver? `outboxd doctor` checks for expired leases",
-                human(age),
-                human(args.stale_after)
-            ),
-        });
+/// The thresholds without a config: the relay's stale threshold, and any
+/// dead letter is a problem.
+pub fn thresholds_without_config() -> Thresholds {
+    Thresholds::new(outboxd::relay::DEFAULT_STALE_AFTER, Some(0))
+}
+
+/// The thresholds `status` crosses, described: the health verdict of
+/// `outboxd status` (and of the console's overview and /healthz).
+pub fn problems(status: &Status, thresholds: &Thresholds) -> Vec<alerts::Problem> {
+    status
+        .problems(thresholds)
+        .iter()
+        .map(alerts::describe)
+        .collect()
+}
+
+/// `status --json`: the status with "healthy" and "problems" (also the body
+/// of the console's /healthz).
+pub fn json(
+    status: &Status,
+    problems: &[alerts::Problem],
+) -> serde_json::Result<serde_json::Value> {
+    let mut value = serde_json::to_value(status)?;
+    if let Some(map) = value.as_object_mut() {
+        map.insert("healthy".into(), problems.is_empty().into());
+        map.insert("problems".into(), serde_json::to_value(problems)?);
     }
-    if s.counts.dead > args.max_dead {
-        found.push(Problem {
-            threshold: "max-dead",
-            message: format!(
-                "{} dead letters (more than {}); see them with `outboxd dead list`, then \
-                 `outboxd dead requeue` or `outboxd dead discard`",
-                s.counts.dead, args.max_dead
-            ),
-        });
-    }
-    found
+    Ok(value)
 }
 
 fn write_text(out: &mut impl Write, db: &str, s: &Status) -> std::io::Result<()> {

@@ -1,33 +1,11 @@
-//! What the operator commands share: opening a migrated database for
-//! writing without touching one they must refuse, the "not found" exit code,
-//! durations for people, and a progress line for long operations.
+//! What the operator commands share: the "not found" exit code, durations
+//! for people, and a progress line for long operations. (Opening the
+//! database: [`super::database`].)
 
 use std::io::{IsTerminal, Write};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
-use rusqlite::Connection;
-
-use super::{open_for_writing, require_existing};
 use crate::exit::Failure;
-
-/// Opens an existing, migrated database for writing. The schema is checked
-/// on a read-only connection first: opening for writing switches the
-/// journal mode to WAL, a write that a database the command is about to
-/// refuse must not get.
-pub fn open_migrated(path: &Path) -> Result<Connection> {
-    require_existing(path)?;
-    outboxd::schema::ensure_current(&outboxd::connection::open_read_only(path)?)?;
-    open_for_writing(path)
-}
-
-/// Opens an existing, migrated database read-only.
-pub fn open_migrated_read_only(path: &Path) -> Result<Connection> {
-    let conn = outboxd::connection::open_read_only(path)?;
-    outboxd::schema::ensure_current(&conn)?;
-    Ok(conn)
-}
 
 /// Turns the library's "not found" into invalid input (exit 5) with a hint
 /// on where to look; other errors pass through unchanged.
@@ -38,26 +16,37 @@ pub fn not_found(hint: &'static str) -> impl FnOnce(outboxd::Error) -> anyhow::E
     }
 }
 
-/// A duration for people, in its two largest units: `850ms`, `42s`,
-/// `5m 3s`, `2h 10m`, `3d 4h`; a zero second unit is left out (`5m`, `7d`).
+/// `n` and the noun that goes with it: "1 dead letter", "3 dead letters".
+pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// A duration for people, in its two largest units: `850ms`, `1s 500ms`,
+/// `42s`, `5m 3s`, `2h 10m`, `3d 4h`; a zero second unit is left out (`5m`,
+/// `7d`). The one duration formatter of the binary (ages in `status`, the
+/// settings in `check-config`).
 pub fn human(d: Duration) -> String {
+    const UNITS: [(&str, u128); 5] = [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+        ("ms", 1),
+    ];
     let ms = d.as_millis();
-    let s = ms / 1000;
-    let (m, h, days) = (s / 60, s / 3600, s / 86_400);
-    let two = |big: u128, big_unit: &str, small: u128, small_unit: &str| {
-        if small == 0 {
-            format!("{big}{big_unit}")
-        } else {
-            format!("{big}{big_unit} {small}{small_unit}")
-        }
+    let Some(big) = UNITS.iter().position(|(_, size)| ms >= *size) else {
+        return "0ms".to_string();
     };
-    match () {
-        _ if s == 0 => format!("{ms}ms"),
-        _ if m == 0 => format!("{s}s"),
-        _ if h == 0 => two(m, "m", s % 60, "s"),
-        _ if days == 0 => two(h, "h", m % 60, "m"),
-        _ => two(days, "d", h % 24, "h"),
+    let (unit, size) = UNITS[big];
+    let mut text = format!("{}{unit}", ms / size);
+    if let Some((small_unit, small_size)) = UNITS.get(big + 1) {
+        let small = ms % size / small_size;
+        if small > 0 {
+            text.push_str(&format!(" {small}{small_unit}"));
+        }
     }
+    text
 }
 
 /// A one-line progress display on stderr, redrawn in place with `\r`.
@@ -157,7 +146,10 @@ mod tests {
     #[test]
     fn human_durations() {
         let cases = [
+            (0, "0ms"),
             (850, "850ms"),
+            (1_500, "1s 500ms"),
+            (30_000, "30s"),
             (42_000, "42s"),
             (303_000, "5m 3s"),
             (7_800_000, "2h 10m"),

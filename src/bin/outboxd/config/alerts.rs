@@ -1,0 +1,68 @@
+//! `[alerts]`: the thresholds a monitor alerts on, as the library's
+//! [`Thresholds`]; the library decides which are crossed
+//! (`Status::problems`), and [`describe`] says it the same way for `status`
+//! (exit 1) and `run` (a log line). The library checks `stale_after`
+//! (through `RelayBuilder::build`), and the relay logs stale events itself.
+
+use outboxd::status::{self, Thresholds};
+use serde::{Deserialize, Serialize};
+
+use super::Dur;
+use crate::cmd::support::{count, human};
+
+/// `[alerts]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAlerts {
+    stale_after: Option<Dur>,
+    max_dead: Option<u64>,
+}
+
+/// The thresholds `[alerts]` describes, defaults filled in (no `max_dead`:
+/// dead letters alone are no problem).
+pub fn thresholds(raw: &RawAlerts) -> Thresholds {
+    Thresholds::new(
+        raw.stale_after
+            .map_or(outboxd::relay::DEFAULT_STALE_AFTER, |d| d.0),
+        raw.max_dead,
+    )
+}
+
+/// A crossed threshold, as `status` prints it (and `--json` shows it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// Which threshold: "stale-after" or "max-dead" (the flags' names).
+    pub threshold: &'static str,
+    /// What was found and what to do.
+    pub message: String,
+}
+
+/// What a crossed threshold means and what to do about it.
+pub fn describe(p: &status::Problem) -> Problem {
+    match p {
+        status::Problem::Stale {
+            oldest_due_age,
+            stale_after,
+        } => Problem {
+            threshold: "stale-after",
+            message: format!(
+                "the oldest due event has waited {} (more than {}); is `outboxd run` \
+                 running and able to deliver? `outboxd doctor` checks for expired leases",
+                human(*oldest_due_age),
+                human(*stale_after)
+            ),
+        },
+        status::Problem::TooManyDead { dead, max_dead } => Problem {
+            threshold: "max-dead",
+            message: format!(
+                "{} (more than {max_dead}); see them with `outboxd dead list`, then \
+                 `outboxd dead requeue` or `outboxd dead discard`",
+                count(*dead, "dead letter", "dead letters")
+            ),
+        },
+        other => Problem {
+            threshold: "other",
+            message: format!("{other:?}"),
+        },
+    }
+}

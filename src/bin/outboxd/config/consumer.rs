@@ -1,0 +1,108 @@
+//! `[[consumer]]`: who takes which event types, through which sink, with
+//! which retry schedule. Names, types and retry policies are checked by the
+//! library (`RelayBuilder::build`, see [`super::check_with_library`]); the
+//! sinks are built here, after that check, so a config the library refuses
+//! creates no file.
+
+use outboxd::RetryPolicy;
+use serde::Deserialize;
+
+use super::sink::{self, RawSink, Sink};
+use super::{retry, Checker, ConfigError};
+use crate::cmd::support::human;
+
+/// One `[[consumer]]`, validated.
+#[derive(Debug)]
+pub struct ConsumerSpec {
+    /// Its unique name (the key of its progress in the database).
+    pub name: String,
+    /// The event types or patterns it takes.
+    pub types: Vec<String>,
+    /// Its retry policy.
+    pub retry: RetryPolicy,
+    /// Its sink.
+    pub sink: Sink,
+}
+
+/// One `[[consumer]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConsumer {
+    /// Its name.
+    pub name: String,
+    /// Its event types or patterns.
+    pub types: Vec<String>,
+    retry: Option<retry::RawRetry>,
+    sink: RawSink,
+}
+
+impl RawConsumer {
+    /// Its retry policy: its sink kind's own schedule (else `[retry]`, given
+    /// as `default`), with its `[consumer.retry]` keys on top.
+    pub fn retry_policy(&self, default: &RetryPolicy) -> RetryPolicy {
+        let base = sink::default_retry(self.sink.kind).unwrap_or_else(|| default.clone());
+        match &self.retry {
+            Some(t) => retry::apply(t, base),
+            None => base,
+        }
+    }
+}
+
+/// Builds every consumer's sink; a sink whose longest delivery outlasts the
+/// `lease` is refused (the delivery could outlive its claim).
+pub fn build(
+    c: &Checker<'_>,
+    raw: Vec<RawConsumer>,
+    lease: std::time::Duration,
+    default_retry: &RetryPolicy,
+) -> Result<Vec<ConsumerSpec>, ConfigError> {
+    let mut consumers = Vec::with_capacity(raw.len());
+    let secret_vars = sink::secret_env_vars(raw.iter().map(|rc| &rc.sink));
+    for (i, rc) in raw.into_iter().enumerate() {
+        let at = format!("consumer[{i}]");
+        let sink = sink::build(c, &format!("{at}.sink"), &rc.sink, &secret_vars)?;
+        if let Some(limit) = sink.time_limit() {
+            if lease < limit {
+                return Err(c.err(
+                    format!("{at}.sink.timeout"),
+                    format!(
+                        "{} is longer than relay.lease ({}); a delivery could outlive its \
+                         claim: set relay.lease to at least {} or shorten the timeout",
+                        human(limit),
+                        human(lease),
+                        human(limit)
+                    ),
+                ));
+            }
+        }
+        consumers.push(ConsumerSpec {
+            retry: rc.retry_policy(default_retry),
+            name: rc.name,
+            types: rc.types,
+            sink,
+        });
+    }
+    Ok(consumers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::parse;
+    use super::*;
+
+    #[test]
+    fn a_webhook_without_retry_table_retries_for_days_and_its_timeout_fits_the_lease() {
+        std::env::set_var(
+            "CONFIG_UNIT_SECRET",
+            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        );
+        let hook = "[[consumer]]\nname = \"h\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"webhook\"\nurl = \"https://example.com/\"\nsecret_env = \"CONFIG_UNIT_SECRET\"\n";
+        let c = parse(&format!("[retry]\nmax_attempts = 3\n{hook}")).unwrap();
+        assert_eq!(c.consumers[0].retry, RetryPolicy::webhook());
+        let c = parse(&format!("{hook}[consumer.retry]\nmax_attempts = 3\n")).unwrap();
+        assert_eq!(c.consumers[0].retry, RetryPolicy::webhook().max_attempts(3));
+        let e = parse(&format!("[relay]\nlease = \"5s\"\n{hook}")).unwrap_err();
+        assert_eq!(e.field, "consumer[0].sink.timeout");
+        assert!(e.message.contains("30s") && e.message.contains("5s"), "{e}");
+    }
+}

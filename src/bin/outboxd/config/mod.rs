@@ -1,0 +1,735 @@
+//! `outboxd.toml` → a validated [`Config`], sinks constructed.
+//!
+//! Parsing and checking happen in two steps. serde (with
+//! `deny_unknown_fields` everywhere, wrapped by `serde_path_to_error`) turns
+//! the text into raw structs, so a typo or a wrong type is reported with
+//! its field path (`consumer[1].sink.url`). [`validate`] then checks what
+//! serde cannot: ranges, unique consumer names, event-type patterns, the
+//! lease against every sink's timeout, and builds each sink, which finds a
+//! missing program, a bad URL or a missing secret. Every failure is one
+//! [`ConfigError`] naming the file, the field and what is allowed, before
+//! the database is touched.
+//!
+//! Relative paths (the database, a JSONL file, a command program written
+//! with a `/`, a secret file) are resolved against the config file's
+//! directory, so a service's working directory does not matter.
+//!
+//! # Layout
+//!
+//! One file per section of the config, each holding the section's raw form
+//! (as written, `Raw*`), its validated form, and the `check` that turns one
+//! into the other: [`relay`], [`retry`], [`purge`], [`alerts`], [`log`],
+//! [`metrics`], [`http`], [`consumer`] and, one file per kind, [`sink`].
+//!
+//! To add a section (`[http]`, `[[capture]]`): a file here with its raw
+//! struct (`#[serde(deny_unknown_fields)]`) and a `check(&Checker, &Raw…)`,
+//! a field in [`RawConfig`] and in [`Config`], and one line in [`validate`].
+//! To add a sink kind, see [`sink`].
+//!
+//! packaging/outboxd.example.toml documents every key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use outboxd::error::{Setting, SettingError};
+use outboxd::purge::PurgePolicy;
+use outboxd::relay::RelayBuilder;
+use outboxd::status::Thresholds;
+use outboxd::{Delivery, Outcome, Relay, RetryPolicy};
+use serde::Deserialize;
+
+use crate::args::parse_duration;
+
+pub mod alerts;
+pub mod consumer;
+pub mod http;
+pub mod log;
+pub mod metrics;
+pub mod purge;
+pub mod relay;
+pub mod retry;
+pub mod sink;
+
+pub use consumer::ConsumerSpec;
+pub use http::{HttpServe, HttpSettings};
+pub use log::{LogFormat, LogSettings};
+pub use metrics::resolve_listen;
+pub use relay::RelaySettings;
+
+/// A config file is unusable: which file, which field, what is wrong and
+/// what is allowed. Never holds a secret's value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.render())]
+pub struct ConfigError {
+    /// The config file.
+    pub file: PathBuf,
+    /// The field path, such as `consumer[1].sink.url`; empty for a syntax
+    /// error outside any field.
+    pub field: String,
+    /// The line the problem is on, when the parser knows it.
+    pub line: Option<usize>,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+impl ConfigError {
+    fn render(&self) -> String {
+        let mut s = format!("config {}", self.file.display());
+        if let Some(line) = self.line {
+            s.push_str(&format!(", line {line}"));
+        }
+        if !self.field.is_empty() {
+            s.push_str(&format!(": {}", self.field));
+        }
+        s.push_str(": ");
+        s.push_str(&self.message);
+        s
+    }
+}
+
+/// A validated configuration, sinks built.
+#[derive(Debug)]
+pub struct Config {
+    /// The config file, None for the built-in default.
+    pub file: Option<PathBuf>,
+    /// The database (resolved against the config's directory).
+    pub database: Option<PathBuf>,
+    /// Relay tuning.
+    pub relay: RelaySettings,
+    /// The retry policy of consumers without their own.
+    pub retry: RetryPolicy,
+    /// The relay's TTL purge; None when disabled.
+    pub purge: Option<PurgePolicy>,
+    /// Alert thresholds.
+    pub alerts: Thresholds,
+    /// Logging.
+    pub log: LogSettings,
+    /// Where to serve Prometheus metrics.
+    pub metrics: Option<SocketAddr>,
+    /// `[http]`: the console, metrics and health check.
+    pub http: HttpSettings,
+    /// The consumers, at least one.
+    pub consumers: Vec<ConsumerSpec>,
+}
+
+impl Config {
+    /// The configuration of `outboxd run` without `--config`: one consumer
+    /// named `stdout` taking every event type, writing JSON lines to stdout.
+    pub fn stdout_default() -> Config {
+        Config {
+            file: None,
+            database: None,
+            relay: RelaySettings::default(),
+            retry: RetryPolicy::default(),
+            purge: Some(PurgePolicy::default()),
+            alerts: Thresholds::default(),
+            log: LogSettings::default(),
+            metrics: None,
+            http: HttpSettings::default(),
+            consumers: vec![ConsumerSpec {
+                name: "stdout".into(),
+                types: vec!["*".into()],
+                retry: RetryPolicy::default(),
+                sink: sink::jsonl::stdout(false),
+            }],
+        }
+    }
+
+    /// Reads, parses and validates a config file.
+    pub fn load(file: &Path) -> Result<Config, ConfigError> {
+        Config::parse(&read(file)?, file)
+    }
+
+    /// Parses and validates config text said to come from `file` (relative
+    /// paths inside are resolved against its directory).
+    pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
+        let raw = parse_raw(text, file)?;
+        validate(raw, file)
+    }
+
+    /// A relay builder for `db` with every setting and consumer of this
+    /// config. `build()` on it only fails for what [`Config::parse`] checked.
+    pub fn relay_builder(self, db: &Path) -> RelayBuilder {
+        let settings = RelayWide {
+            relay: &self.relay,
+            retry: &self.retry,
+            purge: &self.purge,
+            alerts: &self.alerts,
+        };
+        let mut b = settings.apply(Relay::builder(db));
+        for c in self.consumers {
+            b = b
+                .consumer(&c.name, &c.types, c.sink)
+                .retry_policy_for(&c.name, c.retry);
+        }
+        b
+    }
+}
+
+fn read(file: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(file).map_err(|e| ConfigError {
+        file: file.to_path_buf(),
+        field: String::new(),
+        line: None,
+        message: format!("cannot read the file: {e}"),
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Raw, as written.
+
+/// A duration written as `500ms`, `30s`, `5m`, `2h` or `1d`.
+#[derive(Debug, Clone, Copy)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Dur;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a duration in quotes, such as \"30s\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Dur, E> {
+                parse_duration(s).map(Dur).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Visitor)
+    }
+}
+
+/// The whole file as written: one field per section.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    database: Option<PathBuf>,
+    #[serde(default)]
+    relay: relay::RawRelay,
+    retry: Option<retry::RawRetry>,
+    #[serde(default)]
+    purge: purge::RawPurge,
+    #[serde(default)]
+    alerts: alerts::RawAlerts,
+    #[serde(default)]
+    log: log::RawLog,
+    #[serde(default)]
+    metrics: metrics::RawMetrics,
+    #[serde(default)]
+    http: http::RawHttp,
+    #[serde(default)]
+    consumer: Vec<consumer::RawConsumer>,
+}
+
+fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
+    let syntax = |e: toml::de::Error| ConfigError {
+        file: file.to_path_buf(),
+        field: String::new(),
+        line: e.span().map(|s| line_of(text, s.start)),
+        message: e.message().trim().to_string(),
+    };
+    let de = toml::Deserializer::parse(text).map_err(syntax)?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        ConfigError {
+            file: file.to_path_buf(),
+            field: if field == "." { String::new() } else { field },
+            line: inner.span().map(|s| line_of(text, s.start)),
+            message: in_words(inner.message().trim()),
+        }
+    })
+}
+
+/// serde's "invalid type: integer `3`, expected usize" in words a person
+/// who writes TOML reads: "expected a whole number (0 or more), found 3".
+/// Other messages (unknown field, missing field, unknown variant) already
+/// are, and pass through.
+fn in_words(message: &str) -> String {
+    let (rest, is_value) = match (
+        message.strip_prefix("invalid type: "),
+        message.strip_prefix("invalid value: "),
+    ) {
+        (Some(rest), _) => (rest, false),
+        (None, Some(rest)) => (rest, true),
+        _ => return message.to_string(),
+    };
+    let Some((found, expected)) = rest.rsplit_once(", expected ") else {
+        return message.to_string();
+    };
+    let whole = |lo: &str, hi: &str| format!("a whole number from {lo} to {hi}");
+    let want = match expected {
+        "u8" => whole("0", "255"),
+        "u16" => whole("0", "65535"),
+        "u32" => whole("0", "4294967295"),
+        "u64" | "usize" => "a whole number (0 or more)".to_string(),
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".to_string(),
+        "f32" | "f64" => "a number, such as 0.5".to_string(),
+        "a boolean" => "true or false".to_string(),
+        "a string" | "path string" => "text in quotes".to_string(),
+        "a sequence" => "a list, such as [\"a\", \"b\"]".to_string(),
+        "a map" => "a table, such as { name = \"value\" }".to_string(),
+        s if s.starts_with("struct ") => "a table".to_string(),
+        other => other.to_string(),
+    };
+    let number = |s: &str| {
+        s.strip_suffix('`')
+            .and_then(|s| s.split_once(" `"))
+            .map(|(_, n)| n.to_string())
+    };
+    if is_value {
+        if let Some(n) = found
+            .starts_with("integer `")
+            .then(|| number(found))
+            .flatten()
+        {
+            return format!("{n} is out of range; expected {want}");
+        }
+    }
+    let found = match found {
+        "sequence" => "a list".to_string(),
+        "map" => "a table".to_string(),
+        f if f.starts_with("integer `") => {
+            format!("the whole number {}", number(f).unwrap_or_default())
+        }
+        f if f.starts_with("floating point `") => {
+            format!("the number {}", number(f).unwrap_or_default())
+        }
+        f if f.starts_with("boolean `") => number(f).unwrap_or_default(),
+        f => match f.strip_prefix("string ") {
+            Some(text) => format!("the text {text}"),
+            None => f.to_string(),
+        },
+    };
+    format!("expected {want}, found {found}")
+}
+
+/// The 1-based line holding byte `offset`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+// ---------------------------------------------------------------------------
+// Validation.
+
+/// What every section's `check` needs: the file (for errors) and its
+/// directory (for relative paths).
+pub struct Checker<'a> {
+    file: &'a Path,
+    dir: PathBuf,
+}
+
+impl Checker<'_> {
+    fn new(file: &Path) -> Checker<'_> {
+        let dir = file
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+        Checker { file, dir }
+    }
+
+    /// An error at `field` (a path such as `consumer[0].sink.url`).
+    pub fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.file.to_path_buf(),
+            field: field.into(),
+            line: None,
+            message: message.into(),
+        }
+    }
+
+    /// A path from the config, resolved against the config file's directory.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.dir.join(p)
+        }
+    }
+}
+
+fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
+    let c = Checker::new(file);
+    let s = check_settings(&c, &raw)?;
+    let consumers = consumer::build(&c, raw.consumer, s.relay.lease, &s.retry)?;
+    Ok(Config {
+        file: Some(file.to_path_buf()),
+        database: s.database,
+        relay: s.relay,
+        retry: s.retry,
+        purge: s.purge,
+        alerts: s.alerts,
+        log: s.log,
+        metrics: s.metrics,
+        http: s.http,
+        consumers,
+    })
+}
+
+/// What the operator commands (`status`, `replay`) take from a config
+/// file, read by [`Config::load_without_sinks`].
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// The database, when the file names one.
+    pub database: Option<PathBuf>,
+    /// The `[alerts]` thresholds.
+    pub alerts: Thresholds,
+    /// The consumers' names.
+    pub consumers: Vec<String>,
+    /// The event types (or patterns) each consumer takes, in the same order.
+    pub consumer_types: Vec<Vec<String>>,
+    /// `[http]`.
+    pub http: HttpSettings,
+    /// `[log]`.
+    pub log: LogSettings,
+}
+
+impl Config {
+    /// Reads a config file for an operator command: checked as
+    /// `check-config` checks it, except that its sinks are not built, so no
+    /// secret needs to be set and no file is created.
+    pub fn load_without_sinks(file: &Path) -> Result<Summary, ConfigError> {
+        let text = read(file)?;
+        let raw = parse_raw(&text, file)?;
+        let s = check_settings(&Checker::new(file), &raw)?;
+        Ok(Summary {
+            database: s.database,
+            alerts: s.alerts,
+            consumers: raw.consumer.iter().map(|c| c.name.clone()).collect(),
+            consumer_types: raw.consumer.iter().map(|c| c.types.clone()).collect(),
+            http: s.http,
+            log: s.log,
+        })
+    }
+}
+
+/// A config's settings, checked: everything but the sinks.
+struct Settings {
+    database: Option<PathBuf>,
+    relay: RelaySettings,
+    retry: RetryPolicy,
+    purge: Option<PurgePolicy>,
+    alerts: Thresholds,
+    log: LogSettings,
+    metrics: Option<SocketAddr>,
+    http: HttpSettings,
+}
+
+fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigError> {
+    let database = match &raw.database {
+        Some(p) if p.as_os_str().is_empty() => {
+            return Err(c.err("database", "is empty; give the SQLite file's path"))
+        }
+        Some(p) => Some(c.resolve(p)),
+        None => None,
+    };
+    let relay = relay::check(c, &raw.relay)?;
+    let retry = raw.retry.as_ref().map_or_else(RetryPolicy::default, |t| {
+        retry::apply(t, RetryPolicy::default())
+    });
+    let purge = purge::policy(&raw.purge);
+    let alerts = alerts::thresholds(&raw.alerts);
+    let log = log::check(c, &raw.log)?;
+    let metrics = metrics::check(c, &raw.metrics)?;
+    let http = http::check(c, &raw.http)?;
+    let settings = RelayWide {
+        relay: &relay,
+        retry: &retry,
+        purge: &purge,
+        alerts: &alerts,
+    };
+    check_with_library(c, &settings, &raw.consumer)?;
+    Ok(Settings {
+        database,
+        relay,
+        retry,
+        purge,
+        alerts,
+        log,
+        metrics,
+        http,
+    })
+}
+
+/// The relay-wide settings of a config, as the relay builder takes them.
+struct RelayWide<'a> {
+    relay: &'a RelaySettings,
+    retry: &'a RetryPolicy,
+    purge: &'a Option<PurgePolicy>,
+    alerts: &'a Thresholds,
+}
+
+impl RelayWide<'_> {
+    /// `b` with every relay-wide setting applied.
+    fn apply(&self, b: RelayBuilder) -> RelayBuilder {
+        let mut b = b
+            .lease(self.relay.lease)
+            .unrouted(self.relay.unrouted)
+            .retry_policy(self.retry.clone())
+            .stale_after(self.alerts.stale_after)
+            .purge(self.purge.clone());
+        if let Some(n) = self.relay.workers {
+            b = b.workers(n);
+        }
+        if let Some(n) = self.relay.batch_size {
+            b = b.batch_size(n);
+        }
+        if let Some(d) = self.relay.poll_interval {
+            b = b.poll_interval(d);
+        }
+        b
+    }
+}
+
+/// Lets the library judge the settings and the consumers' names, types and
+/// retry policies (the rules live in `RelayBuilder::build` alone), before
+/// any sink is built: a relay is built, not started, with a stand-in
+/// consumer for each, and its error is reported at the config's field.
+fn check_with_library(
+    c: &Checker<'_>,
+    settings: &RelayWide<'_>,
+    consumers: &[consumer::RawConsumer],
+) -> Result<(), ConfigError> {
+    // `build` does not open the database; the path is never used.
+    let mut b = settings.apply(Relay::builder("outboxd.db"));
+    for rc in consumers {
+        let stand_in = |_: &Delivery| Outcome::Delivered;
+        b = b
+            .consumer(&rc.name, &rc.types, stand_in)
+            .retry_policy_for(&rc.name, rc.retry_policy(settings.retry));
+    }
+    match b.build() {
+        Ok(_) => Ok(()),
+        Err(outboxd::Error::InvalidSetting(e)) => Err(setting_error(c, &e)),
+        Err(other) => Err(c.err("", other.to_string())),
+    }
+}
+
+/// The library's verdict on a setting, at the config field that holds it.
+fn setting_error(c: &Checker<'_>, e: &SettingError) -> ConfigError {
+    let consumer = e.consumer_position().map(|p| format!("consumer[{p}]"));
+    let name = e.setting().as_str();
+    let field = match e.setting() {
+        Setting::Workers | Setting::BatchSize | Setting::Lease | Setting::PollInterval => {
+            format!("relay.{name}")
+        }
+        Setting::StaleAfter => format!("alerts.{name}"),
+        Setting::Consumers => {
+            return c.err(
+                "consumer",
+                format!(
+                    "{}; add a [[consumer]] with a name, types and a [consumer.sink]",
+                    e.reason()
+                ),
+            )
+        }
+        Setting::ConsumerName => format!("{}.name", consumer.unwrap_or_default()),
+        Setting::ConsumerTypes => match e.index() {
+            Some(i) => format!("{}.types[{i}]", consumer.unwrap_or_default()),
+            None => format!("{}.types", consumer.unwrap_or_default()),
+        },
+        Setting::RetryInitial
+        | Setting::RetryMaxDelay
+        | Setting::RetryMaxAttempts
+        | Setting::RetryJitter => match consumer {
+            Some(at) => format!("{at}.{name}"),
+            None => name.to_string(),
+        },
+        // purge.dedup_ttl, purge.batch_size: the config's own names.
+        _ => name.to_string(),
+    };
+    c.err(field, e.reason())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::relay::DEFAULT_SHUTDOWN_GRACE;
+    use super::*;
+
+    pub(crate) fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/outboxd/outboxd.toml"))
+    }
+
+    pub(crate) const STDOUT: &str = "[[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n";
+
+    #[test]
+    fn a_minimal_config_takes_the_defaults() {
+        let c = parse(STDOUT).unwrap();
+        assert_eq!(c.consumers.len(), 1);
+        assert_eq!(c.relay.lease, outboxd::relay::DEFAULT_LEASE);
+        assert_eq!(c.relay.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+        assert!(c.purge.is_some());
+        assert_eq!(c.metrics, None);
+    }
+
+    #[test]
+    fn errors_name_the_field_path_and_line() {
+        let text = format!("{STDOUT}[[consumer]]\nname = \"b\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = 7\n");
+        let e = parse(&text).unwrap_err();
+        assert_eq!(e.field, "consumer[1].sink.path");
+        assert_eq!(e.line, Some(12));
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with("config /etc/outboxd/outboxd.toml, line 12: consumer[1].sink.path: "),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn type_errors_are_in_words_not_rust_types() {
+        let cases = [
+            (
+                "[relay]\nworkers = \"two\"",
+                "relay.workers",
+                "expected a whole number (0 or more), found the text \"two\"",
+            ),
+            (
+                "[retry]\nmax_attempts = 99999999999",
+                "retry.max_attempts",
+                "99999999999 is out of range; expected a whole number from 0 to 4294967295",
+            ),
+            (
+                "[retry]\njitter = \"x\"",
+                "retry.jitter",
+                "expected a number, such as 0.5, found the text \"x\"",
+            ),
+            (
+                "[alerts]\nmax_dead = 1.5",
+                "alerts.max_dead",
+                "expected a whole number (0 or more), found the number 1.5",
+            ),
+            (
+                "[relay]\nlease = 30",
+                "relay.lease",
+                "expected a duration in quotes, such as \"30s\", found the whole number 30",
+            ),
+            (
+                "[purge]\nenabled = 1",
+                "purge.enabled",
+                "expected true or false, found the whole number 1",
+            ),
+            (
+                "relay = 3",
+                "relay",
+                "expected a table, found the whole number 3",
+            ),
+            (
+                "database = []",
+                "database",
+                "expected text in quotes, found a list",
+            ),
+        ];
+        for (section, field, want) in cases {
+            let e = parse(&format!("{section}\n{STDOUT}")).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert_eq!(e.message, want, "{e}");
+        }
+        let e =
+            parse(&STDOUT.replace("path = \"-\"", "path = \"-\"\nfsync = \"yes\"")).unwrap_err();
+        assert_eq!(e.message, "expected true or false, found the text \"yes\"");
+        let e = parse(&STDOUT.replace("[\"*\"]", "\"*\"")).unwrap_err();
+        assert_eq!(
+            e.message,
+            "expected a list, such as [\"a\", \"b\"], found the text \"*\""
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_the_allowed_ones() {
+        let e = parse(&format!("{STDOUT}[relay]\nworkerz = 2\n")).unwrap_err();
+        assert!(e.field.starts_with("relay"), "{e}");
+        assert!(e.message.contains("workers"), "{e}");
+    }
+
+    #[test]
+    fn relative_paths_follow_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "database = \"app.db\"\n[[consumer]]\nname = \"f\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"out.jsonl\"\n";
+        let c = Config::parse(text, &dir.path().join("o.toml")).unwrap();
+        assert_eq!(c.database.unwrap(), dir.path().join("app.db"));
+        assert!(dir.path().join("out.jsonl").exists());
+    }
+
+    // Config parsing, fuzzed with proptest (a cargo-fuzz target cannot reach
+    // a binary's modules): any text, and every field with any value, gives
+    // a config or an error that names the file, and never a panic.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const FIELDS: &[&str] = &[
+            "database",
+            "relay.workers",
+            "relay.batch_size",
+            "relay.lease",
+            "relay.poll_interval",
+            "relay.unrouted",
+            "relay.shutdown_grace",
+            "retry.initial",
+            "retry.max_delay",
+            "retry.max_attempts",
+            "retry.jitter",
+            "purge.enabled",
+            "purge.delivered_retention",
+            "purge.dedup_ttl",
+            "purge.dead_retention",
+            "purge.intent_retention",
+            "purge.batch_size",
+            "alerts.stale_after",
+            "alerts.max_dead",
+            "log.level",
+            "log.format",
+            "metrics.listen",
+            "http.listen",
+            "http.token_env",
+            "http.read_only",
+            "relay.no_such_key",
+        ];
+
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "-?[0-9]{1,20}",
+                "-?[0-9]{1,3}\\.[0-9]{1,3}",
+                "\"[0-9]{0,6}(ms|s|m|h|d|x)?\"",
+                "\"[ -~]{0,16}\"",
+                Just("true".to_string()),
+                Just("[]".to_string()),
+                Just("{}".to_string()),
+                Just("\"\"".to_string()),
+            ]
+        }
+
+        fn check(text: &str) -> Result<(), TestCaseError> {
+            let file = "/etc/outboxd/outboxd.toml";
+            if let Err(e) = parse(text) {
+                let msg = e.to_string();
+                prop_assert!(msg.contains(file), "{msg}");
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn any_text_is_a_config_or_a_named_error(text in "\\PC{0,300}") {
+                check(&text)?;
+            }
+
+            #[test]
+            fn any_value_in_any_field_is_a_config_or_a_named_error(
+                field in prop::sample::select(FIELDS), value in value()
+            ) {
+                let text = match field.split_once('.') {
+                    Some((table, key)) => format!("[{table}]\n{key} = {value}\n{STDOUT}"),
+                    None => format!("{field} = {value}\n{STDOUT}"),
+                };
+                check(&text)?;
+            }
+        }
+    }
+}

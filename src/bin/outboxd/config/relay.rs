@@ -1,0 +1,93 @@
+//! `[relay]`: how the relay claims, leases and shuts down. The ranges are
+//! the library's (checked by `RelayBuilder::build`); only the shutdown
+//! grace, which the binary applies itself, is checked here.
+
+use std::time::Duration;
+
+use outboxd::relay::UnroutedPolicy;
+use serde::Deserialize;
+
+use super::{Checker, ConfigError, Dur};
+use crate::cmd::support::human;
+
+/// How long in-flight deliveries may finish after SIGINT or SIGTERM, unless
+/// configured. Below the packaged systemd unit's `TimeoutStopSec=40`.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// The longest shutdown grace accepted.
+const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(3600);
+
+/// The `[relay]` settings (None: the library default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelaySettings {
+    /// Worker threads.
+    pub workers: Option<usize>,
+    /// Rows claimed per transaction.
+    pub batch_size: Option<usize>,
+    /// The lease of a claim.
+    pub lease: Duration,
+    /// How often an idle relay looks for other processes' commits.
+    pub poll_interval: Option<Duration>,
+    /// What to do with events no consumer takes.
+    pub unrouted: UnroutedPolicy,
+    /// How long in-flight deliveries may finish on shutdown.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for RelaySettings {
+    fn default() -> RelaySettings {
+        RelaySettings {
+            workers: None,
+            batch_size: None,
+            lease: outboxd::relay::DEFAULT_LEASE,
+            poll_interval: None,
+            unrouted: UnroutedPolicy::default(),
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}
+
+/// `[relay]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRelay {
+    workers: Option<usize>,
+    batch_size: Option<usize>,
+    lease: Option<Dur>,
+    poll_interval: Option<Dur>,
+    unrouted: Option<Unrouted>,
+    shutdown_grace: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Unrouted {
+    DeadLetter,
+    Skip,
+}
+
+/// Reads `[relay]`; checks the shutdown grace.
+pub fn check(c: &Checker<'_>, r: &RawRelay) -> Result<RelaySettings, ConfigError> {
+    let shutdown_grace = r.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0);
+    if shutdown_grace > MAX_SHUTDOWN_GRACE {
+        return Err(c.err(
+            "relay.shutdown_grace",
+            format!(
+                "{} is too long; allowed: up to 1h (and keep it below the \
+                 service manager's stop timeout, 40s in the packaged systemd unit)",
+                human(shutdown_grace)
+            ),
+        ));
+    }
+    Ok(RelaySettings {
+        workers: r.workers,
+        batch_size: r.batch_size,
+        lease: r.lease.map_or(outboxd::relay::DEFAULT_LEASE, |d| d.0),
+        poll_interval: r.poll_interval.map(|d| d.0),
+        unrouted: match r.unrouted {
+            None | Some(Unrouted::DeadLetter) => UnroutedPolicy::DeadLetter,
+            Some(Unrouted::Skip) => UnroutedPolicy::Skip,
+        },
+        shutdown_grace,
+    })
+}

@@ -1,0 +1,36 @@
+//! `[retry]` and each consumer's `[consumer.retry]`: the backoff schedule.
+//! The library's `RetryPolicy::validate` checks it (through
+//! `RelayBuilder::build`).
+
+use outboxd::RetryPolicy;
+use serde::Deserialize;
+
+use super::Dur;
+
+/// A retry table as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetry {
+    initial: Option<Dur>,
+    max_delay: Option<Dur>,
+    max_attempts: Option<u32>,
+    jitter: Option<f64>,
+}
+
+/// The keys a retry table sets, on top of `base`.
+pub fn apply(raw: &RawRetry, base: RetryPolicy) -> RetryPolicy {
+    let mut p = base;
+    if let Some(Dur(d)) = raw.initial {
+        p = p.initial(d);
+    }
+    if let Some(Dur(d)) = raw.max_delay {
+        p = p.max_delay(d);
+    }
+    if let Some(n) = raw.max_attempts {
+        p = p.max_attempts(n);
+    }
+    if let Some(j) = raw.jitter {
+        p = p.jitter(j);
+    }
+    p
+}

@@ -1,0 +1,160 @@
+//! `kind = "webhook"`: a signed HTTP POST per event (Standard Webhooks).
+
+use outboxd::sinks::WebhookSink;
+
+use super::{positive, RawSink, Sink};
+use crate::cmd::support::human;
+use crate::config::{Checker, ConfigError};
+
+/// The keys a webhook sink takes.
+pub const KEYS: &[&str] = &[
+    "kind",
+    "url",
+    "secret_env",
+    "secrets_env",
+    "secret_file",
+    "timeout",
+    "connect_timeout",
+    "deny_private_addresses",
+    "headers",
+    "max_response_bytes",
+];
+
+/// Builds a webhook sink, reading its secrets; a malformed secret is
+/// reported by where it came from, never by its value.
+pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
+    let url = s.url.as_ref().ok_or_else(|| {
+        c.err(
+            format!("{at}.url"),
+            "is missing; a webhook sink needs url = \"https://...\"",
+        )
+    })?;
+    // One source of secrets: which would win, or whether both sign, is
+    // nothing a reader of the file should have to guess.
+    let given: Vec<&str> = [
+        ("secret_env", s.secret_env.is_some()),
+        ("secrets_env", s.secrets_env.is_some()),
+        ("secret_file", s.secret_file.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(key, set)| set.then_some(key))
+    .collect();
+    if let [first, second, ..] = given[..] {
+        return Err(c.err(
+            format!("{at}.{second}"),
+            format!(
+                "{first} is set too; give exactly one of secret_env, secrets_env (several \
+                 secrets while rotating) and secret_file"
+            ),
+        ));
+    }
+    let mut b = WebhookSink::builder(url.clone());
+    // Where each secret came from, in the order given to the builder,
+    // so a malformed one is reported by its source, never its value.
+    let mut sources: Vec<(String, String)> = Vec::new();
+    let mut vars: Vec<(String, &String)> = Vec::new();
+    if let Some(v) = &s.secret_env {
+        vars.push((format!("{at}.secret_env"), v));
+    }
+    for (i, v) in s.secrets_env.iter().flatten().enumerate() {
+        vars.push((format!("{at}.secrets_env[{i}]"), v));
+    }
+    for (field, var) in vars {
+        let value = std::env::var(var).map_err(|e| {
+            let why = match e {
+                std::env::VarError::NotPresent => "is not set",
+                std::env::VarError::NotUnicode(_) => "is not valid UTF-8",
+            };
+            c.err(
+                &field,
+                format!(
+                    "environment variable {var} {why}; set it to the signing secret \
+                     (whsec_ followed by base64)"
+                ),
+            )
+        })?;
+        if value.trim().is_empty() {
+            return Err(c.err(
+                &field,
+                format!(
+                    "environment variable {var} is empty; set it to the signing secret (whsec_…)"
+                ),
+            ));
+        }
+        b = b.secret(value);
+        sources.push((field, format!("environment variable {var}")));
+    }
+    if let Some(p) = &s.secret_file {
+        let path = c.resolve(p);
+        let field = format!("{at}.secret_file");
+        let value = std::fs::read_to_string(&path).map_err(|e| {
+            c.err(
+                &field,
+                format!("cannot read secret file {}: {e}", path.display()),
+            )
+        })?;
+        if value.trim().is_empty() {
+            return Err(c.err(&field, format!("secret file {} is empty", path.display())));
+        }
+        b = b.secret(value.trim().to_string());
+        sources.push((field, format!("secret file {}", path.display())));
+    }
+    if sources.is_empty() {
+        return Err(c.err(
+            format!("{at}.secret_env"),
+            "a webhook sink needs a signing secret: secret_env = \"VAR\", \
+             secrets_env = [\"NEW\", \"OLD\"] while rotating, or secret_file = \"path\"",
+        ));
+    }
+    if let Some(t) = positive(c, at, "timeout", s.timeout)? {
+        b = b.timeout(t);
+    }
+    if let Some(t) = positive(c, at, "connect_timeout", s.connect_timeout)? {
+        b = b.connect_timeout(t);
+    }
+    if let Some(n) = s.max_response_bytes {
+        if n == 0 {
+            return Err(c.err(
+                format!("{at}.max_response_bytes"),
+                "must be 1 or more, such as 65536",
+            ));
+        }
+        b = b.max_response_bytes(n);
+    }
+    if let Some(deny) = s.deny_private_addresses {
+        b = b.deny_private_addresses(deny);
+    }
+    for (k, v) in s.headers.iter().flatten() {
+        b = b.header(k, v);
+    }
+    let sink = b.build().map_err(|e| {
+        use outboxd::sinks::WebhookError as W;
+        let (field, source) = match &e {
+            W::InvalidUrl { .. }
+            | W::UrlScheme { .. }
+            | W::UrlHost { .. }
+            | W::PrivateAddress { .. } => (format!("{at}.url"), None),
+            W::Header { .. } => (format!("{at}.headers"), None),
+            W::SecretPrefix { index }
+            | W::SecretBase64 { index }
+            | W::SecretLength { index, .. } => match sources.get(index - 1) {
+                Some((field, source)) => (field.clone(), Some(source.clone())),
+                None => (format!("{at}.secret_env"), None),
+            },
+            _ => (at.to_string(), None),
+        };
+        let message = match source {
+            Some(source) => format!("the secret in {source}: {e}"),
+            None => e.to_string(),
+        };
+        c.err(field, message)
+    })?;
+    let description = format!(
+        "webhook {} (timeout {}, connect timeout {})",
+        sink.display_url(),
+        human(sink.timeout()),
+        human(sink.connect_timeout())
+    );
+    let limit = sink.timeout();
+    Ok(Sink::new(sink, description).with_time_limit(limit))
+}

@@ -1,0 +1,285 @@
+//! The dedup ledger, `delivered_events`: one entry per (event, consumer)
+//! that succeeded. It is two things at once:
+//!
+//! - the **progress** of a row: a retry runs only the consumers without an
+//!   entry, so a consumer that succeeded is never run again for that row;
+//! - the **dedup window**: a second row carrying an event id a consumer
+//!   already received is not delivered to that consumer again.
+//!
+//! Every read and write of the table is here: the key, the claim's look-up,
+//! the relay's record of a success, the purge, the counts `status` shows and
+//! replay's forgetting.
+//!
+//! ## The key
+//!
+//! An entry's key is the row's event id in its canonical (upper-case) ULID
+//! spelling, or `#<row id>` for a legacy row without an event id (a ULID
+//! never contains `#`, so the two never collide). It is computed by SQL
+//! alone (the `event_key_sql!` expression), in the claim statement that also reads the
+//! entries, and the relay writes entries under the key the claim returned:
+//! one definition, so what is read and what is written cannot disagree.
+//! (A valid ULID differs from its canonical spelling only in letter case,
+//! and `upper()` folds exactly that.)
+
+use std::collections::BTreeMap;
+
+use rusqlite::types::ValueRef;
+use rusqlite::{params, Connection};
+
+use crate::clock::Timestamp;
+
+/// The ledger key of the `event_outbox` row in scope, as an SQL expression.
+macro_rules! event_key_sql {
+    () => {
+        "coalesce(upper(event_outbox.event_id), '#' || event_outbox.id)"
+    };
+}
+pub(crate) use event_key_sql;
+
+/// The consumers that already have the event of the `event_outbox` row in
+/// scope, as an SQL expression: their names joined by `,` (a character no
+/// consumer name may contain), or NULL. Read it with [`read_delivered_to`].
+macro_rules! delivered_to_sql {
+    () => {
+        concat!(
+            "(SELECT group_concat(d.consumer, ',') FROM delivered_events d WHERE d.event_key = ",
+            $crate::dedup::event_key_sql!(),
+            ")"
+        )
+    };
+}
+pub(crate) use delivered_to_sql;
+
+/// Reads a [`delivered_to_sql!`] column.
+pub(crate) fn read_delivered_to(v: ValueRef<'_>) -> Vec<String> {
+    match v {
+        ValueRef::Text(names) => String::from_utf8_lossy(names)
+            .split(',')
+            .map(str::to_string)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The routed consumers (by index) that have no entry yet: the ones a
+/// delivery of the row must still run. `name` gives a consumer's name.
+pub(crate) fn missing<'a>(
+    routed: &[usize],
+    delivered_to: &[String],
+    name: impl Fn(usize) -> &'a str,
+) -> Vec<usize> {
+    routed
+        .iter()
+        .copied()
+        .filter(|&i| !delivered_to.iter().any(|d| d == name(i)))
+        .collect()
+}
+
+/// Records that a consumer succeeded for an event (idempotent).
+pub(crate) fn record(
+    conn: &Connection,
+    event_key: &str,
+    consumer: &str,
+    row_id: i64,
+    now: Timestamp,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
+         VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![event_key, consumer, row_id, now.as_millis()])?;
+    Ok(())
+}
+
+/// Removes one consumer's entry for an event, so the next delivery of the
+/// row runs that consumer again (replay). Returns how many were removed.
+pub(crate) fn forget(
+    conn: &Connection,
+    event_key: &str,
+    consumer: &str,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached("DELETE FROM delivered_events WHERE event_key = ?1 AND consumer = ?2")?
+        .execute(params![event_key, consumer])
+}
+
+/// The condition on a `delivered_events d` entry that may be purged by age:
+/// its row is not pending or dead. While the row is pending (a retry may be
+/// due) or dead (it may be requeued) the entry is that row's progress, and
+/// deleting it would run a consumer that already succeeded again.
+const PURGEABLE: &str = "NOT EXISTS (SELECT 1 FROM event_outbox o
+      WHERE o.id = d.outbox_id AND o.status <> 'delivered')";
+
+/// Deletes up to `limit` purgeable entries recorded before `cutoff`.
+pub(crate) fn purge_batch(
+    conn: &Connection,
+    cutoff: Timestamp,
+    limit: usize,
+) -> rusqlite::Result<u64> {
+    conn.prepare_cached(&format!(
+        "DELETE FROM delivered_events WHERE (event_key, consumer) IN (
+             SELECT event_key, consumer FROM delivered_events d
+              WHERE delivered_at < ?1 AND {PURGEABLE} LIMIT ?2)"
+    ))?
+    .execute(params![
+        cutoff.as_millis(),
+        i64::try_from(limit).unwrap_or(i64::MAX)
+    ])
+    .map(|n| n as u64)
+}
+
+/// How many entries [`purge_batch`] would delete in all.
+pub(crate) fn count_purgeable(conn: &Connection, cutoff: Timestamp) -> rusqlite::Result<u64> {
+    conn.query_row(
+        &format!("SELECT count(*) FROM delivered_events d WHERE delivered_at < ?1 AND {PURGEABLE}"),
+        [cutoff.as_millis()],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n.max(0) as u64)
+}
+
+/// Entries per consumer name, in name order.
+pub(crate) fn count_by_consumer(conn: &Connection) -> rusqlite::Result<BTreeMap<String, u64>> {
+    let mut stmt =
+        conn.prepare_cached("SELECT consumer, count(*) FROM delivered_events GROUP BY consumer")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+    })?;
+    rows.collect()
+}
+
+/// True when the ledger holds at least one entry of the consumer.
+pub(crate) fn knows(conn: &Connection, consumer: &str) -> rusqlite::Result<bool> {
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM delivered_events WHERE consumer = ?1)")?
+        .query_row([consumer], |r| r.get(0))
+}
+
+/// Every consumer name in the ledger, sorted (a whole scan: for messages).
+pub(crate) fn consumer_names(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare("SELECT DISTINCT consumer FROM delivered_events ORDER BY 1")?;
+    let names = stmt.query_map([], |r| r.get(0))?;
+    names.collect()
+}
+
+/// One entry of a consumer, with what replay filters its row by.
+pub(crate) struct Entry {
+    /// The row the entry was recorded for.
+    pub row_id: i64,
+    /// The entry's key.
+    pub event_key: String,
+    /// The row's event type, as stored (None if it is not text).
+    pub event_type: Option<String>,
+}
+
+/// The consumer's entries whose rows still exist and occurred in
+/// [`since`, `until`), in row order.
+pub(crate) fn entries_of(
+    conn: &Connection,
+    consumer: &str,
+    since: Option<Timestamp>,
+    until: Option<Timestamp>,
+) -> rusqlite::Result<Vec<Entry>> {
+    let mut stmt = conn.prepare(
+        "SELECT o.id, d.event_key, CAST(o.event_type AS TEXT)
+           FROM delivered_events d JOIN event_outbox o ON o.id = d.outbox_id
+          WHERE d.consumer = ?1
+            AND (?2 IS NULL OR o.occurred_at >= ?2)
+            AND (?3 IS NULL OR o.occurred_at < ?3)
+          ORDER BY o.id",
+    )?;
+    let rows = stmt.query_map(
+        params![
+            consumer,
+            since.map(Timestamp::as_millis),
+            until.map(Timestamp::as_millis)
+        ],
+        |r| {
+            Ok(Entry {
+                row_id: r.get(0)?,
+                event_key: r.get(1)?,
+                event_type: r.get(2)?,
+            })
+        },
+    )?;
+    rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db() -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::connection::open(dir.path().join("d.db")).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        (dir, conn)
+    }
+
+    #[test]
+    fn the_key_is_the_canonical_id_or_the_row_for_a_legacy_row() {
+        let (_d, conn) = db();
+        let id = crate::EventId::new().to_string();
+        conn.execute(
+            "INSERT INTO event_outbox (id, event_id, event_type) VALUES (1, lower(?1), 'a.b.v1'),
+                    (2, NULL, 'a.b.v1')",
+            [&id],
+        )
+        .unwrap();
+        let keys: Vec<String> = conn
+            .prepare(concat!(
+                "SELECT ",
+                event_key_sql!(),
+                " FROM event_outbox ORDER BY id"
+            ))
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(keys, [id, "#2".to_string()]);
+    }
+
+    #[test]
+    fn the_claims_look_up_reads_what_record_wrote() {
+        let (_d, conn) = db();
+        let id = crate::EventId::new().to_string();
+        conn.execute(
+            "INSERT INTO event_outbox (id, event_id, event_type) VALUES (1, lower(?1), 'a.b.v1')",
+            [&id],
+        )
+        .unwrap();
+        let read = |conn: &Connection| {
+            conn.query_row(
+                concat!("SELECT ", delivered_to_sql!(), " FROM event_outbox"),
+                [],
+                |r| Ok(read_delivered_to(r.get_ref(0)?)),
+            )
+            .unwrap()
+        };
+        assert!(read(&conn).is_empty());
+        record(&conn, &id, "a", 1, Timestamp::from_millis(5)).unwrap();
+        record(&conn, &id, "b", 1, Timestamp::from_millis(5)).unwrap();
+        record(&conn, &id, "b", 1, Timestamp::from_millis(6)).unwrap(); // idempotent
+        let mut got = read(&conn);
+        got.sort();
+        assert_eq!(got, ["a", "b"]);
+        assert!(knows(&conn, "b").unwrap() && !knows(&conn, "c").unwrap());
+        assert_eq!(forget(&conn, &id, "a").unwrap(), 1);
+        assert_eq!(read(&conn), ["b"]);
+        assert_eq!(
+            count_by_consumer(&conn)
+                .unwrap()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            [("b".to_string(), 1)]
+        );
+    }
+
+    #[test]
+    fn missing_lists_the_routed_consumers_without_an_entry() {
+        let names = ["a", "b", "c"];
+        let done = vec!["b".to_string()];
+        assert_eq!(missing(&[0, 1, 2], &done, |i| names[i]), [0, 2]);
+        assert!(missing(&[1], &done, |i| names[i]).is_empty());
+        assert!(missing(&[], &done, |i| names[i]).is_empty());
+    }
+}

@@ -1,0 +1,179 @@
+//! The relay's housekeeping, run by the writer between its transactions:
+//! one batch of TTL purge, a passive WAL checkpoint, and the stale check.
+//! Each in its own short transaction; a failure is logged and tried again
+//! at the next tick, never allowed to stop deliveries.
+
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+use super::metrics::Metrics;
+use crate::clock::Timestamp;
+use crate::purge::{PurgePolicy, PurgeReport};
+
+/// How soon the next tick comes while a purge still finds rows: more may be
+/// left, and small batches between claims keep each write short.
+const PURGE_AGAIN: Duration = Duration::from_millis(100);
+
+/// The housekeeping schedule and settings.
+pub(crate) struct Housekeeping {
+    interval: Duration,
+    stale_after: Duration,
+    purge: Option<PurgePolicy>,
+    next: Instant,
+}
+
+/// What one stale check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Staleness {
+    /// Due events that have waited longer than the threshold (bounded).
+    pub stale: u64,
+    /// How long the oldest due event has waited (zero: none is due).
+    pub oldest_due_age: Duration,
+}
+
+impl Housekeeping {
+    /// A schedule whose first tick is due at `at`.
+    pub(crate) fn new(
+        interval: Duration,
+        stale_after: Duration,
+        purge: Option<PurgePolicy>,
+        at: Instant,
+    ) -> Housekeeping {
+        Housekeeping {
+            interval,
+            stale_after,
+            purge,
+            next: at,
+        }
+    }
+
+    /// True when a tick is due.
+    pub(crate) fn due(&self, at: Instant) -> bool {
+        at >= self.next
+    }
+
+    /// Runs one tick and schedules the next.
+    pub(crate) fn run(&mut self, conn: &mut Connection, now: Timestamp, metrics: &Metrics) {
+        let mut purged = PurgeReport::default();
+        if let Some(policy) = &self.purge {
+            match crate::purge::purge_batch(conn, policy, now) {
+                Ok(r) => {
+                    if r.total() > 0 {
+                        tracing::debug!(
+                            delivered = r.delivered,
+                            dead = r.dead,
+                            dedup = r.dedup_entries,
+                            intents = r.intents,
+                            "purged"
+                        );
+                    }
+                    purged = r;
+                }
+                Err(e) => tracing::warn!(error = %e, "purge failed; will retry"),
+            }
+        }
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::debug!(error = %e, "checkpoint failed");
+        }
+        match stale(conn, now, self.stale_after) {
+            Ok(s) => {
+                Metrics::set(&metrics.stale_events, s.stale);
+                Metrics::set(
+                    &metrics.oldest_due_ms,
+                    u64::try_from(s.oldest_due_age.as_millis()).unwrap_or(u64::MAX),
+                );
+                if s.stale > 0 {
+                    tracing::warn!(
+                        count = s.stale,
+                        oldest_due_secs = s.oldest_due_age.as_secs(),
+                        threshold_secs = self.stale_after.as_secs(),
+                        "stale events: due events are waiting longer than the threshold"
+                    );
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "stale check failed"),
+        }
+        self.next = Instant::now() + next_tick(self.interval, &purged);
+    }
+}
+
+/// The wait until the next tick: soon while a purge still deletes rows,
+/// otherwise the interval.
+fn next_tick(interval: Duration, purged: &PurgeReport) -> Duration {
+    if purged.total() > 0 {
+        interval.min(PURGE_AGAIN)
+    } else {
+        interval
+    }
+}
+
+/// The stale check: how many due events are older than `after`, and how
+/// old the oldest is.
+fn stale(conn: &Connection, now: Timestamp, after: Duration) -> crate::Result<Staleness> {
+    let stale = crate::status::stale_count(conn, now, after)?;
+    let oldest = crate::status::oldest_due(conn, now)?;
+    Ok(Staleness {
+        stale,
+        oldest_due_age: oldest.map(|t| now.since(t)).unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tick_that_purged_comes_back_soon() {
+        let hour = Duration::from_secs(3600);
+        let some = PurgeReport {
+            delivered: 1,
+            ..PurgeReport::default()
+        };
+        assert_eq!(next_tick(hour, &some), PURGE_AGAIN);
+        assert_eq!(next_tick(hour, &PurgeReport::default()), hour);
+        assert_eq!(
+            next_tick(Duration::from_millis(20), &some),
+            Duration::from_millis(20)
+        );
+    }
+
+    #[test]
+    fn a_tick_purges_a_batch_and_measures_staleness() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::connection::open(dir.path().join("h.db")).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        conn.execute_batch(
+            "INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', 1000), ('a.b.v1', 9000);
+             INSERT INTO event_outbox (event_type, status, finished_at) VALUES ('a.b.v1', 'delivered', 1);",
+        )
+        .unwrap();
+        let metrics = Metrics::new(vec!["a".into()]);
+        let policy = PurgePolicy::default()
+            .delivered_retention(Duration::from_secs(1))
+            .dedup_ttl(Duration::from_secs(1));
+        let at = Instant::now();
+        let mut h = Housekeeping::new(
+            Duration::from_secs(3600),
+            Duration::from_secs(5),
+            Some(policy),
+            at,
+        );
+        assert!(h.due(at));
+        h.run(&mut conn, Timestamp::from_millis(10_000), &metrics);
+        assert!(!h.due(at + Duration::from_millis(50)));
+        assert!(
+            h.due(at + Duration::from_secs(1)),
+            "more may be left to purge"
+        );
+        let s = metrics.snapshot();
+        assert_eq!((s.stale_events, s.oldest_due_ms), (1, 9_000));
+        let left: i64 = conn
+            .query_row("SELECT count(*) FROM event_outbox", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(
+            left, 2,
+            "the delivered row is purged, the pending ones kept"
+        );
+    }
+}

@@ -1,0 +1,425 @@
+//! The retry rules: each consumer's policy (how long a failed delivery
+//! waits, when to give up) and the verdict that combines the outcomes of
+//! all the consumers a row was delivered to into one decision for the row.
+
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+use crate::consumer::Outcome;
+use crate::error::{Setting, SettingError};
+
+/// When to try a failed delivery again: exponential backoff from `initial`,
+/// doubling up to `max_delay`, for at most `max_attempts` attempts in all,
+/// with up to `jitter` (a fraction) added at random so that many events
+/// failing together do not all come back at once.
+///
+/// ```
+/// use outboxd::relay::RetryPolicy;
+/// use std::time::Duration;
+/// let p = RetryPolicy::default().jitter(0.0);
+/// assert_eq!(p.delay_after(1), Some(Duration::from_secs(30)));
+/// assert_eq!(p.delay_after(2), Some(Duration::from_secs(60)));
+/// assert_eq!(p.delay_after(9), Some(Duration::from_secs(3600)));
+/// assert_eq!(p.delay_after(10), None); // the 10th failure dead-letters
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    initial: Duration,
+    max_delay: Duration,
+    max_attempts: u32,
+    jitter: f64,
+}
+
+/// First retry delay of the default policy.
+pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(30);
+/// Longest retry delay of the default policy.
+pub const DEFAULT_RETRY_MAX_DELAY: Duration = Duration::from_secs(3600);
+/// Attempts (the first try included) before the default policy dead-letters.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+/// The most [`RetryPolicy::max_attempts`] accepted.
+pub const MAX_RETRY_ATTEMPTS: u32 = 1000;
+/// Jitter of the default policy: up to 10% added to each delay.
+pub const DEFAULT_JITTER: f64 = 0.1;
+
+impl Default for RetryPolicy {
+    /// 30 s doubling to 1 h, 10 attempts, 10% jitter.
+    fn default() -> Self {
+        RetryPolicy {
+            initial: DEFAULT_RETRY_INITIAL,
+            max_delay: DEFAULT_RETRY_MAX_DELAY,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            jitter: DEFAULT_JITTER,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// A schedule for receivers that may be down for a day or more, as
+    /// webhook senders use: 1 minute doubling to 12 hours, 20 attempts
+    /// (the retries span about 5.2 days before jitter, up to 10% more).
+    pub fn webhook() -> RetryPolicy {
+        RetryPolicy {
+            initial: Duration::from_secs(60),
+            max_delay: Duration::from_secs(12 * 3600),
+            max_attempts: 20,
+            jitter: DEFAULT_JITTER,
+        }
+    }
+
+    /// The first delay.
+    #[must_use]
+    pub fn initial(mut self, d: Duration) -> Self {
+        self.initial = d;
+        self
+    }
+
+    /// The longest delay.
+    #[must_use]
+    pub fn max_delay(mut self, d: Duration) -> Self {
+        self.max_delay = d;
+        self
+    }
+
+    /// Attempts in all, the first included; 1 means no retry.
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// The largest fraction added at random to each delay (0 to 1).
+    #[must_use]
+    pub fn jitter(mut self, fraction: f64) -> Self {
+        self.jitter = fraction;
+        self
+    }
+
+    /// The configured attempts in all.
+    pub fn attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Checks the settings; the relay builder calls it. The error names the
+    /// field (`retry.initial`…); the builder adds the consumer's name for a
+    /// consumer's own policy.
+    pub fn validate(&self) -> Result<(), SettingError> {
+        if self.max_attempts == 0 || self.max_attempts > MAX_RETRY_ATTEMPTS {
+            return Err(SettingError::new(
+                Setting::RetryMaxAttempts,
+                format!(
+                    "{} is out of range; allowed: 1 to {MAX_RETRY_ATTEMPTS} (1 means no retry)",
+                    self.max_attempts
+                ),
+            ));
+        }
+        if self.initial.is_zero() {
+            return Err(SettingError::new(
+                Setting::RetryInitial,
+                "must be longer than zero, such as 30 seconds",
+            ));
+        }
+        if self.max_delay < self.initial {
+            return Err(SettingError::new(
+                Setting::RetryMaxDelay,
+                format!(
+                    "{:?} is shorter than retry.initial ({:?}); allowed: retry.initial or longer",
+                    self.max_delay, self.initial
+                ),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(SettingError::new(
+                Setting::RetryJitter,
+                format!(
+                    "{} is out of range; allowed: 0.0 to 1.0 (a fraction of the delay)",
+                    self.jitter
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The delay before the next attempt, given the number of failed
+    /// attempts so far (1 after the first failure), without jitter; None
+    /// when the attempts are spent and the event is to be dead-lettered.
+    pub fn delay_after(&self, failures: u32) -> Option<Duration> {
+        if failures >= self.max_attempts {
+            return None;
+        }
+        let doublings = failures.saturating_sub(1).min(40);
+        let delay = self.initial.saturating_mul(1u32 << doublings.min(31));
+        Some(delay.min(self.max_delay))
+    }
+
+    /// [`delay_after`](Self::delay_after) with jitter drawn from `unit`, a
+    /// number in [0, 1).
+    pub fn delay_with_jitter(&self, failures: u32, unit: f64) -> Option<Duration> {
+        let base = self.delay_after(failures)?;
+        Some(base.mul_f64(1.0 + self.jitter * unit.clamp(0.0, 1.0)))
+    }
+}
+
+/// One consumer's outcome for a row, with the policy that governs it.
+pub(crate) struct Report<'a> {
+    /// The consumer's name.
+    pub consumer: &'a str,
+    /// Its retry policy.
+    pub policy: &'a RetryPolicy,
+    /// What it reported.
+    pub outcome: &'a Outcome,
+}
+
+/// What becomes of a row once all its consumers have reported.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Verdict {
+    /// Every consumer succeeded.
+    Delivered,
+    /// Deliver again at `at` (to the consumers that failed: the others have
+    /// their ledger entries). `attempt` is the attempt that failed.
+    Retry {
+        at: Timestamp,
+        attempt: u32,
+        reason: String,
+    },
+    /// A consumer said poison: dead-letter now, spending no attempt.
+    Poison { reason: String },
+    /// A failing consumer has spent its attempts: dead-letter, counting this
+    /// attempt.
+    GaveUp { attempts: u32, reason: String },
+}
+
+/// Combines the reports of one row's delivery.
+///
+/// - Any poison dead-letters the row (the first poison's reason).
+/// - Otherwise any retry schedules one for the row, `failures_before + 1`
+///   failures in all: the row waits as long as the slowest retrying
+///   consumer's schedule (with jitter from `unit`, a draw in [0, 1) per
+///   retrying consumer) and at least any Retry-After a consumer gave.
+/// - When any retrying consumer's policy has no attempt left, the row is
+///   dead-lettered instead ("gave up after N attempts").
+pub(crate) fn verdict<'a>(
+    reports: impl IntoIterator<Item = Report<'a>>,
+    failures_before: u32,
+    now: Timestamp,
+    mut unit: impl FnMut() -> f64,
+) -> Verdict {
+    let failures = failures_before.saturating_add(1);
+    let mut retries: Vec<(&str, &str)> = Vec::new();
+    // Some(wait) while every retrying consumer has attempts left.
+    let mut wait = Some(Duration::ZERO);
+    for r in reports {
+        match r.outcome {
+            Outcome::Delivered => {}
+            Outcome::Poison { reason } => {
+                return Verdict::Poison {
+                    reason: format!("consumer {} rejected it as poison: {reason}", r.consumer),
+                }
+            }
+            Outcome::Retry { reason, after } => {
+                retries.push((r.consumer, reason));
+                let delay = r.policy.delay_with_jitter(failures, unit());
+                wait = match (wait, delay) {
+                    (Some(w), Some(d)) => Some(w.max(d).max(after.unwrap_or_default())),
+                    _ => None,
+                };
+            }
+        }
+    }
+    if retries.is_empty() {
+        return Verdict::Delivered;
+    }
+    let reason = retries
+        .iter()
+        .map(|(consumer, r)| format!("consumer {consumer}: {r}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    match wait {
+        Some(wait) => Verdict::Retry {
+            at: now.plus(wait),
+            attempt: failures,
+            reason,
+        },
+        None => Verdict::GaveUp {
+            attempts: failures,
+            reason: format!("gave up after {failures} attempts: {reason}"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NOW: Timestamp = Timestamp::from_millis(1_000_000);
+
+    fn report<'a>(consumer: &'a str, policy: &'a RetryPolicy, outcome: &'a Outcome) -> Report<'a> {
+        Report {
+            consumer,
+            policy,
+            outcome,
+        }
+    }
+
+    #[test]
+    fn all_delivered_is_delivered_and_a_poison_wins_over_retries() {
+        let p = RetryPolicy::default();
+        let ok = Outcome::Delivered;
+        let retry = Outcome::retry("down");
+        let poison = Outcome::poison("bad payload");
+        let v = verdict([report("a", &p, &ok), report("b", &p, &ok)], 0, NOW, || 0.0);
+        assert_eq!(v, Verdict::Delivered);
+        let v = verdict(
+            [report("a", &p, &retry), report("b", &p, &poison)],
+            0,
+            NOW,
+            || 0.0,
+        );
+        assert_eq!(
+            v,
+            Verdict::Poison {
+                reason: "consumer b rejected it as poison: bad payload".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_retry_waits_for_the_slowest_schedule_and_any_retry_after() {
+        let fast = RetryPolicy::default()
+            .initial(Duration::from_secs(1))
+            .jitter(0.0);
+        let slow = RetryPolicy::default()
+            .initial(Duration::from_secs(60))
+            .jitter(0.0);
+        let down = Outcome::retry("down");
+        let later = Outcome::retry_after("busy", Duration::from_secs(600));
+        let v = verdict(
+            [report("a", &fast, &down), report("b", &slow, &down)],
+            0,
+            NOW,
+            || 0.0,
+        );
+        assert_eq!(
+            v,
+            Verdict::Retry {
+                at: NOW.plus(Duration::from_secs(60)),
+                attempt: 1,
+                reason: "consumer a: down; consumer b: down".into()
+            }
+        );
+        let v = verdict([report("a", &fast, &later)], 2, NOW, || 0.0);
+        let Verdict::Retry { at, attempt, .. } = v else {
+            panic!("{v:?}")
+        };
+        assert_eq!((at, attempt), (NOW.plus(Duration::from_secs(600)), 3));
+    }
+
+    #[test]
+    fn jitter_is_drawn_per_retrying_consumer() {
+        let p = RetryPolicy::default()
+            .initial(Duration::from_secs(100))
+            .jitter(0.5);
+        let down = Outcome::retry("down");
+        let mut draws = vec![0.0, 1.0].into_iter();
+        let v = verdict(
+            [report("a", &p, &down), report("b", &p, &down)],
+            0,
+            NOW,
+            || draws.next().unwrap(),
+        );
+        let Verdict::Retry { at, .. } = v else {
+            panic!("{v:?}")
+        };
+        assert_eq!(at, NOW.plus(Duration::from_secs(150)));
+    }
+
+    #[test]
+    fn a_consumer_out_of_attempts_gives_the_row_up_even_if_another_has_some_left() {
+        let two = RetryPolicy::default().max_attempts(2).jitter(0.0);
+        let ten = RetryPolicy::default().jitter(0.0);
+        let down = Outcome::retry("down");
+        let after = Outcome::retry_after("busy", Duration::from_secs(5));
+        // The first failure of a 2-attempt policy still retries...
+        assert!(matches!(
+            verdict([report("a", &two, &down)], 0, NOW, || 0.0),
+            Verdict::Retry { .. }
+        ));
+        // ...the second gives up, whatever the others (or Retry-After) say.
+        let v = verdict(
+            [report("a", &ten, &after), report("b", &two, &down)],
+            1,
+            NOW,
+            || 0.0,
+        );
+        assert_eq!(
+            v,
+            Verdict::GaveUp {
+                attempts: 2,
+                reason: "gave up after 2 attempts: consumer a: busy; consumer b: down".into()
+            }
+        );
+    }
+
+    #[test]
+    fn default_schedule_is_thirty_seconds_doubling_to_an_hour() {
+        let p = RetryPolicy::default();
+        let secs: Vec<u64> = (1..10)
+            .map(|n| p.delay_after(n).unwrap().as_secs())
+            .collect();
+        assert_eq!(secs, [30, 60, 120, 240, 480, 960, 1920, 3600, 3600]);
+        assert_eq!(p.delay_after(10), None);
+    }
+
+    #[test]
+    fn webhook_schedule_spans_days() {
+        let p = RetryPolicy::webhook();
+        let total: Duration = (1..p.attempts()).map(|n| p.delay_after(n).unwrap()).sum();
+        // As documented (and in the README): about 5.2 days.
+        assert_eq!(total, Duration::from_secs(450_180), "{total:?}");
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let e = RetryPolicy::default()
+            .max_attempts(0)
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.setting(), Setting::RetryMaxAttempts);
+        assert!(e.to_string().contains("retry.max_attempts"), "{e}");
+        let e = RetryPolicy::default()
+            .max_attempts(1001)
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.setting(), Setting::RetryMaxAttempts);
+        assert!(RetryPolicy::default().jitter(2.0).validate().is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn delays_never_shrink_stay_bounded_and_stop_at_max_attempts(
+            initial_ms in 1u64..100_000,
+            extra_ms in 0u64..10_000_000,
+            attempts in 1u32..60,
+            jitter in 0.0f64..=1.0,
+            unit in 0.0f64..1.0,
+        ) {
+            let p = RetryPolicy::default()
+                .initial(Duration::from_millis(initial_ms))
+                .max_delay(Duration::from_millis(initial_ms + extra_ms))
+                .max_attempts(attempts)
+                .jitter(jitter);
+            p.validate().unwrap();
+            let mut last = Duration::ZERO;
+            for n in 1..attempts {
+                let d = p.delay_after(n).unwrap();
+                prop_assert!(d >= last);
+                prop_assert!(d >= p.initial && d <= p.max_delay);
+                let j = p.delay_with_jitter(n, unit).unwrap();
+                prop_assert!(j >= d && j <= d.mul_f64(1.0 + jitter) + Duration::from_nanos(1));
+                last = d;
+            }
+            prop_assert_eq!(p.delay_after(attempts), None);
+            prop_assert_eq!(p.delay_after(attempts + 1), None);
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! What the relay writes to its log, read back through a tracing subscriber
+//! that writes to a buffer. A file of its own: the subscriber is global (the
+//! writer logs from its own thread), and only this test may install it.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::relay::StartRelay;
+use common::{event, wait_until, TestDb};
+use outboxd::relay::RetryPolicy;
+use outboxd::{Delivery, Outcome};
+
+/// The log lines, as text.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+/// Regression (issue 10, found running the binary): the last failed attempt
+/// was logged as "delivery failed, will retry" and the dead letter that
+/// followed was not logged at all. Now each failure says only that it
+/// failed, a retry is logged when one is scheduled, and the give-up is a
+/// WARN line with the reason the dead letter keeps.
+#[test]
+fn a_retry_that_spends_its_attempts_logs_the_give_up_with_the_reason() {
+    let log = Captured::default();
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_writer(log.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish(),
+    )
+    .unwrap();
+
+    let db = TestDb::new();
+    let relay = db
+        .relay()
+        .consumer("flaky", ["a.b.v1"], |_: &Delivery| {
+            Outcome::retry("receiver down")
+        })
+        .retry_policy(
+            RetryPolicy::default()
+                .initial(Duration::from_millis(20))
+                .max_attempts(2)
+                .jitter(0.0),
+        )
+        .started();
+    let id = db.enqueue(&[event("a.b.v1", 1)])[0];
+    relay.notify();
+    wait_until("dead-lettered", Duration::from_secs(30), || {
+        db.count("status = 'dead'") == 1
+    });
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+
+    let text = log.text();
+    let lines = |needle: &str| -> Vec<&str> {
+        text.lines()
+            .filter(|l| l.contains(&id.to_string()) && l.contains(needle))
+            .collect()
+    };
+    assert_eq!(lines("delivery failed").len(), 2, "{text}");
+    assert_eq!(
+        lines("will retry").len(),
+        1,
+        "only the first failure is retried: {text}"
+    );
+    let gave_up = lines("giving up");
+    assert_eq!(gave_up.len(), 1, "{text}");
+    assert!(gave_up[0].contains("WARN"), "{}", gave_up[0]);
+    let reason: String = db.scalar("SELECT last_error FROM event_outbox");
+    assert_eq!(
+        reason,
+        "gave up after 2 attempts: consumer flaky: receiver down"
+    );
+    assert!(gave_up[0].contains(&reason), "{}", gave_up[0]);
+}
