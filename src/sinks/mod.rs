@@ -1,15 +1,18 @@
-//! Ready-made consumers: a JSON-lines writer, a child program and a webhook.
+//! Ready-made consumers: a JSON-lines writer, a child program, a webhook,
+//! and SQL statements run exactly once in the relay's database.
 //!
-//! Each sink implements [`Consumer`](crate::consumer::Consumer), so a host
-//! can register one exactly like its own consumers, and the `outboxd` binary
-//! builds them from its config file. They live behind the `sinks` cargo
-//! feature.
+//! Each sink implements [`Consumer`](crate::consumer::Consumer) (the SQL
+//! sink, [`TransactionalConsumer`](crate::consumer::TransactionalConsumer)),
+//! so a host can register one exactly like its own consumers, and the
+//! `outboxd` binary builds them from its config file. They live behind the
+//! `sinks` cargo feature.
 //!
 //! | sink | delivered when | retried when | poison when |
 //! |---|---|---|---|
 //! | [`JsonlSink`] | the line is written and flushed (and synced, if asked) | a write fails | never |
 //! | [`CommandSink`] | the program exits 0 | any other exit, a signal, the timeout | the program exits with the poison code (65) |
 //! | [`WebhookSink`] | the receiver answers 2xx | 408, 425, 429, 5xx, network errors, timeouts | 410, other 4xx, redirects, refused addresses |
+//! | [`SqlSink`] | every statement ran (committed with its progress, exactly once) | any other SQL error | a constraint fails, a value's type or size is refused |
 //!
 //! Every construction error is found before the first delivery: a missing
 //! program, a bad URL, a malformed secret.
@@ -28,10 +31,12 @@
 
 pub mod command;
 pub mod jsonl;
+pub mod sql;
 pub mod webhook;
 
 pub use command::{CommandError, CommandSink};
 pub use jsonl::{JsonlError, JsonlSink};
+pub use sql::{SqlSink, SqlSinkError};
 pub use webhook::{WebhookError, WebhookSecret, WebhookSink, WebhookSinkBuilder};
 
 /// Text a program or a receiver wrote, made fit for a log line and a dead

@@ -14,11 +14,13 @@ use crate::exit::{Exit, Failure};
 pub const EXAMPLES: &str = "\
 Parses the file, checks every field, and builds every sink: a command's
 program must exist and be executable, a webhook's URL must be http(s) and its
-secret variables or files must be present. Prints a summary and exits 0, or
-prints the first problem (file, field path, what is allowed) and exits 6.
-Nothing is claimed and the database is not opened (a JSONL sink's file is
-created if missing). The metrics address is not bound, so this works while
-outboxd runs.
+secret variables or files must be present; a sql sink's statements must
+prepare against the database (its tables exist, its parameters are known).
+Prints a summary and exits 0, or prints the first problem (file, field path
+such as consumer[2].sink.statements[1], what is allowed) and exits 6.
+Nothing is claimed or written: the database is opened read-only, and only
+for sql sinks (a JSONL sink's file is created if missing). The metrics
+address is not bound, so this works while outboxd runs.
 
 Example:
   outboxd check-config --config /etc/outboxd/outboxd.toml";
@@ -35,6 +37,8 @@ pub struct Args {
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let c = Config::load(&args.config).map_err(|e| Failure::config(e.to_string()))?;
     let db = global.db_with_config(c.database.as_deref());
+    c.check_database(&db)
+        .map_err(|e| Failure::config(e.to_string()))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "config {}: ok", args.config.display())?;
     writeln!(out, "database:  {}", db.display())?;
