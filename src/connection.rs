@@ -319,16 +319,30 @@ fn explain(path: &Path, e: Error) -> Error {
 }
 
 /// An r2d2 connection manager for outboxd's read pool: each connection is
-/// opened and [`configure`]d like [`open`]'s.
+/// opened and [`configure`]d like [`open`]'s, or opened like
+/// [`open_read_only`]'s by a [`ConnectionManager::read_only`] manager.
 #[derive(Debug, Clone)]
 pub struct ConnectionManager {
     path: PathBuf,
+    read_only: bool,
 }
 
 impl ConnectionManager {
     /// A manager for the database at `path`.
     pub fn new(path: impl Into<PathBuf>) -> ConnectionManager {
-        ConnectionManager { path: path.into() }
+        ConnectionManager {
+            path: path.into(),
+            read_only: false,
+        }
+    }
+
+    /// A manager of read-only connections to the existing database at
+    /// `path` (status, metrics, the console).
+    pub fn read_only(path: impl Into<PathBuf>) -> ConnectionManager {
+        ConnectionManager {
+            path: path.into(),
+            read_only: true,
+        }
     }
 }
 
@@ -337,7 +351,11 @@ impl r2d2::ManageConnection for ConnectionManager {
     type Error = Error;
 
     fn connect(&self) -> Result<Connection> {
-        open(&self.path)
+        if self.read_only {
+            open_read_only(&self.path)
+        } else {
+            open(&self.path)
+        }
     }
 
     fn is_valid(&self, conn: &mut Connection) -> Result<()> {

@@ -96,6 +96,13 @@ pub fn show(conn: &Connection, id: &str) -> Result<DeadLetter> {
     })
 }
 
+/// How many dead letters a selector names now: what [`requeue`] or
+/// [`discard`] would change (the console's confirmation shows it).
+pub fn count(conn: &Connection, which: &Selector) -> Result<u64> {
+    crate::schema::ensure_current(conn)?;
+    Ok(select(conn, which)?.len() as u64)
+}
+
 /// Puts dead letters back in the queue, due now, with their attempts reset.
 /// Returns how many were requeued.
 pub fn requeue(conn: &mut Connection, which: &Selector, now: Timestamp) -> Result<u64> {

@@ -124,6 +124,15 @@ pub fn replay(conn: &mut Connection, filter: &ReplayFilter, now: Timestamp) -> R
     replay_with_progress(conn, filter, now, |_, _| {})
 }
 
+/// How many rows the filter selects now: what [`replay`] would put back,
+/// less any row a relay holds leased when it runs (left to that relay). The
+/// console shows it before replaying.
+pub fn count(conn: &Connection, filter: &ReplayFilter) -> Result<u64> {
+    crate::schema::ensure_current(conn)?;
+    check_known(conn, filter)?;
+    Ok(candidates(conn, filter)?.len() as u64)
+}
+
 /// [`replay`], calling `progress(done, total)` after each batch.
 pub fn replay_with_progress(
     conn: &mut Connection,

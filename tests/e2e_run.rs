@@ -1020,7 +1020,10 @@ fn a_metrics_address_in_use_is_a_config_error() {
 fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     Ok(text)

@@ -9,6 +9,7 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 mod args;
 mod cmd;
 mod config;
+mod console;
 mod exit;
 mod metrics;
 
@@ -61,8 +62,9 @@ fn main() -> ExitCode {
         format: cli.log_format,
         level: cli.log_level,
     };
-    // `run` sets up logging itself once it has read its config's [log].
-    if !matches!(cli.command, cmd::Command::Run(_)) {
+    // `run` and `console` set up logging themselves once they have read
+    // their config's [log].
+    if !matches!(cli.command, cmd::Command::Run(_) | cmd::Command::Console(_)) {
         init_logging(&log, &LogSettings::default(), "warn");
     }
     let global = cmd::Global {

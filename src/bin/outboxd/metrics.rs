@@ -1,172 +1,174 @@
-//! A Prometheus text endpoint on a plain `TcpListener` thread.
+//! The Prometheus text exposition (format 0.0.4) of `/metrics`, from one
+//! table of metric definitions.
 //!
-//! Each scrape reads the relay's counters ([`Metrics::snapshot`]) and the
-//! outbox's status on a read-only connection (events by status, oldest due
-//! age). One connection at a time, with short socket timeouts, so a stuck
-//! client cannot hold the endpoint for long; no HTTP framework is needed
-//! for `GET /metrics`.
+//! Each row names a metric, its type and help, and says how to read its
+//! samples from the outbox's status (read on the console's read-only pool)
+//! and the relay's counters ([`MetricsSnapshot`], absent under
+//! `outboxd console`, which runs no relay). A row whose source is missing
+//! is left out whole. The names are an interface: dashboards and alerts
+//! use them, so a row may be added but never renamed.
+//!
+//! The server that answers `GET /metrics` is the console's
+//! ([`crate::console`]).
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
-use outboxd::relay::{Metrics, MetricsSnapshot};
+use outboxd::relay::MetricsSnapshot;
 use outboxd::status::Status;
-use outboxd::Timestamp;
-use rusqlite::Connection;
 
-/// Socket read and write timeout per scrape.
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The largest request head read.
-const MAX_REQUEST: usize = 8 * 1024;
-
-/// Serves `GET /metrics` on `listener` from a background thread that lives
-/// as long as the process.
-pub fn spawn(
-    listener: TcpListener,
-    source: Arc<Metrics>,
-    db: PathBuf,
-) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("outboxd-metrics".into())
-        .spawn(move || {
-            let mut conn: Option<Connection> = None;
-            for stream in listener.incoming() {
-                match stream {
-                    Ok(s) => {
-                        if let Err(e) = serve(s, &source, &db, &mut conn) {
-                            tracing::debug!(error = %e, "metrics request failed");
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "cannot accept a metrics connection"),
-                }
-            }
-        })
+/// What a scrape reads from.
+pub struct Inputs<'a> {
+    /// The outbox's status, or why it could not be read.
+    pub status: Result<&'a Status, &'a str>,
+    /// The relay's counters since start; None without a relay.
+    pub relay: Option<&'a MetricsSnapshot>,
 }
 
-fn serve(
-    mut stream: TcpStream,
-    source: &Metrics,
-    db: &std::path::Path,
-    conn: &mut Option<Connection>,
-) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let head = String::from_utf8_lossy(&head);
-    let mut parts = head.lines().next().unwrap_or("").split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    let (status, body) = match (method, path) {
-        ("GET" | "HEAD", "/metrics" | "/") => {
-            ("200 OK", render(&source.snapshot(), &read_status(db, conn)))
-        }
-        ("GET" | "HEAD", _) => (
-            "404 Not Found",
-            "not found; metrics are at /metrics\n".to_string(),
-        ),
-        _ => ("405 Method Not Allowed", "only GET /metrics\n".to_string()),
-    };
-    let mut response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    if method != "HEAD" {
-        response.push_str(&body);
-    }
-    stream.write_all(response.as_bytes())?;
-    stream.flush()
+/// One sample: its labels (`{a="b"}` or empty) and value.
+type Sample = (String, f64);
+
+/// Where a metric's samples come from.
+enum Read {
+    /// Whether the status could be read.
+    Up,
+    /// The status, when it could be read.
+    Status(fn(&Status) -> Vec<Sample>),
+    /// One value of the relay's counters, when a relay runs.
+    Relay(fn(&MetricsSnapshot) -> f64),
+    /// Labelled values of the relay's counters.
+    RelayLabelled(fn(&MetricsSnapshot) -> Vec<Sample>),
 }
 
-/// The status on a cached read-only connection, reopened after a failure.
-fn read_status(db: &std::path::Path, conn: &mut Option<Connection>) -> Result<Status, String> {
-    if conn.is_none() {
-        *conn = Some(outboxd::connection::open_read_only(db).map_err(|e| e.to_string())?);
-    }
-    let result = outboxd::status::status(conn.as_ref().expect("opened above"), Timestamp::now());
-    if result.is_err() {
-        *conn = None;
-    }
-    result.map_err(|e| e.to_string())
+/// One metric of the exposition.
+struct Metric {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    read: Read,
 }
 
-/// The exposition text: the outbox's status (when readable) and the relay's
-/// counters.
-pub fn render(m: &MetricsSnapshot, status: &Result<Status, String>) -> String {
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, value) in samples {
-            let _ = writeln!(out, "{name}{labels} {value}");
-        }
-    };
-    let one = |v: u64| vec![(String::new(), v as f64)];
-    match status {
-        Ok(s) => {
-            let c = &s.counts;
-            metric(
-                "outboxd_status_up",
-                "gauge",
-                "1 when the outbox status could be read.",
-                &one(1),
-            );
-            let by_status = [
-                ("pending_due", c.pending_due),
-                ("pending_delayed", c.pending_delayed),
-                ("leased", c.leased),
-                ("delivered", c.delivered),
-                ("dead", c.dead),
-            ]
-            .map(|(st, n)| (format!("{{status=\"{st}\"}}"), n as f64));
-            metric(
-                "outboxd_events",
-                "gauge",
-                "Events in the outbox by status.",
-                &by_status,
-            );
-            metric(
-                "outboxd_oldest_due_age_seconds",
-                "gauge",
-                "How long the oldest due event has waited (0 when none is due).",
-                &[(
-                    String::new(),
-                    s.oldest_due_age.map_or(0.0, |d| d.as_secs_f64()),
-                )],
-            );
-            metric(
-                "outboxd_leases_expired",
-                "gauge",
-                "Leases past their expiry, waiting to be claimed again.",
-                &one(s.expired_leases),
-            );
-        }
-        Err(e) => {
-            // The reason goes to the log, not the scrape.
-            tracing::warn!(error = %e, "cannot read the outbox status for metrics");
-            metric(
-                "outboxd_status_up",
-                "gauge",
-                "1 when the outbox status could be read.",
-                &one(0),
-            );
-        }
+const fn gauge(name: &'static str, help: &'static str, read: Read) -> Metric {
+    Metric {
+        name,
+        kind: "gauge",
+        help,
+        read,
     }
-    let mut per = Vec::new();
+}
+
+const fn counter(name: &'static str, help: &'static str, read: Read) -> Metric {
+    Metric {
+        name,
+        kind: "counter",
+        help,
+        read,
+    }
+}
+
+/// Every metric, in the order they are written.
+const METRICS: &[Metric] = &[
+    gauge(
+        "outboxd_status_up",
+        "1 when the outbox status could be read.",
+        Read::Up,
+    ),
+    gauge(
+        "outboxd_events",
+        "Events in the outbox by status.",
+        Read::Status(by_status),
+    ),
+    gauge(
+        "outboxd_oldest_due_age_seconds",
+        "How long the oldest due event has waited (0 when none is due).",
+        Read::Status(|s| one(s.oldest_due_age.map_or(0.0, |d| d.as_secs_f64()))),
+    ),
+    gauge(
+        "outboxd_leases_expired",
+        "Leases past their expiry, waiting to be claimed again.",
+        Read::Status(|s| one(s.expired_leases as f64)),
+    ),
+    counter(
+        "outboxd_deliveries_total",
+        "Deliveries by consumer and result since start.",
+        Read::RelayLabelled(per_consumer),
+    ),
+    counter(
+        "outboxd_events_delivered_total",
+        "Events marked delivered (every consumer succeeded) since start.",
+        Read::Relay(|m| m.delivered as f64),
+    ),
+    counter(
+        "outboxd_retries_total",
+        "Retries scheduled since start.",
+        Read::Relay(|m| m.retried as f64),
+    ),
+    counter(
+        "outboxd_dead_letters_total",
+        "Events dead-lettered since start.",
+        Read::Relay(|m| m.dead_lettered as f64),
+    ),
+    counter(
+        "outboxd_claimed_total",
+        "Rows claimed since start.",
+        Read::Relay(|m| m.claimed as f64),
+    ),
+    counter(
+        "outboxd_fenced_out_total",
+        "Outcomes refused because the claim had passed to another relay.",
+        Read::Relay(|m| m.fenced_out as f64),
+    ),
+    counter(
+        "outboxd_busy_retries_total",
+        "Write transactions retried after SQLITE_BUSY.",
+        Read::Relay(|m| m.busy_retries as f64),
+    ),
+    counter(
+        "outboxd_write_errors_total",
+        "Write transactions that failed for another reason.",
+        Read::Relay(|m| m.errors as f64),
+    ),
+    counter(
+        "outboxd_commits_total",
+        "Write transactions committed.",
+        Read::Relay(|m| m.commits as f64),
+    ),
+    counter(
+        "outboxd_claim_seconds_total",
+        "Time spent in claim statements.",
+        Read::Relay(|m| m.claim_micros_total as f64 / 1e6),
+    ),
+    counter(
+        "outboxd_commit_seconds_total",
+        "Time spent in write transactions (divide by outboxd_commits_total for the mean).",
+        Read::Relay(|m| m.commit_micros_total as f64 / 1e6),
+    ),
+    gauge(
+        "outboxd_stale_events",
+        "Due events older than alerts.stale_after at the relay's last check.",
+        Read::Relay(|m| m.stale_events as f64),
+    ),
+];
+
+fn one(v: f64) -> Vec<Sample> {
+    vec![(String::new(), v)]
+}
+
+fn by_status(s: &Status) -> Vec<Sample> {
+    let c = s.counts;
+    [
+        ("pending_due", c.pending_due),
+        ("pending_delayed", c.pending_delayed),
+        ("leased", c.leased),
+        ("delivered", c.delivered),
+        ("dead", c.dead),
+    ]
+    .iter()
+    .map(|(st, n)| (format!("{{status=\"{st}\"}}"), *n as f64))
+    .collect()
+}
+
+fn per_consumer(m: &MetricsSnapshot) -> Vec<Sample> {
+    let mut samples = Vec::new();
     for consumer in &m.per_consumer {
         let c = escape(&consumer.name);
         for (result, n) in [
@@ -174,84 +176,40 @@ pub fn render(m: &MetricsSnapshot, status: &Result<Status, String>) -> String {
             ("retry", &consumer.retried),
             ("poison", &consumer.poisoned),
         ] {
-            per.push((
+            samples.push((
                 format!("{{consumer=\"{c}\",result=\"{result}\"}}"),
                 *n as f64,
             ));
         }
     }
-    metric(
-        "outboxd_deliveries_total",
-        "counter",
-        "Deliveries by consumer and result since start.",
-        &per,
-    );
-    metric(
-        "outboxd_events_delivered_total",
-        "counter",
-        "Events marked delivered (every consumer succeeded) since start.",
-        &one(m.delivered),
-    );
-    metric(
-        "outboxd_retries_total",
-        "counter",
-        "Retries scheduled since start.",
-        &one(m.retried),
-    );
-    metric(
-        "outboxd_dead_letters_total",
-        "counter",
-        "Events dead-lettered since start.",
-        &one(m.dead_lettered),
-    );
-    metric(
-        "outboxd_claimed_total",
-        "counter",
-        "Rows claimed since start.",
-        &one(m.claimed),
-    );
-    metric(
-        "outboxd_fenced_out_total",
-        "counter",
-        "Outcomes refused because the claim had passed to another relay.",
-        &one(m.fenced_out),
-    );
-    metric(
-        "outboxd_busy_retries_total",
-        "counter",
-        "Write transactions retried after SQLITE_BUSY.",
-        &one(m.busy_retries),
-    );
-    metric(
-        "outboxd_write_errors_total",
-        "counter",
-        "Write transactions that failed for another reason.",
-        &one(m.errors),
-    );
-    metric(
-        "outboxd_commits_total",
-        "counter",
-        "Write transactions committed.",
-        &one(m.commits),
-    );
-    metric(
-        "outboxd_claim_seconds_total",
-        "counter",
-        "Time spent in claim statements.",
-        &[(String::new(), m.claim_micros_total as f64 / 1e6)],
-    );
-    metric(
-        "outboxd_commit_seconds_total",
-        "counter",
-        "Time spent in write transactions (divide by outboxd_commits_total for the mean).",
-        &[(String::new(), m.commit_micros_total as f64 / 1e6)],
-    );
-    metric(
-        "outboxd_stale_events",
-        "gauge",
-        "Due events older than alerts.stale_after at the relay's last check.",
-        &one(m.stale_events),
-    );
+    samples
+}
+
+impl Read {
+    /// The samples, or None when their source is missing.
+    fn samples(&self, i: &Inputs<'_>) -> Option<Vec<Sample>> {
+        match self {
+            Read::Up => Some(one(if i.status.is_ok() { 1.0 } else { 0.0 })),
+            Read::Status(f) => i.status.ok().map(f),
+            Read::Relay(f) => i.relay.map(|m| one(f(m))),
+            Read::RelayLabelled(f) => i.relay.map(f),
+        }
+    }
+}
+
+/// The exposition text.
+pub fn render(inputs: &Inputs<'_>) -> String {
+    let mut out = String::new();
+    for m in METRICS {
+        let Some(samples) = m.read.samples(inputs) else {
+            continue;
+        };
+        let _ = writeln!(out, "# HELP {} {}", m.name, m.help);
+        let _ = writeln!(out, "# TYPE {} {}", m.name, m.kind);
+        for (labels, value) in samples {
+            let _ = writeln!(out, "{}{labels} {value}", m.name);
+        }
+    }
     out
 }
 
@@ -279,8 +237,12 @@ mod tests {
             }],
             ..Default::default()
         };
-        let text = render(&m, &Err("no such table".into()));
+        let text = render(&Inputs {
+            status: Err("no such table"),
+            relay: Some(&m),
+        });
         assert!(text.contains("outboxd_status_up 0\n"), "{text}");
+        assert!(!text.contains("outboxd_events{"), "{text}");
         assert!(
             text.contains("outboxd_deliveries_total{consumer=\"hook\",result=\"retry\"} 2\n"),
             "{text}"
@@ -294,5 +256,43 @@ mod tests {
             "{text}"
         );
         assert_eq!(escape("a\"b\\"), "a\\\"b\\\\");
+    }
+
+    #[test]
+    fn without_a_relay_only_the_status_gauges_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = outboxd::connection::open(dir.path().join("m.db")).unwrap();
+        outboxd::schema::migrate(&mut conn).unwrap();
+        let status = outboxd::status::status(&conn, outboxd::Timestamp::now()).unwrap();
+        let text = render(&Inputs {
+            status: Ok(&status),
+            relay: None,
+        });
+        assert!(
+            text.contains("outboxd_events{status=\"dead\"} 0\n"),
+            "{text}"
+        );
+        assert!(text.contains("outboxd_status_up 1\n"), "{text}");
+        assert!(!text.contains("outboxd_commits_total"), "{text}");
+    }
+
+    #[test]
+    fn every_name_is_unique_and_help_and_type_precede_samples() {
+        let mut names: Vec<_> = METRICS.iter().map(|m| m.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), METRICS.len());
+        let m = MetricsSnapshot::default();
+        let text = render(&Inputs {
+            status: Err("x"),
+            relay: Some(&m),
+        });
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "{name} has no TYPE line"
+            );
+        }
     }
 }

@@ -9,6 +9,7 @@ use crate::exit::Exit;
 use anyhow::Result;
 
 pub mod check_config;
+pub mod console;
 pub mod database;
 pub mod dead;
 pub mod doctor;
@@ -78,6 +79,10 @@ pub enum Command {
     /// --config, print every event as a JSON line on stdout) until SIGINT/SIGTERM.
     #[command(after_help = run::EXAMPLES)]
     Run(run::Args),
+    /// Serve the web console (and /metrics, /healthz) for a database, without
+    /// running a relay.
+    #[command(after_help = console::EXAMPLES)]
+    Console(console::Args),
     /// Check a config file (sinks included) without running anything.
     #[command(after_help = check_config::EXAMPLES)]
     CheckConfig(check_config::Args),
@@ -96,6 +101,7 @@ impl Command {
             Command::Doctor(args) => doctor::exec(global, args),
             Command::Intents(args) => intents::exec(global, args),
             Command::Run(args) => run::exec(global, args),
+            Command::Console(args) => console::exec(global, args),
             Command::CheckConfig(args) => check_config::exec(global, args),
         }
     }

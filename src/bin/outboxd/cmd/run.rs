@@ -1,6 +1,5 @@
 //! `outboxd run`: the relay, until SIGINT or SIGTERM.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -33,7 +32,7 @@ second one exits at once with code 130.
 Examples:
   outboxd run                                   # terminal 1
   outboxd enqueue --type article.created.v1 --payload '{\"id\": 7}'   # terminal 2
-  outboxd run --config /etc/outboxd/outboxd.toml --metrics 127.0.0.1:9464";
+  outboxd run --config /etc/outboxd/outboxd.toml --http 127.0.0.1:9464   # console at /";
 
 /// How often the main thread checks that the relay is alive.
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
@@ -51,6 +50,10 @@ pub struct Args {
     /// wins over the config's metrics.listen.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Serve the web console, /metrics and /healthz on this address (such
+    /// as 127.0.0.1:9464); wins over the config's http.listen.
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
     /// How long deliveries in flight may finish after SIGINT/SIGTERM: 500ms,
     /// 30s, 5m; wins over the config's relay.shutdown_grace [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -71,15 +74,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
         Some(a) => Some(resolve_listen(a).map_err(|m| Failure::config(format!("--metrics: {m}")))?),
         None => config.metrics,
     };
-    let listener = match metrics_addr {
-        Some(addr) => Some(TcpListener::bind(addr).map_err(|e| {
-            Failure::config(format!(
-                "cannot serve metrics on {addr}: {e}; choose a free address with --metrics or \
-                 metrics.listen"
-            ))
-        })?),
-        None => None,
-    };
+    let http = super::console::Plan::bind(&config, args.http.as_deref(), metrics_addr)?;
     let signals = install_signal_handler()?;
 
     let report = database::migrate(&db)?;
@@ -116,12 +111,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
         .map_err(|e| Failure::config(format!("invalid relay setting: {e}")))?
         .start()
         .with_context(|| format!("cannot start the relay on {}", db.display()))?;
-    if let Some(listener) = listener {
-        let addr = listener.local_addr().ok();
-        crate::metrics::spawn(listener, relay.metrics_source(), db.clone())
-            .map_err(|e| Failure::internal(format!("cannot start the metrics thread: {e}")))?;
-        tracing::info!(address = ?addr, "serving Prometheus metrics at /metrics");
-    }
+    let _servers = http.start(&db, relay.metrics_source())?;
     for c in &consumers {
         tracing::info!(consumer = %c, "consumer registered");
     }
@@ -159,7 +149,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 
 /// The first SIGINT/SIGTERM/SIGHUP is sent on the channel; a second one
 /// exits the process at once with 130.
-fn install_signal_handler() -> Result<Receiver<()>> {
+pub fn install_signal_handler() -> Result<Receiver<()>> {
     static SIGNALS: AtomicUsize = AtomicUsize::new(0);
     let (tx, rx) = crossbeam_channel::bounded(1);
     ctrlc::set_handler(move || {

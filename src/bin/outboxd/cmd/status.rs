@@ -68,11 +68,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             let c = Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?;
             (global.db_with_config(c.database.as_deref()), c.alerts)
         }
-        // Without a config, any dead letter is a problem.
-        None => (
-            global.db.clone(),
-            Thresholds::new(outboxd::relay::DEFAULT_STALE_AFTER, Some(0)),
-        ),
+        None => (global.db.clone(), thresholds_without_config()),
     };
     if let Some(d) = args.stale_after {
         alerts.stale_after = d;
@@ -82,21 +78,13 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     let (conn, mode) = database::for_inspection(&db)?;
     let status = outboxd::status::status(&conn, Timestamp::now())?;
-    let problems: Vec<_> = status
-        .problems(&alerts)
-        .iter()
-        .map(alerts::describe)
-        .collect();
+    let problems = problems(&status, &alerts);
     let note = database::read_mode_note(mode);
     let mut out = std::io::stdout().lock();
     if args.json {
-        let mut value = serde_json::to_value(&status)?;
-        if let Some(map) = value.as_object_mut() {
-            map.insert("healthy".into(), problems.is_empty().into());
-            map.insert("problems".into(), serde_json::to_value(&problems)?);
-            if let Some(note) = note {
-                map.insert("note".into(), note.into());
-            }
+        let mut value = json(&status, &problems)?;
+        if let (Some(map), Some(note)) = (value.as_object_mut(), note) {
+            map.insert("note".into(), note.into());
         }
         serde_json::to_writer(&mut out, &value)?;
         writeln!(out)?;
@@ -119,6 +107,36 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     } else {
         Exit::Problems
     })
+}
+
+/// The thresholds without a config: the relay's stale threshold, and any
+/// dead letter is a problem.
+pub fn thresholds_without_config() -> Thresholds {
+    Thresholds::new(outboxd::relay::DEFAULT_STALE_AFTER, Some(0))
+}
+
+/// The thresholds `status` crosses, described: the health verdict of
+/// `outboxd status` (and of the console's overview and /healthz).
+pub fn problems(status: &Status, thresholds: &Thresholds) -> Vec<alerts::Problem> {
+    status
+        .problems(thresholds)
+        .iter()
+        .map(alerts::describe)
+        .collect()
+}
+
+/// `status --json`: the status with "healthy" and "problems" (also the body
+/// of the console's /healthz).
+pub fn json(
+    status: &Status,
+    problems: &[alerts::Problem],
+) -> serde_json::Result<serde_json::Value> {
+    let mut value = serde_json::to_value(status)?;
+    if let Some(map) = value.as_object_mut() {
+        map.insert("healthy".into(), problems.is_empty().into());
+        map.insert("problems".into(), serde_json::to_value(problems)?);
+    }
+    Ok(value)
 }
 
 fn write_text(out: &mut impl Write, db: &str, s: &Status) -> std::io::Result<()> {

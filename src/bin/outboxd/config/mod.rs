@@ -19,7 +19,7 @@
 //! One file per section of the config, each holding the section's raw form
 //! (as written, `Raw*`), its validated form, and the `check` that turns one
 //! into the other: [`relay`], [`retry`], [`purge`], [`alerts`], [`log`],
-//! [`metrics`], [`consumer`] and, one file per kind, [`sink`].
+//! [`metrics`], [`http`], [`consumer`] and, one file per kind, [`sink`].
 //!
 //! To add a section (`[http]`, `[[capture]]`): a file here with its raw
 //! struct (`#[serde(deny_unknown_fields)]`) and a `check(&Checker, &Raw…)`,
@@ -43,6 +43,7 @@ use crate::args::parse_duration;
 
 pub mod alerts;
 pub mod consumer;
+pub mod http;
 pub mod log;
 pub mod metrics;
 pub mod purge;
@@ -51,6 +52,7 @@ pub mod retry;
 pub mod sink;
 
 pub use consumer::ConsumerSpec;
+pub use http::{HttpServe, HttpSettings};
 pub use log::{LogFormat, LogSettings};
 pub use metrics::resolve_listen;
 pub use relay::RelaySettings;
@@ -105,6 +107,8 @@ pub struct Config {
     pub log: LogSettings,
     /// Where to serve Prometheus metrics.
     pub metrics: Option<SocketAddr>,
+    /// `[http]`: the console, metrics and health check.
+    pub http: HttpSettings,
     /// The consumers, at least one.
     pub consumers: Vec<ConsumerSpec>,
 }
@@ -122,6 +126,7 @@ impl Config {
             alerts: Thresholds::default(),
             log: LogSettings::default(),
             metrics: None,
+            http: HttpSettings::default(),
             consumers: vec![ConsumerSpec {
                 name: "stdout".into(),
                 types: vec!["*".into()],
@@ -218,6 +223,8 @@ pub struct RawConfig {
     log: log::RawLog,
     #[serde(default)]
     metrics: metrics::RawMetrics,
+    #[serde(default)]
+    http: http::RawHttp,
     #[serde(default)]
     consumer: Vec<consumer::RawConsumer>,
 }
@@ -366,6 +373,7 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
         alerts: s.alerts,
         log: s.log,
         metrics: s.metrics,
+        http: s.http,
         consumers,
     })
 }
@@ -380,6 +388,12 @@ pub struct Summary {
     pub alerts: Thresholds,
     /// The consumers' names.
     pub consumers: Vec<String>,
+    /// The event types (or patterns) each consumer takes, in the same order.
+    pub consumer_types: Vec<Vec<String>>,
+    /// `[http]`.
+    pub http: HttpSettings,
+    /// `[log]`.
+    pub log: LogSettings,
 }
 
 impl Config {
@@ -394,6 +408,9 @@ impl Config {
             database: s.database,
             alerts: s.alerts,
             consumers: raw.consumer.iter().map(|c| c.name.clone()).collect(),
+            consumer_types: raw.consumer.iter().map(|c| c.types.clone()).collect(),
+            http: s.http,
+            log: s.log,
         })
     }
 }
@@ -407,6 +424,7 @@ struct Settings {
     alerts: Thresholds,
     log: LogSettings,
     metrics: Option<SocketAddr>,
+    http: HttpSettings,
 }
 
 fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigError> {
@@ -425,6 +443,7 @@ fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigEr
     let alerts = alerts::thresholds(&raw.alerts);
     let log = log::check(c, &raw.log)?;
     let metrics = metrics::check(c, &raw.metrics)?;
+    let http = http::check(c, &raw.http)?;
     let settings = RelayWide {
         relay: &relay,
         retry: &retry,
@@ -440,6 +459,7 @@ fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigEr
         alerts,
         log,
         metrics,
+        http,
     })
 }
 
@@ -672,6 +692,9 @@ pub(crate) mod tests {
             "log.level",
             "log.format",
             "metrics.listen",
+            "http.listen",
+            "http.token_env",
+            "http.read_only",
             "relay.no_such_key",
         ];
 

@@ -1,0 +1,236 @@
+//! `outboxd console`: the web console alone, for a database a relay
+//! elsewhere is working on; and [`Plan`], how `outboxd run` serves the
+//! console, `/metrics` and `/healthz` beside its relay.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use outboxd::relay::Metrics;
+use outboxd::router::Pattern;
+use outboxd::status::Thresholds;
+
+use super::status::thresholds_without_config;
+use super::Global;
+use crate::config::{resolve_listen, Config, HttpServe, HttpSettings};
+use crate::console::{self, Console, Settings};
+use crate::exit::{Exit, Failure};
+
+/// Shown under `outboxd console --help`.
+pub const EXAMPLES: &str = "\
+Serves the web console (overview with the last hour's chart, events, dead
+letters with requeue and discard, replay, publish intents), /metrics and
+/healthz for an existing database, without running a relay: use it beside a
+relay that runs elsewhere, or to inspect a copy. The chart is derived from
+the table.
+
+Without --http the address is the config's [http] listen, else
+127.0.0.1:9464. An address other than loopback needs a token: [http]
+token_env names the environment variable that holds it (see
+packaging/outboxd.example.toml). With --config, the consumers' types show
+each consumer's retrying and dead events, and [alerts] sets the health
+thresholds (as `outboxd status` does); nothing is delivered.
+
+Examples:
+  outboxd --db app.db console                   # then open http://127.0.0.1:9464/
+  outboxd --db app.db console --http 127.0.0.1:8080 --read-only
+  OUTBOXD_HTTP_TOKEN=$(openssl rand -hex 32) \\
+      outboxd console --config /etc/outboxd/outboxd.toml --http 0.0.0.0:9464";
+
+/// The address `outboxd console` serves on when none is given.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+
+/// Options of `outboxd console`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Serve on this address (such as 127.0.0.1:9464); wins over the
+    /// config's http.listen [default: 127.0.0.1:9464].
+    #[arg(long, value_name = "ADDR")]
+    http: Option<String>,
+    /// A config file: its [http], [alerts] and consumers' types are used;
+    /// nothing is delivered.
+    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Hide every action (requeue, discard, replay).
+    #[arg(long)]
+    read_only: bool,
+}
+
+/// Serves the console until SIGINT or SIGTERM.
+pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+    // The config's settings, not its sinks: the console delivers nothing,
+    // so no secret needs to be set.
+    let config = match &args.config {
+        Some(file) => {
+            Some(Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?)
+        }
+        None => None,
+    };
+    let log = config.as_ref().map(|c| c.log.clone()).unwrap_or_default();
+    crate::init_logging(&global.log, &log, "info");
+    let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));
+    let mut http = config.as_ref().map(|c| c.http.clone()).unwrap_or_default();
+    http.read_only |= args.read_only;
+    let listen = match &args.http {
+        Some(a) => Some(resolve_listen(a).map_err(|m| Failure::config(format!("--http: {m}")))?),
+        None if http.listen.is_none() => {
+            Some(resolve_listen(DEFAULT_LISTEN).map_err(Failure::config)?)
+        }
+        None => None,
+    };
+    let serve = serve(&http, listen)?.context("no address to serve on")?;
+    let listener = bind(serve.listen, "the console", "--http or http.listen")?;
+    super::database::for_reading(&db)?;
+    let signals = super::run::install_signal_handler()?;
+    let started = console::start(
+        listener,
+        Settings {
+            db: db.clone(),
+            serve,
+            metrics_only: false,
+            thresholds: config
+                .as_ref()
+                .map_or_else(thresholds_without_config, |c| c.alerts),
+            consumers: config
+                .as_ref()
+                .map(|c| patterns(c.consumers.iter().zip(&c.consumer_types)))
+                .unwrap_or_default(),
+            relay: None,
+        },
+    )?;
+    tracing::info!(
+        database = %db.display(),
+        "serving the console at http://{}/ (no relay in this process); SIGINT or SIGTERM stops it",
+        started.addr()
+    );
+    let _ = signals.recv();
+    started.stop();
+    tracing::info!("console stopped");
+    Ok(Exit::Ok)
+}
+
+/// The HTTP servers of `outboxd run`, their addresses bound before the
+/// relay starts (so a taken port is a config error, not a half-started
+/// relay), started beside it.
+pub struct Plan {
+    console: Option<(TcpListener, HttpServe)>,
+    metrics: Option<TcpListener>,
+    thresholds: Thresholds,
+    consumers: Vec<(String, Vec<Pattern>)>,
+}
+
+impl Plan {
+    /// Binds `[http]` (or `--http`) for the console and the legacy
+    /// `[metrics]` (or `--metrics`) address for /metrics and /healthz.
+    pub fn bind(config: &Config, http: Option<&str>, metrics: Option<SocketAddr>) -> Result<Plan> {
+        let listen = match http {
+            Some(a) => {
+                Some(resolve_listen(a).map_err(|m| Failure::config(format!("--http: {m}")))?)
+            }
+            None => None,
+        };
+        let serve = serve(&config.http, listen)?;
+        if let (Some(s), Some(m)) = (&serve, metrics) {
+            if s.listen == m {
+                return Err(Failure::config(format!(
+                    "{m} is both the metrics and the console address; the console serves \
+                     /metrics too, so drop metrics.listen (or --metrics)"
+                ))
+                .into());
+            }
+        }
+        let console = match serve {
+            Some(s) => Some((bind(s.listen, "the console", "--http or http.listen")?, s)),
+            None => None,
+        };
+        let metrics = match metrics {
+            Some(addr) => Some(bind(addr, "metrics", "--metrics or metrics.listen")?),
+            None => None,
+        };
+        Ok(Plan {
+            console,
+            metrics,
+            thresholds: config.alerts,
+            consumers: patterns(config.consumers.iter().map(|c| (&c.name, &c.types))),
+        })
+    }
+
+    /// Starts the servers for the relay whose counters are `relay`.
+    pub fn start(self, db: &Path, relay: Arc<Metrics>) -> Result<Vec<Console>> {
+        let mut started = Vec::new();
+        let servers = self
+            .console
+            .map(|(l, s)| (l, s, false))
+            .into_iter()
+            .chain(self.metrics.map(|l| {
+                let listen = l
+                    .local_addr()
+                    .unwrap_or_else(|_| ([127, 0, 0, 1], 0).into());
+                // /metrics and /healthz only, without a token, as before
+                // the console existed.
+                let serve = HttpServe {
+                    listen,
+                    token: None,
+                    read_only: true,
+                };
+                (l, serve, true)
+            }));
+        for (listener, serve, metrics_only) in servers {
+            let c = console::start(
+                listener,
+                Settings {
+                    db: db.to_path_buf(),
+                    serve,
+                    metrics_only,
+                    thresholds: self.thresholds,
+                    consumers: self.consumers.clone(),
+                    relay: Some(relay.clone()),
+                },
+            )?;
+            if metrics_only {
+                // As the metrics server logged it before the console (scripts
+                // and tests read the address from this line).
+                tracing::info!(address = ?Some(c.addr()), "serving Prometheus metrics at /metrics (and /healthz)");
+            } else {
+                tracing::info!(
+                    "serving the console at http://{}/ (with /metrics and /healthz)",
+                    c.addr()
+                );
+            }
+            started.push(c);
+        }
+        Ok(started)
+    }
+}
+
+/// The server to start, or a config error naming the field.
+fn serve(http: &HttpSettings, listen: Option<SocketAddr>) -> Result<Option<HttpServe>> {
+    http.serve(listen)
+        .map_err(|(field, m)| Failure::config(format!("{field}: {m}")).into())
+}
+
+fn bind(addr: SocketAddr, what: &str, flag: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr).map_err(|e| {
+        Failure::config(format!(
+            "cannot serve {what} on {addr}: {e}; choose a free address with {flag}"
+        ))
+        .into()
+    })
+}
+
+/// Each consumer's name and the patterns it takes (a pattern the config
+/// check let through always parses).
+fn patterns<'a>(
+    consumers: impl Iterator<Item = (&'a String, &'a Vec<String>)>,
+) -> Vec<(String, Vec<Pattern>)> {
+    consumers
+        .map(|(name, types)| {
+            let patterns = types
+                .iter()
+                .filter_map(|t| Pattern::parse(t).ok())
+                .collect();
+            (name.clone(), patterns)
+        })
+        .collect()
+}

@@ -1,0 +1,296 @@
+//! Who may use the console, and which POSTs are the operator's own.
+//!
+//! - **Token.** On an address other than loopback a token is required
+//!   (`[http] token_env`). It is given once on the login page, which sets an
+//!   HttpOnly, SameSite=Strict session cookie, or with every request as
+//!   `Authorization: Bearer <token>` (Prometheus, scripts). The cookie holds
+//!   an HMAC of the token, never the token itself, and every comparison is
+//!   constant-time.
+//! - **Host.** On loopback, a request must name a loopback host: a page
+//!   from another site whose name resolves to 127.0.0.1 (DNS rebinding)
+//!   cannot read the console.
+//! - **CSRF.** Every state change is a POST that carries the console's CSRF
+//!   token (random per process, written into each form) and comes from the
+//!   console's own origin: the `Origin` (else `Referer`) names the `Host`, or
+//!   the `X-Forwarded-Host` of a reverse proxy in front (either scheme).
+
+use std::net::{IpAddr, SocketAddr};
+
+use hmac::{KeyInit, Mac};
+use subtle::ConstantTimeEq;
+
+use super::server::{Params, Request};
+
+/// The session cookie's name.
+pub const COOKIE: &str = "outboxd_session";
+
+/// The form field carrying the CSRF token.
+pub const CSRF_FIELD: &str = "csrf";
+
+/// The console's access rules.
+pub struct Auth {
+    token: Option<Token>,
+    csrf: String,
+    loopback: bool,
+}
+
+struct Token {
+    secret: String,
+    /// The cookie value: HMAC-SHA256(token, label), hex.
+    session: String,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No valid token or session (401).
+    Unauthenticated,
+    /// A bad Host, Origin or CSRF token (403), with the reason.
+    Forbidden(String),
+}
+
+impl Auth {
+    /// The rules for a server bound to `bind`, with the token (if any).
+    pub fn new(token: Option<String>, bind: SocketAddr) -> Auth {
+        Auth {
+            token: token.map(|secret| Token {
+                session: hex(&hmac(secret.as_bytes(), b"outboxd console session v1")),
+                secret,
+            }),
+            csrf: hex(&rand::random::<[u8; 32]>()),
+            loopback: bind.ip().is_loopback(),
+        }
+    }
+
+    /// The CSRF token to write into forms.
+    pub fn csrf(&self) -> &str {
+        &self.csrf
+    }
+
+    /// True when requests need a token (a login is offered).
+    pub fn needs_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// Checks the Host (loopback only) and the token or session.
+    pub fn admit(&self, req: &Request) -> Result<(), Refusal> {
+        if self.loopback {
+            let host = req.header("host").unwrap_or("");
+            if !is_loopback_host(host) {
+                return Err(Refusal::Forbidden(format!(
+                    "the Host header names {host:?}, not this machine; open the console at \
+                     http://127.0.0.1:PORT/ (other names are refused against DNS rebinding)"
+                )));
+            }
+        }
+        let Some(token) = &self.token else {
+            return Ok(());
+        };
+        let bearer = req
+            .header("authorization")
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|given| eq(given.trim(), &token.secret));
+        let cookie = req
+            .header("cookie")
+            .and_then(|c| cookie_value(c, COOKIE))
+            .is_some_and(|given| eq(given, &token.session));
+        if bearer || cookie {
+            Ok(())
+        } else {
+            Err(Refusal::Unauthenticated)
+        }
+    }
+
+    /// Checks that a POST comes from the console's own pages: the same
+    /// origin, and the CSRF token in the form.
+    pub fn check_post(&self, req: &Request, form: &Params) -> Result<(), Refusal> {
+        // The console's own authority: the Host, or the one a reverse proxy
+        // in front of it was asked for (a page on another site can set
+        // neither on a form it makes the browser send).
+        let ours: Vec<&str> = [req.header("host"), req.header("x-forwarded-host")]
+            .into_iter()
+            .flatten()
+            .filter(|h| !h.is_empty())
+            .collect();
+        let authority = |url: &str| -> Option<String> {
+            let rest = url
+                .strip_prefix("http://")
+                .or_else(|| url.strip_prefix("https://"))?;
+            Some(rest.split('/').next().unwrap_or("").to_string())
+        };
+        let sender = match (req.header("origin"), req.header("referer")) {
+            (Some(origin), _) => authority(origin),
+            (None, Some(referer)) => authority(referer),
+            (None, None) => None,
+        };
+        let same_origin = sender.is_some_and(|s| ours.iter().any(|h| *h == s));
+        if !same_origin {
+            return Err(Refusal::Forbidden(
+                "this form was not sent from the console's own pages (Origin check); \
+                 nothing was changed"
+                    .into(),
+            ));
+        }
+        match form.get(CSRF_FIELD) {
+            Some(given) if eq(given, &self.csrf) => Ok(()),
+            _ => Err(Refusal::Forbidden(
+                "the form's CSRF token is missing or out of date (outboxd restarted?); \
+                 reload the page and try again; nothing was changed"
+                    .into(),
+            )),
+        }
+    }
+
+    /// The Set-Cookie value logging in with `given`, or None when it is not
+    /// the token. `secure` (a TLS proxy in front) adds `Secure`.
+    pub fn login(&self, given: &str, secure: bool) -> Option<String> {
+        let token = self.token.as_ref()?;
+        eq(given.trim(), &token.secret).then(|| {
+            format!(
+                "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{}",
+                token.session,
+                if secure { "; Secure" } else { "" }
+            )
+        })
+    }
+
+    /// The Set-Cookie value that logs out.
+    pub fn logout(&self) -> String {
+        format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+    }
+}
+
+/// Constant-time equality (the length is not secret).
+fn eq(a: &str, b: &str) -> bool {
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+fn hmac(key: &[u8], msg: &[u8]) -> Vec<u8> {
+    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key)
+        .expect("HMAC accepts keys of any length");
+    mac.update(msg);
+    mac.finalize().into_bytes().to_vec()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn cookie_value<'a>(header: &'a str, name: &str) -> Option<&'a str> {
+    header
+        .split(';')
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// `localhost`, `127.x.y.z` or `[::1]`, with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, _)| h)
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::console::server::Method;
+
+    const TOKEN: &str = "0123456789abcdef-token";
+
+    fn req(headers: &[(&str, &str)]) -> Request {
+        let mut r = Request::new(Method::Get, "/");
+        r.headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        r
+    }
+
+    #[test]
+    fn loopback_without_a_token_admits_loopback_hosts_only() {
+        let auth = Auth::new(None, "127.0.0.1:9464".parse().unwrap());
+        for host in [
+            "127.0.0.1:9464",
+            "localhost:9464",
+            "[::1]:9464",
+            "localhost",
+        ] {
+            assert_eq!(auth.admit(&req(&[("host", host)])), Ok(()), "{host}");
+        }
+        for host in ["evil.example:9464", "", "127.0.0.1.evil.example"] {
+            assert!(matches!(
+                auth.admit(&req(&[("host", host)])),
+                Err(Refusal::Forbidden(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn a_token_is_taken_as_bearer_or_session_cookie() {
+        let auth = Auth::new(Some(TOKEN.into()), "0.0.0.0:9464".parse().unwrap());
+        let host = ("host", "10.1.2.3:9464");
+        assert_eq!(auth.admit(&req(&[host])), Err(Refusal::Unauthenticated));
+        let bearer = format!("Bearer {TOKEN}");
+        assert_eq!(
+            auth.admit(&req(&[host, ("authorization", &bearer)])),
+            Ok(())
+        );
+        assert_eq!(
+            auth.admit(&req(&[host, ("authorization", "Bearer wrong")])),
+            Err(Refusal::Unauthenticated)
+        );
+        assert!(auth.login("wrong", false).is_none());
+        assert!(auth.login(TOKEN, true).unwrap().ends_with("; Secure"));
+        let set = auth.login(TOKEN, false).unwrap();
+        assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"));
+        assert!(!set.contains(TOKEN), "the cookie does not carry the token");
+        let value = set.split(';').next().unwrap();
+        assert_eq!(
+            auth.admit(&req(&[host, ("cookie", &format!("a=b; {value}"))])),
+            Ok(())
+        );
+        assert_eq!(
+            auth.admit(&req(&[host, ("cookie", "outboxd_session=00")])),
+            Err(Refusal::Unauthenticated)
+        );
+    }
+
+    #[test]
+    fn a_post_needs_the_same_origin_and_the_csrf_token() {
+        let auth = Auth::new(None, "127.0.0.1:9464".parse().unwrap());
+        let good = Params(vec![(CSRF_FIELD.into(), auth.csrf().into())]);
+        let host = ("host", "127.0.0.1:9464");
+        let origin = ("origin", "http://127.0.0.1:9464");
+        assert_eq!(auth.check_post(&req(&[host, origin]), &good), Ok(()));
+        let referer = ("referer", "http://127.0.0.1:9464/dead");
+        assert_eq!(auth.check_post(&req(&[host, referer]), &good), Ok(()));
+        for headers in [
+            vec![host],
+            vec![host, ("origin", "http://evil.example")],
+            vec![host, ("origin", "null")],
+            vec![host, ("referer", "http://127.0.0.1:9464.evil/")],
+        ] {
+            assert!(
+                auth.check_post(&req(&headers), &good).is_err(),
+                "{headers:?}"
+            );
+        }
+        // Behind a TLS proxy that passes its own name.
+        let proxied = [
+            ("host", "127.0.0.1:9464"),
+            ("x-forwarded-host", "console.example.com"),
+            ("origin", "https://console.example.com"),
+        ];
+        assert_eq!(auth.check_post(&req(&proxied), &good), Ok(()));
+        let stale = Params(vec![(CSRF_FIELD.into(), "0".repeat(64))]);
+        assert!(auth.check_post(&req(&[host, origin]), &stale).is_err());
+        assert!(auth
+            .check_post(&req(&[host, origin]), &Params::default())
+            .is_err());
+    }
+}

@@ -1,0 +1,247 @@
+//! The operator console, Prometheus `/metrics` and `/healthz`, served over
+//! HTTP by `outboxd run` (`[http] listen` or `--http`) and by
+//! `outboxd console` (the console alone, beside a relay that runs
+//! elsewhere).
+//!
+//! ## Layout
+//!
+//! - [`server`]: the HTTP server (tiny_http), limits, security headers.
+//! - [`auth`]: the token, the session cookie, the Host, Origin and CSRF checks.
+//! - [`routes`]: paths to handlers; reads on the pool, writes through the
+//!   library's operations (dead-letter requeue and discard, replay).
+//! - [`pages`]: the HTML, from maud templates that escape every value.
+//! - [`queries`]: the SQL of the pages, each bounded on a million events.
+//! - [`cache`]: the status measured on demand on its own thread.
+//! - [`chart`]: the last hour per minute, and its SVG.
+//!
+//! Reads go through an r2d2 pool of read-only connections, so the console
+//! can never write by accident and never holds the write lock; each action
+//! opens a write connection of its own for its one library call.
+
+pub mod auth;
+pub mod cache;
+pub mod chart;
+pub mod pages;
+pub mod queries;
+pub mod routes;
+pub mod server;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use outboxd::connection::ConnectionManager;
+use outboxd::relay::Metrics;
+use outboxd::router::Pattern;
+use outboxd::status::Status;
+use outboxd::Timestamp;
+
+use crate::config::alerts::Problem;
+use crate::config::HttpServe;
+use cache::Cached;
+use chart::{Counts, History};
+use outboxd::status::Thresholds;
+
+/// The read-only pool.
+pub type Pool = r2d2::Pool<ConnectionManager>;
+
+/// Connections in the read pool: one per handler thread, and one each for
+/// the background measures.
+const POOL_SIZE: u32 = 6;
+
+/// What the server is started with.
+pub struct Settings {
+    /// The database.
+    pub db: PathBuf,
+    /// Address, token and read-only switch.
+    pub serve: HttpServe,
+    /// Serve only /metrics and /healthz (the legacy `[metrics] listen`).
+    pub metrics_only: bool,
+    /// The health thresholds (as `outboxd status` takes them).
+    pub thresholds: Thresholds,
+    /// The configured consumers and the types they take (empty without a
+    /// config).
+    pub consumers: Vec<(String, Vec<Pattern>)>,
+    /// The running relay's counters, under `outboxd run`.
+    pub relay: Option<Arc<Metrics>>,
+}
+
+/// The status and its health verdict, or why it could not be read.
+pub type StatusView = std::result::Result<(Status, Vec<Problem>), String>;
+
+/// What the overview adds to the status, measured in the background.
+#[derive(Debug, Default)]
+pub struct Extras {
+    /// Per configured consumer (retrying, dead) not yet delivered by it, and
+    /// whether a bound cut the count short.
+    pub backlog: Option<std::result::Result<queries::Backlog, String>>,
+    /// The chart's rows from the table (`outboxd console`, no relay).
+    pub chart_rows: Option<std::result::Result<Vec<(i64, Counts)>, String>>,
+}
+
+/// Everything the handlers share.
+pub struct App {
+    /// The database.
+    pub db: PathBuf,
+    /// Read-only connections.
+    pub pool: Pool,
+    /// Access rules.
+    pub auth: auth::Auth,
+    /// Hide every action.
+    pub read_only: bool,
+    /// Serve /metrics and /healthz only.
+    pub metrics_only: bool,
+    /// Configured consumers.
+    pub consumers: Vec<(String, Vec<Pattern>)>,
+    /// The relay's counters.
+    pub relay: Option<Arc<Metrics>>,
+    /// The relay's per-minute history.
+    pub history: Option<Arc<History>>,
+    /// The status, measured on demand.
+    pub status: Cached<StatusView>,
+    /// The overview's extras, measured on demand.
+    pub extras: Cached<Extras>,
+}
+
+impl App {
+    /// The relay's totals now (for the chart's current minute).
+    pub fn live_totals(&self) -> Option<Counts> {
+        let relay = self.relay.as_ref()?.snapshot();
+        let enqueued = self
+            .pool
+            .get()
+            .ok()
+            .and_then(|c| queries::enqueued_total(&c).ok())?;
+        Some(Counts {
+            enqueued,
+            delivered: relay.delivered,
+            retried: relay.retried,
+            dead: relay.dead_lettered,
+        })
+    }
+}
+
+/// A running console.
+pub struct Console {
+    server: server::Server,
+}
+
+impl Console {
+    /// The address served.
+    pub fn addr(&self) -> SocketAddr {
+        self.server.addr()
+    }
+
+    /// Stops taking requests and waits for those being answered.
+    pub fn stop(self) {
+        self.server.stop();
+    }
+}
+
+/// Opens the pool (the database must exist and be migrated), starts the
+/// background measures and serves on `listener`.
+pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
+    let manager = ConnectionManager::read_only(&settings.db);
+    let pool = r2d2::Pool::builder()
+        .max_size(POOL_SIZE)
+        .min_idle(Some(1))
+        .connection_timeout(Duration::from_secs(10))
+        .build(manager)
+        .with_context(|| format!("cannot open {} for the console", settings.db.display()))?;
+    outboxd::schema::ensure_current(&*pool.get()?)?;
+
+    let status = {
+        let pool = pool.clone();
+        let thresholds = settings.thresholds;
+        Cached::start("outboxd-status", move || {
+            let conn = pool.get().map_err(|e| e.to_string())?;
+            let status =
+                outboxd::status::status(&conn, Timestamp::now()).map_err(|e| e.to_string())?;
+            let problems = crate::cmd::status::problems(&status, &thresholds);
+            Ok((status, problems))
+        })?
+    };
+    let extras = {
+        let pool = pool.clone();
+        let consumers = settings.consumers.clone();
+        let from_table = settings.relay.is_none();
+        Cached::start("outboxd-overview", move || {
+            let conn = match pool.get() {
+                Ok(c) => c,
+                Err(e) => {
+                    return Extras {
+                        backlog: Some(Err(e.to_string())),
+                        chart_rows: None,
+                    }
+                }
+            };
+            let since =
+                Timestamp::now().as_millis() / 60_000 * 60_000 - (chart::MINUTES - 1) * 60_000;
+            Extras {
+                backlog: (!consumers.is_empty()).then(|| {
+                    queries::consumer_backlog(&conn, &consumers).map_err(|e| e.to_string())
+                }),
+                chart_rows: from_table
+                    .then(|| queries::minute_counts(&conn, since).map_err(|e| e.to_string())),
+            }
+        })?
+    };
+    let history = match &settings.relay {
+        Some(relay) => Some(sample_every_minute(relay.clone(), pool.clone())?),
+        None => None,
+    };
+    let app = Arc::new(App {
+        auth: auth::Auth::new(settings.serve.token.clone(), settings.serve.listen),
+        db: settings.db,
+        pool,
+        read_only: settings.serve.read_only,
+        metrics_only: settings.metrics_only,
+        consumers: settings.consumers,
+        relay: settings.relay,
+        history,
+        status,
+        extras,
+    });
+    let handler = move |req: &server::Request| routes::handle(&app, req);
+    let server = server::Server::start(listener, server::Limits::default(), Arc::new(handler))
+        .context("cannot start the HTTP server")?;
+    Ok(Console { server })
+}
+
+/// Starts the thread that records the relay's totals at the start of each
+/// minute, for the chart.
+fn sample_every_minute(relay: Arc<Metrics>, pool: Pool) -> Result<Arc<History>> {
+    let history = Arc::new(History::default());
+    let h = Arc::downgrade(&history);
+    std::thread::Builder::new()
+        .name("outboxd-chart".into())
+        .spawn(move || loop {
+            let now = Timestamp::now().as_millis();
+            let Some(history) = h.upgrade() else { return };
+            let enqueued = pool
+                .get()
+                .ok()
+                .and_then(|c| queries::enqueued_total(&c).ok());
+            if let Some(enqueued) = enqueued {
+                let m = relay.snapshot();
+                history.record(
+                    now / 60_000,
+                    Counts {
+                        enqueued,
+                        delivered: m.delivered,
+                        retried: m.retried,
+                        dead: m.dead_lettered,
+                    },
+                );
+            }
+            drop(history);
+            // The next minute's start: a timer, not synchronisation.
+            let next = (now / 60_000 + 1) * 60_000;
+            std::thread::sleep(Duration::from_millis(
+                u64::try_from(next - Timestamp::now().as_millis()).unwrap_or(0) + 5,
+            ));
+        })?;
+    Ok(history)
+}

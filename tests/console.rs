@@ -1,0 +1,392 @@
+//! The console over HTTP, against the real binary: what it refuses (a POST
+//! without the CSRF token or from another origin, a request without the
+//! token, a non-loopback address without one, a foreign Host), what
+//! `outboxd run --http` serves beside its relay, and pages over rows that
+//! foreign producers wrote badly. The browser tests are in
+//! tests/console_browser.rs.
+
+mod common;
+mod console_support;
+
+use std::time::Duration;
+
+use common::bin::{code, Running};
+use console_support::{csrf, form, free_addr, get, http, spawn, wait_http, wait_until};
+use rusqlite::params;
+
+const T0: i64 = 1_764_487_080_000;
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Inserts `n` dead letters of `ty` as a relay would leave them.
+fn dead_letters(db: &common::TestDb, ty: &str, n: usize) {
+    let conn = db.conn();
+    for i in 0..n {
+        conn.execute(
+            "INSERT INTO event_outbox (event_id, event_type, status, attempts, last_error,
+                 occurred_at, created_at, available_at, finished_at)
+             VALUES (?1, ?2, 'dead', 3, 'hook: 500 Internal Server Error', ?3, ?3, ?3, ?3)",
+            params![outboxd::EventId::new().to_string(), ty, T0 + i as i64],
+        )
+        .unwrap();
+    }
+}
+
+fn console(db: &common::TestDb, extra: &[&str], env: &[(&str, &str)]) -> (Running, String) {
+    let addr = free_addr();
+    let mut args = vec!["console", "--http", &addr];
+    args.extend_from_slice(extra);
+    let mut p = spawn(&db.path, &args, env);
+    wait_http(&mut p, &addr);
+    (p, addr)
+}
+
+#[test]
+fn a_post_without_the_csrf_token_or_from_another_origin_changes_nothing() {
+    let db = common::TestDb::new();
+    dead_letters(&db, "article.created.v1", 3);
+    let (_p, addr) = console(&db, &[], &[]);
+    let page = get(&addr, "/dead");
+    assert_eq!(page.status, 200, "{}", page.body);
+    let token = csrf(&page.body);
+    let own = format!("http://{addr}");
+    let dead = || db.count("status = 'dead'");
+
+    type Attempt<'a> = (&'a str, Vec<(&'a str, &'a str)>, String);
+    let attempts: [Attempt; 5] = [
+        (
+            "no token",
+            vec![("Origin", own.as_str())],
+            form(&[("op", "requeue:all")]),
+        ),
+        (
+            "a wrong token",
+            vec![("Origin", own.as_str())],
+            form(&[("op", "requeue:all"), ("csrf", &"0".repeat(64))]),
+        ),
+        (
+            "another origin",
+            vec![("Origin", "http://evil.example")],
+            form(&[("op", "requeue:all"), ("csrf", &token)]),
+        ),
+        (
+            "no origin nor referer",
+            vec![],
+            form(&[("op", "requeue:all"), ("csrf", &token)]),
+        ),
+        (
+            "a referer elsewhere",
+            vec![("Referer", "http://evil.example/dead")],
+            form(&[("op", "discard:all"), ("csrf", &token)]),
+        ),
+    ];
+    for (case, headers, body) in &attempts {
+        let mut h = headers.clone();
+        h.push(("Content-Type", "application/x-www-form-urlencoded"));
+        let r = http(&addr, "POST", "/dead/apply", &h, body);
+        assert_eq!(r.status, 403, "{case}: {}", r.body);
+        assert_eq!(dead(), 3, "{case} changed nothing");
+    }
+    // The control: the same POST from the console's own page is taken.
+    let r = http(
+        &addr,
+        "POST",
+        "/dead/apply",
+        &[
+            ("Origin", &own),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        &form(&[("op", "requeue:all"), ("csrf", &token)]),
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(r.header("Location"), Some("/dead?requeued=3"));
+    assert_eq!(dead(), 0);
+    assert_eq!(db.count("status = 'pending' AND attempts = 0"), 3);
+}
+
+#[test]
+fn the_confirmation_names_how_many_rows_each_action_changes() {
+    let db = common::TestDb::new();
+    dead_letters(&db, "article.created.v1", 4);
+    dead_letters(&db, "order.placed.v1", 2);
+    let (_p, addr) = console(&db, &[], &[]);
+    let token = csrf(&get(&addr, "/dead").body);
+    let own = format!("http://{addr}");
+    let post = |path: &str, pairs: &[(&str, &str)]| {
+        let mut pairs = pairs.to_vec();
+        pairs.push(("csrf", &token));
+        http(
+            &addr,
+            "POST",
+            path,
+            &[
+                ("Origin", &own),
+                ("Content-Type", "application/x-www-form-urlencoded"),
+            ],
+            &form(&pairs),
+        )
+    };
+    let confirm = post(
+        "/dead/confirm",
+        &[("op", "discard:type"), ("type", "order.*.v1")],
+    );
+    assert!(
+        confirm.body.contains("data-count=\"2\""),
+        "{}",
+        confirm.body
+    );
+    let all = post("/dead/confirm", &[("op", "requeue:all")]);
+    assert!(all.body.contains("data-count=\"6\""), "{}", all.body);
+    // Confirming asks; it changes nothing.
+    assert_eq!(db.count("status = 'dead'"), 6);
+    let r = post(
+        "/dead/apply",
+        &[("op", "discard:type"), ("type", "order.*.v1")],
+    );
+    assert_eq!(r.header("Location"), Some("/dead?discarded=2"));
+    assert_eq!(db.count("status = 'dead'"), 4);
+    let one: i64 = db.scalar("SELECT min(id) FROM event_outbox WHERE status = 'dead'");
+    let r = post(
+        "/dead/apply",
+        &[("op", "requeue:selected"), ("id", &one.to_string())],
+    );
+    assert_eq!(r.header("Location"), Some("/dead?requeued=1"));
+    assert_eq!(db.count("status = 'dead'"), 3);
+}
+
+#[test]
+fn read_only_hides_every_action_and_refuses_posts() {
+    let db = common::TestDb::new();
+    dead_letters(&db, "article.created.v1", 2);
+    let (_p, addr) = console(&db, &["--read-only"], &[]);
+    let page = get(&addr, "/dead");
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains("method=\"post\""), "{}", page.body);
+    let event = get(&addr, "/events/1");
+    assert!(!event.body.contains("Requeue"), "{}", event.body);
+    let r = http(
+        &addr,
+        "POST",
+        "/dead/apply",
+        &[("Origin", &format!("http://{addr}"))],
+        &form(&[("op", "requeue:all")]),
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert_eq!(db.count("status = 'dead'"), 2);
+}
+
+#[test]
+fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
+    let db = common::TestDb::new();
+    dead_letters(&db, "article.created.v1", 1);
+    // Without a token, outboxd refuses to start (a config error).
+    let port = free_addr().rsplit(':').next().unwrap().to_string();
+    let any = format!("0.0.0.0:{port}");
+    let mut p = spawn(&db.path, &["console", "--http", &any], &[]);
+    assert_eq!(
+        p.wait(Duration::from_secs(30)).code(),
+        Some(code::CONFIG),
+        "{}",
+        p.stderr()
+    );
+    assert!(
+        p.stderr().contains("not a loopback address"),
+        "{}",
+        p.stderr()
+    );
+
+    // With one, every request needs it.
+    let token = "s3cret-token-for-the-console-test";
+    let config = db.write(
+        "outboxd.toml",
+        "[http]\ntoken_env = \"CONSOLE_TEST_TOKEN\"\n[[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n",
+    );
+    let mut p = spawn(
+        &db.path,
+        &[
+            "console",
+            "--http",
+            &any,
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[("CONSOLE_TEST_TOKEN", token)],
+    );
+    let addr = format!("127.0.0.1:{port}");
+    wait_http(&mut p, &addr);
+    for path in ["/", "/dead", "/events/1", "/metrics", "/healthz"] {
+        let r = get(&addr, path);
+        assert_eq!(r.status, 401, "{path}: {}", r.body);
+        assert!(
+            !r.body.contains("article.created.v1"),
+            "{path} leaks: {}",
+            r.body
+        );
+    }
+    assert!(get(&addr, "/metrics").header("WWW-Authenticate").is_some());
+    let bearer = format!("Bearer {token}");
+    let r = http(&addr, "GET", "/metrics", &[("Authorization", &bearer)], "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = http(
+        &addr,
+        "GET",
+        "/",
+        &[("Authorization", "Bearer wrong-token-wrong-token")],
+        "",
+    );
+    assert_eq!(r.status, 401);
+
+    // Logging in once sets an HttpOnly, SameSite=Strict cookie.
+    let login = get(&addr, "/login");
+    let own = format!("http://{addr}");
+    let post_login = |given: &str| {
+        http(
+            &addr,
+            "POST",
+            "/login",
+            &[
+                ("Origin", &own),
+                ("Content-Type", "application/x-www-form-urlencoded"),
+            ],
+            &form(&[("token", given), ("csrf", &csrf(&login.body))]),
+        )
+    };
+    assert_eq!(post_login("not-the-token-at-all").status, 401);
+    let ok = post_login(token);
+    assert_eq!(ok.status, 303, "{}", ok.body);
+    let cookie = ok.header("Set-Cookie").unwrap().to_string();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(!cookie.contains(token), "the cookie never holds the token");
+    let session = cookie.split(';').next().unwrap();
+    let r = http(&addr, "GET", "/dead", &[("Cookie", session)], "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("article.created.v1"));
+}
+
+#[test]
+fn a_foreign_host_name_is_refused_on_loopback() {
+    let db = common::TestDb::new();
+    let (_p, addr) = console(&db, &[], &[]);
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    use std::io::{Read, Write};
+    write!(s, "GET / HTTP/1.0\r\nHost: rebound.evil.example:80\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.0 403"), "{out}");
+    assert!(out.contains("DNS rebinding"), "{out}");
+    assert_eq!(get(&addr, "/").status, 200);
+}
+
+#[test]
+fn run_serves_the_console_metrics_and_health_beside_its_relay() {
+    let db = common::TestDb::new();
+    let addr = free_addr();
+    let out = db.file("out.jsonl");
+    let config = db.write(
+        "outboxd.toml",
+        &format!(
+            "[http]\nlisten = \"{addr}\"\n[alerts]\nmax_dead = 0\n[[consumer]]\nname = \"file\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"{}\"\n",
+            out.display()
+        ),
+    );
+    let mut run = spawn(
+        &db.path,
+        &["run", "--config", config.to_str().unwrap()],
+        &[],
+    );
+    wait_http(&mut run, &addr);
+    db.enqueue(&[
+        common::event("article.created.v1", 1),
+        common::event("article.created.v1", 2),
+    ]);
+    wait_until("2 delivered", WAIT, || {
+        db.count("status = 'delivered'") == 2
+    });
+    let mut metrics = String::new();
+    wait_until("the metrics to count both deliveries", WAIT, || {
+        metrics = get(&addr, "/metrics").body;
+        metrics.contains("outboxd_deliveries_total{consumer=\"file\",result=\"delivered\"} 2")
+    });
+    for name in [
+        "outboxd_events{status=\"delivered\"} 2",
+        "outboxd_status_up 1",
+        "outboxd_events_delivered_total 2",
+        "# TYPE outboxd_commits_total counter",
+    ] {
+        assert!(metrics.contains(name), "{name} missing in:\n{metrics}");
+    }
+    let health = get(&addr, "/healthz");
+    assert_eq!(health.status, 200, "{}", health.body);
+    let v: serde_json::Value = serde_json::from_str(&health.body).unwrap();
+    assert_eq!(v["healthy"], true);
+    assert_eq!(v["counts"]["delivered"], 2);
+
+    // A dead letter crosses alerts.max_dead = 0: 503 with the problem.
+    dead_letters(&db, "order.placed.v1", 1);
+    let mut health = get(&addr, "/healthz");
+    wait_until("the health check to see the dead letter", WAIT, || {
+        health = get(&addr, "/healthz");
+        health.status == 503
+    });
+    let v: serde_json::Value = serde_json::from_str(&health.body).unwrap();
+    assert_eq!(v["healthy"], false);
+    assert_eq!(v["problems"][0]["threshold"], "max-dead");
+    let overview = get(&addr, "/");
+    assert_eq!(overview.status, 200);
+    assert!(
+        overview.body.contains("data-threshold=\"max-dead\""),
+        "{}",
+        overview.body
+    );
+}
+
+#[test]
+fn pages_show_rows_that_foreign_producers_wrote_badly() {
+    let db = common::TestDb::new();
+    let conn = db.conn();
+    // An integer tenant, a blob type, a payload that is not JSON, a
+    // lower-case event id, and a payload over the page's cap.
+    conn.execute(
+        "INSERT INTO event_outbox (event_id, event_type, tenant_id, payload, status, finished_at, last_error)
+         VALUES ('01jdq7x6zb5n4q2w8v1k3m9t0r', CAST('Bad Type' AS BLOB), 42, '{not json', 'dead', 1, 'invalid')",
+        [],
+    )
+    .unwrap();
+    let big = format!("{{\"x\":\"{}\"}}", "y".repeat(200_000));
+    conn.execute(
+        "INSERT INTO event_outbox (event_type, payload) VALUES ('article.created.v1', ?1)",
+        [&big],
+    )
+    .unwrap();
+    let (_p, addr) = console(&db, &[], &[]);
+    for path in [
+        "/",
+        "/events",
+        "/events?state=dead",
+        "/dead",
+        "/events/1",
+        "/events/2",
+        "/intents",
+        "/capture",
+        "/replay",
+    ] {
+        let r = get(&addr, path);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+    }
+    let by_id = get(&addr, "/events/01JDQ7X6ZB5N4Q2W8V1K3M9T0R");
+    assert_eq!(by_id.status, 200, "{}", by_id.body);
+    assert!(by_id.body.contains("Bad Type"));
+    assert!(
+        by_id.body.contains("cannot build this event"),
+        "{}",
+        by_id.body
+    );
+    let big_page = get(&addr, "/events/2");
+    assert!(big_page.body.len() < 100_000, "the payload is capped");
+    assert!(big_page.body.contains("Showing the first 64 KiB"));
+    assert_eq!(get(&addr, "/events/999").status, 404);
+    assert_eq!(get(&addr, "/events?type=Bad").status, 400);
+    assert_eq!(get(&addr, "/nope").status, 404);
+}

@@ -1,0 +1,389 @@
+//! What the console's tests share: a running `outboxd` serving HTTP, a raw
+//! HTTP/1.0 client (so every header is the test's choice), and headless
+//! Chromium driven over WebDriver.
+//!
+//! The browser is Debian's `chromium` driven by `chromedriver` through the
+//! W3C WebDriver protocol: plain JSON over HTTP, so the tests need no
+//! browser-automation crate (and no async runtime), only this client.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::common::bin::{Outboxd, Running};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// A free loopback address (`127.0.0.1:PORT`).
+pub fn free_addr() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+pub use crate::common::wait_until;
+
+// ---------------------------------------------------------------------------
+// outboxd.
+
+/// Starts `outboxd --db DB ARGS` (with extra environment variables) through
+/// the tests' one harness for the binary (tests/common/bin.rs).
+pub fn spawn(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Running {
+    let mut cmd = Outboxd::on(db).command(args);
+    cmd.envs(env.iter().copied());
+    Running::spawn(&mut cmd)
+}
+
+/// Waits until `addr` takes connections; panics with the log if the
+/// process exits first.
+pub fn wait_http(p: &mut Running, addr: &str) {
+    wait_until(
+        &format!("outboxd to serve {addr}"),
+        Duration::from_secs(60),
+        || {
+            p.assert_alive();
+            TcpStream::connect(addr).is_ok()
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------
+// HTTP.
+
+/// A response.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One request with exactly the headers given, plus Host, `Connection:
+/// close` and, with a body, its length.
+pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    // Read the head, then Content-Length bytes (some servers keep the
+    // connection open after answering, whatever the request said).
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 8192];
+    let mut expected = None;
+    loop {
+        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            expected = len.map(|n| end + 4 + n);
+        }
+        if expected.is_some_and(|n| raw.len() >= n) {
+            break;
+        }
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let headers: Vec<(String, String)> = headers;
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    Reply {
+        status,
+        headers,
+        body: if chunked {
+            dechunk(body)
+        } else {
+            body.to_string()
+        },
+    }
+}
+
+/// The body of a chunked response.
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+pub fn get(addr: &str, path: &str) -> Reply {
+    http(addr, "GET", path, &[], "")
+}
+
+/// The CSRF token written into a page's forms.
+pub fn csrf(html: &str) -> String {
+    let at = html
+        .find("name=\"csrf\" value=\"")
+        .unwrap_or_else(|| panic!("no CSRF field in:\n{html}"));
+    let rest = &html[at + "name=\"csrf\" value=\"".len()..];
+    rest[..rest.find('"').unwrap()].to_string()
+}
+
+/// A url-encoded form body.
+pub fn form(pairs: &[(&str, &str)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "{k}={}",
+                v.replace(' ', "+").replace(':', "%3A").replace('*', "%2A")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+// ---------------------------------------------------------------------------
+// The browser.
+
+/// Whether Chromium and chromedriver are installed; outside CI a missing
+/// one skips the test (CI installs them: .ci/run).
+pub fn browser_available() -> bool {
+    let found = ["chromium", "chromedriver"].iter().all(|p| {
+        Command::new(p)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !found {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("chromium or chromedriver is missing, and CI=true requires the browser tests (.ci/run installs them)");
+        }
+        eprintln!("SKIPPED: chromium and chromium-driver are not installed (apt-get install chromium chromium-driver); set CI=true to make this a failure");
+    }
+    found
+}
+
+/// Headless Chromium in a WebDriver session, ended when dropped.
+pub struct Browser {
+    driver: Child,
+    addr: String,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+/// The W3C WebDriver element reference key.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+impl Browser {
+    /// Starts chromedriver and a headless Chromium session (the flags a
+    /// closed network needs: no background connections, a fresh profile).
+    pub fn start() -> Browser {
+        let addr = free_addr();
+        let port = addr.rsplit(':').next().unwrap().to_string();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .arg(format!(
+                "--log-path={}",
+                std::env::temp_dir()
+                    .join(format!("chromedriver-{port}.log"))
+                    .display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver");
+        let profile = tempfile::tempdir().unwrap();
+        wait_until("chromedriver to answer", Duration::from_secs(30), || {
+            TcpStream::connect(&addr).is_ok()
+        });
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                    "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync",
+                    "--disable-dev-shm-usage", "--window-size=1280,1000",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ]
+            }
+        }}});
+        let mut b = Browser {
+            driver,
+            addr,
+            session: String::new(),
+            _profile: profile,
+        };
+        let v = b.call("POST", "/session", Some(caps));
+        b.session = v["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {v}"))
+            .to_string();
+        b
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let headers: &[(&str, &str)] = if body.is_empty() {
+            &[]
+        } else {
+            &[("Content-Type", "application/json")]
+        };
+        let r = http(&self.addr, method, path, headers, &body);
+        let v: Value = serde_json::from_str(&r.body)
+            .unwrap_or_else(|e| panic!("WebDriver {path}: {e}: {}", r.body));
+        if r.status != 200 {
+            panic!("WebDriver {method} {path} failed ({}): {v}", r.status);
+        }
+        v["value"].clone()
+    }
+
+    fn s(&self, path: &str) -> String {
+        format!("/session/{}{path}", self.session)
+    }
+
+    /// Loads a page and waits for it.
+    pub fn goto(&self, url: &str) {
+        self.call("POST", &self.s("/url"), Some(json!({ "url": url })));
+    }
+
+    /// The current URL.
+    pub fn url(&self) -> String {
+        self.call("GET", &self.s("/url"), None)
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// Waits until the page's URL satisfies `cond` (a click that submits a
+    /// form may return before the next page is there).
+    pub fn wait_url(&self, what: &str, cond: impl Fn(&str) -> bool) {
+        wait_until(what, Duration::from_secs(30), || {
+            cond(&self.url())
+                && self.exec("return document.readyState") == Value::String("complete".into())
+        });
+    }
+
+    fn find(&self, css: &str) -> String {
+        let v = self.call(
+            "POST",
+            &self.s("/element"),
+            Some(json!({"using": "css selector", "value": css})),
+        );
+        v[ELEMENT]
+            .as_str()
+            .unwrap_or_else(|| panic!("no element {css}: {v}"))
+            .to_string()
+    }
+
+    /// The visible text of the first element matching `css`.
+    pub fn text(&self, css: &str) -> String {
+        let id = self.find(css);
+        self.call("GET", &self.s(&format!("/element/{id}/text")), None)
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// Clicks the first element matching `css` (a link or a submit button
+    /// navigates, and the call returns once the new page has loaded).
+    pub fn click(&self, css: &str) {
+        let id = self.find(css);
+        self.call(
+            "POST",
+            &self.s(&format!("/element/{id}/click")),
+            Some(json!({})),
+        );
+    }
+
+    /// Runs a script in the page (WebDriver's own channel, which the page's
+    /// CSP does not govern) and returns its value.
+    pub fn exec(&self, script: &str) -> Value {
+        self.call(
+            "POST",
+            &self.s("/execute/sync"),
+            Some(json!({"script": script, "args": []})),
+        )
+    }
+
+    /// The page's HTML as the browser holds it.
+    pub fn source(&self) -> String {
+        self.call("GET", &self.s("/source"), None)
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    /// Writes a PNG screenshot of the window.
+    pub fn screenshot(&self, path: &Path) {
+        use base64::Engine;
+        let v = self.call("GET", &self.s("/screenshot"), None);
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap())
+            .unwrap();
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, png).unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                http(
+                    &self.addr,
+                    "DELETE",
+                    &format!("/session/{}", self.session),
+                    &[],
+                    "",
+                )
+            }));
+        }
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+/// Where screenshots go: target/console-screenshots/ (a test artifact).
+pub fn screenshot_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    target.join("console-screenshots")
+}
