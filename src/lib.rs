@@ -72,3 +72,8 @@ pub use relay::{Relay, RelayBuilder, RelayHandle, RetryPolicy};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// docs/exactly-once.md's example, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/exactly-once.md")]
+pub struct ExactlyOnceDoctests;

@@ -243,3 +243,20 @@ pub fn enqueue_backlog(conn: &mut rusqlite::Connection, n: usize, event_type: &s
         i += k;
     }
 }
+
+/// The raw loops' claim (benches/drain.rs, benches/transactional.rs): up to
+/// 256 due rows, stamped with the token `b` and a 30 s lease, in one
+/// `UPDATE … RETURNING`; their (id, event_id).
+pub fn raw_claim(conn: &rusqlite::Connection, now: i64) -> Vec<(i64, String)> {
+    conn.prepare_cached(
+        "UPDATE event_outbox SET claim_token = 'b', lease_until = ?1 + 30000, available_at = ?1 + 30000
+          WHERE id IN (SELECT id FROM event_outbox WHERE status = 'pending' AND available_at <= ?1
+                        ORDER BY available_at, id LIMIT 256)
+          RETURNING id, event_id",
+    )
+    .unwrap()
+    .query_map([now], |r| Ok((r.get(0)?, r.get(1)?)))
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
