@@ -444,3 +444,29 @@ fn follow_up_events_enqueued_inside_commit_with_it_and_vanish_with_a_retry() {
         "the follow-up of the rolled-back attempt survived"
     );
 }
+
+#[test]
+fn savepoints_inside_the_function_are_its_own_business() {
+    let db = db();
+    let relay = db
+        .relay()
+        .transactional_consumer(
+            "careful",
+            ["a.b.v1"],
+            |tx: &Transaction<'_>, d: &Delivery| {
+                write_effect(tx, d, "kept");
+                tx.execute_batch("SAVEPOINT try_it").unwrap();
+                write_effect(tx, d, "undone");
+                tx.execute_batch("ROLLBACK TO try_it; RELEASE try_it")
+                    .unwrap();
+                Outcome::Delivered
+            },
+        )
+        .started();
+    let ids = db.enqueue(&[event("a.b.v1", 1)]);
+    relay.notify();
+    wait_until("the row delivered", LONG, || status(&db) == "delivered");
+    stop(relay);
+    assert_eq!(effects(&db), vec![(ids[0].to_string(), 1, "kept".into())]);
+    assert_eq!(ledger(&db, "careful"), 1);
+}
