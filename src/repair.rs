@@ -4,7 +4,7 @@
 //! the type); the relay dead-letters it with the reason. [`repair`] rewrites
 //! the columns given, checks the whole row with the rules the relay applies
 //! when it claims one, and keeps the change only when the row is valid now.
-//! Then [`dead_letter::requeue`](crate::dead_letter::requeue) puts it back
+//! Then [`dead_letter::requeue`] puts it back
 //! in the queue (`outboxd dead edit --requeue` does both).
 //!
 //! ```
@@ -31,9 +31,9 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use crate::clock::Timestamp;
 use crate::dead_letter::{self, DeadLetter};
-use crate::envelope::{Envelope, EventId, EventType, RawRow};
+use crate::envelope::{Envelope, EventId, EventType};
 use crate::error::{Error, Result};
-use crate::relay::claim::timestamp;
+use crate::relay::claim::{envelope_columns, read_envelope};
 
 /// The columns to rewrite; a column not set is left as it is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -155,30 +155,13 @@ pub fn repair(conn: &mut Connection, id: &str, r: &Repair) -> Result<DeadLetter>
 /// why it would dead-letter the row.
 fn check(conn: &Connection, row_id: i64) -> Result<Envelope> {
     conn.query_row(
-        "SELECT event_id, event_type, event_version, causation_id, correlation_id,
-                payload, occurred_at, created_at
-           FROM event_outbox WHERE id = ?1",
+        concat!(
+            "SELECT ",
+            envelope_columns!(),
+            " FROM event_outbox WHERE id = ?1"
+        ),
         [row_id],
-        |row| {
-            let times = (
-                timestamp(row.get_ref(6)?, "occurred_at"),
-                timestamp(row.get_ref(7)?, "created_at"),
-            );
-            Ok(match times {
-                (Ok(occurred_at), Ok(created_at)) => Envelope::from_row(RawRow {
-                    row_id,
-                    event_id: row.get_ref(0)?,
-                    event_type: row.get_ref(1)?,
-                    event_version: row.get_ref(2)?,
-                    causation_id: row.get_ref(3)?,
-                    correlation_id: row.get_ref(4)?,
-                    payload: row.get_ref(5)?,
-                    occurred_at,
-                    created_at,
-                }),
-                (Err(e), _) | (_, Err(e)) => Err(e),
-            })
-        },
+        |row| read_envelope(row, 0, row_id),
     )
     .map_err(Error::db("check a repaired dead letter"))?
     .map_err(Error::Envelope)

@@ -52,8 +52,9 @@ pub(crate) fn claim(
                            AND p.status = 'pending' AND p.id < o.id))
                  ORDER BY o.available_at, o.id
                  LIMIT ?4)
-        RETURNING id, event_id, event_type, event_version, tenant_id, ordering_key,
-                  causation_id, correlation_id, payload, occurred_at, created_at, attempts, ",
+        RETURNING id, ",
+        envelope_columns!(),
+        ", tenant_id, ordering_key, attempts, ",
         crate::dedup::event_key_sql!(),
         ", ",
         crate::dedup::delivered_to_sql!()
@@ -74,39 +75,57 @@ pub(crate) fn claim(
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let row_id: i64 = r.get(0)?;
-    let event_id = r.get_ref(1)?;
-    let created_at = timestamp(r.get_ref(10)?, "created_at");
-    let occurred_at = timestamp(r.get_ref(9)?, "occurred_at");
-    let envelope = match (occurred_at, created_at) {
-        (Ok(occurred_at), Ok(created_at)) => Envelope::from_row(RawRow {
-            row_id,
-            event_id,
-            event_type: r.get_ref(2)?,
-            event_version: r.get_ref(3)?,
-            causation_id: r.get_ref(6)?,
-            correlation_id: r.get_ref(7)?,
-            payload: r.get_ref(8)?,
-            occurred_at,
-            created_at,
-        }),
-        (Err(e), _) | (_, Err(e)) => Err(e),
-    };
     Ok(ClaimedRow {
         row_id,
         event_key: lenient_text(r.get_ref(12)?).unwrap_or_default(),
-        legacy: matches!(event_id, ValueRef::Null),
-        envelope,
-        tenant_id: lenient_text(r.get_ref(4)?),
-        ordering_key: lenient_text(r.get_ref(5)?),
+        legacy: matches!(r.get_ref(1)?, ValueRef::Null),
+        envelope: read_envelope(r, 1, row_id)?,
+        tenant_id: lenient_text(r.get_ref(9)?),
+        ordering_key: lenient_text(r.get_ref(10)?),
         attempts: lenient_count(r.get_ref(11)?),
         delivered_to: crate::dedup::read_delivered_to(r.get_ref(13)?),
     })
 }
 
+/// The envelope columns of `event_outbox`, in the order [`read_envelope`]
+/// reads them.
+macro_rules! envelope_columns {
+    () => {
+        "event_id, event_type, event_version, causation_id, correlation_id, payload, \
+         occurred_at, created_at"
+    };
+}
+pub(crate) use envelope_columns;
+
+/// Validates the envelope columns ([`envelope_columns!`]) of a row, starting at column `first`,
+/// as the relay does when it claims the row: the envelope, or why the row
+/// cannot be delivered. (The repair of a dead letter checks with it too.)
+pub(crate) fn read_envelope(
+    r: &rusqlite::Row<'_>,
+    first: usize,
+    row_id: i64,
+) -> rusqlite::Result<Result<Envelope, EnvelopeError>> {
+    let occurred_at = timestamp(r.get_ref(first + 6)?, "occurred_at");
+    let created_at = timestamp(r.get_ref(first + 7)?, "created_at");
+    Ok(match (occurred_at, created_at) {
+        (Ok(occurred_at), Ok(created_at)) => Envelope::from_row(RawRow {
+            row_id,
+            event_id: r.get_ref(first)?,
+            event_type: r.get_ref(first + 1)?,
+            event_version: r.get_ref(first + 2)?,
+            causation_id: r.get_ref(first + 3)?,
+            correlation_id: r.get_ref(first + 4)?,
+            payload: r.get_ref(first + 5)?,
+            occurred_at,
+            created_at,
+        }),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    })
+}
+
 /// A timestamp column. The schema's CHECK keeps these INTEGER milliseconds;
-/// anything else is reported rather than trusted. (Also the repair's check,
-/// [`crate::repair`].)
-pub(crate) fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, EnvelopeError> {
+/// anything else is reported rather than trusted.
+fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, EnvelopeError> {
     // Only the times an envelope can carry (see check_time).
     match v {
         ValueRef::Integer(ms) => check_time(ms, column),
