@@ -44,6 +44,15 @@
 //!    insert for a delivered transactional consumer is `INSERT OR IGNORE`
 //!    of the entry committed here, so there is one entry, no conflict.
 //!
+//! SQLite hands its lock to no one in particular: a waiter sleeps in its
+//! busy handler and tries again, while a worker that has just committed
+//! begins its next delivery at once, so a worker draining a backlog would
+//! take the lock back again and again while the host's commit and the
+//! relay's writer sleep. So a worker whose `BEGIN IMMEDIATE` had to wait
+//! ([`CONTENDED_WAIT`]) leaves the lock free for [`CONTENDED_PAUSE`] after
+//! its commit, as the writer does after a full transaction under
+//! contention.
+//!
 //! A crash between step 5's commit and the writer's record leaves the row
 //! pending under an expiring lease. Its next claim reads the ledger
 //! ([`dedup::delivered_to_sql!`](crate::dedup)) and does not route the row
@@ -53,11 +62,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 
 use super::claim;
+use super::plan::CONTENDED_PAUSE;
 use super::worker::{panic_message, Job};
 use crate::clock::Clock;
 use crate::consumer::{Delivery, Outcome, TransactionalConsumer};
@@ -66,7 +76,11 @@ use crate::consumer::{Delivery, Outcome, TransactionalConsumer};
 /// SQLITE_BUSY after the busy handler's wait
 /// ([`DEFAULT_BUSY_TIMEOUT`](crate::connection::DEFAULT_BUSY_TIMEOUT)), before
 /// the delivery is reported as a retry.
-pub(crate) const BUSY_TRIES: u32 = 3;
+const BUSY_TRIES: u32 = 3;
+
+/// A `BEGIN IMMEDIATE` that waited this long met another writer: after
+/// its commit the worker leaves the lock free for [`CONTENDED_PAUSE`].
+const CONTENDED_WAIT: Duration = Duration::from_micros(200);
 
 /// After [`BUSY_TRIES`], the retry waits at least this long.
 const BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -144,11 +158,12 @@ impl Session {
         job: &Job,
         delivery: &Delivery,
     ) -> Outcome {
-        let now = self.clock.now();
+        let clock = self.clock.clone();
         let (conn, guard) = match self.connection() {
             Ok(c) => c,
             Err(e) => return Outcome::retry(format!("cannot open the consumer's connection: {e}")),
         };
+        let asked = Instant::now();
         let tx = match begin(conn) {
             Ok(tx) => tx,
             Err(e) if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) => {
@@ -165,6 +180,7 @@ impl Session {
                 return Outcome::retry(format!("cannot begin the consumer's transaction: {e}"))
             }
         };
+        let waited = asked.elapsed();
         match claim::holds(&tx, job.row_id, &job.token) {
             Ok(true) => {}
             // The writer's record of this outcome is fenced out too.
@@ -209,10 +225,19 @@ impl Session {
             }
             return outcome;
         }
-        let committed = crate::dedup::record(&tx, &job.event_key, name, job.row_id, now)
+        let committed = crate::dedup::record(&tx, &job.event_key, name, job.row_id, clock.now())
             .and_then(|()| tx.commit());
         match committed {
-            Ok(()) => Outcome::Delivered,
+            Ok(()) => {
+                if waited >= CONTENDED_WAIT {
+                    // Others wait for the lock (this transaction had to):
+                    // leave it free a moment, or this worker, not asleep
+                    // in a busy handler as they are, takes it straight
+                    // back for its next delivery.
+                    std::thread::sleep(CONTENDED_PAUSE);
+                }
+                Outcome::Delivered
+            }
             // Dropping `tx` rolled back whatever had not committed.
             Err(e) => Outcome::retry(format!(
                 "cannot commit the consumer's transaction (rolled back): {e}"
