@@ -1,5 +1,6 @@
 //! Ready-made consumers: a JSON-lines writer, a child program, a webhook,
-//! and SQL statements run exactly once in the relay's database.
+//! a NATS JetStream publisher (feature `nats`), and SQL statements run
+//! exactly once in the relay's database.
 //!
 //! Each sink implements [`Consumer`](crate::consumer::Consumer) (the SQL
 //! sink, [`TransactionalConsumer`](crate::consumer::TransactionalConsumer)),
@@ -12,6 +13,7 @@
 //! | [`JsonlSink`] | the line is written and flushed (and synced, if asked) | a write fails | never |
 //! | [`CommandSink`] | the program exits 0 | any other exit, a signal, the timeout | the program exits with the poison code (65) |
 //! | [`WebhookSink`] | the receiver answers 2xx | 408, 425, 429, 5xx, network errors, timeouts | 410, other 4xx, redirects, refused addresses |
+//! | [`NatsSink`](nats::NatsSink) (feature `nats`) | JetStream acknowledges the message (a duplicate too) | no ack within the timeout, not connected, no responders | invalid subject, no stream takes it, over the max payload |
 //! | [`SqlSink`] | every statement ran (committed with its progress, exactly once) | any other SQL error | a constraint fails, a value's type or size is refused |
 //!
 //! Every construction error is found before the first delivery: a missing
@@ -31,6 +33,8 @@
 
 pub mod command;
 pub mod jsonl;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod sql;
 pub mod webhook;
 

@@ -76,6 +76,13 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     };
     let http = super::console::Plan::bind(&config, args.http.as_deref(), metrics_addr)?;
     let signals = install_signal_handler()?;
+    // Sinks that connect somewhere (nats) do it now, before the database is
+    // touched: refused credentials or a missing stream are config errors.
+    for c in &config.consumers {
+        c.sink
+            .start(&c.name, &c.retry, config.relay.lease)
+            .map_err(|e| Failure::config(e.to_string()))?;
+    }
 
     let report = database::migrate(&db)?;
     if !report.was_current() {
