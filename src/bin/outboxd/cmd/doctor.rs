@@ -24,7 +24,8 @@ pub const EXAMPLES: &str = "\
 Checks: file integrity (PRAGMA integrity_check, or quick_check with --quick),
 the schema version against this binary, the journal mode (must be WAL), the
 WAL file's size, the synchronous setting, expired leases, stale due events,
-dead letters and open publish intents. Every finding says what to do.
+dead letters, open publish intents and capture triggers (missing or changed).
+Every finding says what to do.
 
 Opens the database read-only and changes nothing, so it is safe on a file
 that is in use, damaged, or not yours to write. Exits 0 when no finding is
@@ -173,6 +174,7 @@ fn examine(
     if current {
         findings.extend(outbox(conn, args.stale_after, now));
         findings.push(open_intents(conn, now));
+        findings.extend(captures(conn, now));
     }
     findings
 }
@@ -205,6 +207,22 @@ fn sinks(file: &Path) -> Vec<Finding> {
         }
     }
     findings
+}
+
+/// Capture triggers missing or changed (a host migration rebuilt a table).
+fn captures(conn: &Connection, now: Timestamp) -> Vec<Finding> {
+    const CHECK: &str = "capture";
+    match super::capture::problems(conn, now) {
+        Ok(found) if found.is_empty() => vec![Finding::ok(
+            CHECK,
+            "no capture trigger is missing or changed",
+        )],
+        Ok(found) => found
+            .into_iter()
+            .map(|m| Finding::new(CHECK, Severity::Error, m))
+            .collect(),
+        Err(e) => vec![Finding::failed(CHECK, "check the capture triggers", e)],
+    }
 }
 
 fn integrity(conn: &Connection, quick: bool, db: &Path) -> Finding {

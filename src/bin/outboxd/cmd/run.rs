@@ -94,6 +94,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
         .check_database(&db)
         .map_err(|e| Failure::config(e.to_string()))?;
     let alerts = config.alerts;
+    let captures = config.captures.clone();
     let config_file = config
         .file
         .as_ref()
@@ -124,6 +125,11 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     tracing::info!(database = %db.display(), config = %config_file, "outboxd running; SIGINT or SIGTERM stops it");
 
+    let mut captures = super::capture::Watch::start(
+        &db,
+        &captures,
+        outboxd::relay::DEFAULT_HOUSEKEEPING_INTERVAL,
+    );
     // The dead-letter alert is checked at once, then every ALERT_INTERVAL.
     let mut last_alert_check: Option<Instant> = None;
     let mut dead_alert = false;
@@ -136,6 +142,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             relay.join().context("the relay stopped")?;
             anyhow::bail!("the relay stopped without being asked to");
         }
+        captures.tick();
         if alerts.max_dead.is_some()
             && last_alert_check.is_none_or(|t| t.elapsed() >= ALERT_INTERVAL)
         {
