@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The long forms of every reliability suite (RELIABILITY.md), in release
 # mode, then the fuzz targets when a nightly toolchain and cargo-fuzz are
-# installed. Prints each suite's figures and a summary; exits non-zero if any
-# suite failed. Takes about an hour on a 2-core machine.
+# installed, then the arm64 smoke of the static release binary (`release`:
+# tests/release.rs cross-builds it with scripts/release.sh and runs it under
+# qemu-user). Prints each suite's figures and a summary; exits non-zero if
+# any suite failed. Takes about an hour on a 2-core machine.
 #
 #   scripts/soak.sh                 # everything
 #   scripts/soak.sh model           # only the named suites
@@ -15,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then
-    suites=(process_faults exactly_once storage_faults host_contention model nats_e2e fuzz)
+    suites=(process_faults exactly_once storage_faults host_contention model nats_e2e fuzz release)
 fi
 logs="${SOAK_LOG_DIR:-target/soak}"
 mkdir -p "$logs"
@@ -56,7 +58,7 @@ run_suite() {
 }
 
 build_ok=1
-if printf '%s\n' "${suites[@]}" | grep -qv '^fuzz$'; then
+if printf '%s\n' "${suites[@]}" | grep -qvE '^(fuzz|release)$'; then
     echo "== building the test binaries (${profile[*]:-debug})"
     if ! cargo test "${profile[@]}" --no-run >"$logs/build.log" 2>&1; then
         echo "build failed; see $logs/build.log"
@@ -76,6 +78,10 @@ for s in "${suites[@]}"; do
             else
                 summary+=("$(printf '%-16s %-7s' fuzz skipped) (needs the nightly toolchain and cargo-fuzz)")
             fi
+            ;;
+        release)
+            # Its own build: the static arm64 binary (dist profile, cross).
+            run_suite release cargo test --test release -- --ignored --nocapture smoke_aarch64
             ;;
         *)
             if [ "$build_ok" = 1 ]; then

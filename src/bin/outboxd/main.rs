@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 mod args;
+mod assets;
 mod cmd;
 mod config;
 mod console;
@@ -16,9 +17,19 @@ mod metrics;
 use config::{LogFormat, LogSettings};
 use exit::Exit;
 
+/// `--version`: the version, the target triple and the git commit (build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("OUTBOXD_VERSION_TARGET"),
+    ", commit ",
+    env!("OUTBOXD_VERSION_COMMIT"),
+    ")"
+);
+
 /// A transactional outbox for applications that keep their data in SQLite.
 #[derive(Debug, Parser)]
-#[command(name = "outboxd", version, after_help = exit::HELP)]
+#[command(name = "outboxd", version = VERSION, after_help = exit::HELP)]
 struct Cli {
     /// The SQLite database file shared with the application.
     #[arg(
@@ -46,10 +57,15 @@ struct Cli {
 
 fn main() -> ExitCode {
     let parsed = Cli::command()
+        .subcommand(assets::command())
         .try_get_matches()
-        .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
+        .and_then(|m| match m.subcommand_matches(assets::NAME) {
+            Some(_) => Ok((None, m)),
+            None => Cli::from_arg_matches(&m).map(|cli| (Some(cli), m)),
+        });
     let (cli, matches) = match parsed {
-        Ok(p) => p,
+        Ok((Some(cli), m)) => (cli, m),
+        Ok((None, m)) => return assets::exec(&m),
         Err(e) => return usage_error(e),
     };
     // Given on the command line or in OUTBOXD_DB, the database wins over a
