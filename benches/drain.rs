@@ -7,6 +7,8 @@
 //! Prints one table row per configuration: median, min and max rows/s, and
 //! the median as a ratio of the baseline's median.
 
+mod common;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -51,18 +53,7 @@ fn baseline(path: &Path, n: usize) -> Duration {
     let mut done = 0;
     while done < n {
         let now = outboxd::Timestamp::now().as_millis();
-        let claimed: Vec<(i64, String)> = conn
-            .prepare_cached(
-                "UPDATE event_outbox SET claim_token = 'b', lease_until = ?1 + 30000, available_at = ?1 + 30000
-                  WHERE id IN (SELECT id FROM event_outbox WHERE status = 'pending' AND available_at <= ?1
-                                ORDER BY available_at, id LIMIT 256)
-                  RETURNING id, event_id",
-            )
-            .unwrap()
-            .query_map([now], |r| Ok((r.get(0)?, r.get(1)?)))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let claimed = common::raw_claim(&conn, now);
         let tx = conn.transaction().unwrap();
         {
             let mut fin = tx

@@ -7,11 +7,11 @@
 //!   OUTBOXD_BENCH_WRITES=300 OUTBOXD_BENCH_BACKLOG=50000 OUTBOXD_BENCH_RUNS=1 \
 //!     cargo bench --bench host_impact                                       # smoke
 //!
-//! A host write is `BEGIN; INSERT one row; COMMIT` (a deferred transaction,
-//! rusqlite's default), timed from BEGIN to the return of COMMIT, so it
-//! includes waiting for the write lock (busy timeout) and any WAL
-//! auto-checkpoint the host's commit runs. Writes are paced at one per
-//! millisecond; a late write starts at once. Each run copies a template
+//! A host write is `common::host_writes`'s (shared with
+//! benches/transactional.rs): `BEGIN; INSERT one row; COMMIT`, timed from
+//! BEGIN to the return of COMMIT, so it includes waiting for the write lock
+//! (busy timeout) and any WAL auto-checkpoint the host's commit runs,
+//! paced at one per millisecond (a late write starts at once). Each run copies a template
 //! database holding the backlog; runs alternate without/with the relay.
 //!
 //! Diagnosis: OUTBOXD_BENCH_PURGE=off runs the relay without its
@@ -21,39 +21,10 @@
 
 mod common;
 
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{bench_dir, env_or, header, migrated, ms, percentile, remove_db, sleep_until, Stats};
-use outboxd::{Delivery, Event, Outcome, Relay};
-
-/// Commit latencies (sorted) of `n` paced host writes.
-fn host_writes(path: &Path, n: usize) -> Vec<Duration> {
-    let mut conn = outboxd::connection::open(path).unwrap();
-    if let Ok(n) = std::env::var("OUTBOXD_BENCH_HOST_AUTOCHECKPOINT") {
-        let n: u32 = n.parse().expect("OUTBOXD_BENCH_HOST_AUTOCHECKPOINT: pages");
-        conn.execute_batch(&format!("PRAGMA wal_autocheckpoint = {n}"))
-            .unwrap();
-    }
-    let mut lat = Vec::with_capacity(n);
-    let start = Instant::now();
-    for i in 0..n {
-        sleep_until(start + Duration::from_millis(i as u64));
-        let t0 = Instant::now();
-        let tx = conn.transaction().unwrap();
-        tx.prepare_cached("INSERT INTO host_rows (body, at) VALUES (?1, ?2)")
-            .unwrap()
-            .execute(rusqlite::params![
-                "an order line of the host application",
-                i as i64
-            ])
-            .unwrap();
-        tx.commit().unwrap();
-        lat.push(t0.elapsed());
-    }
-    lat.sort();
-    lat
-}
+use common::{bench_dir, env_or, header, host_writes, migrated, ms, percentile, remove_db, Stats};
+use outboxd::{Delivery, Outcome, Relay};
 
 struct Row {
     p50: Vec<f64>,
@@ -88,21 +59,8 @@ fn main() {
     let template = dir.path().join("template.db");
     {
         let mut conn = migrated(&template, "NORMAL");
-        conn.execute_batch(
-            "CREATE TABLE host_rows (id INTEGER PRIMARY KEY, body TEXT NOT NULL, at INTEGER NOT NULL)",
-        )
-        .unwrap();
-        let mut i = 0;
-        while i < backlog {
-            let k = (backlog - i).min(10_000);
-            let events: Vec<Event> = (i..i + k)
-                .map(|j| Event::new("bench.backlog.v1", &serde_json::json!({ "i": j })).unwrap())
-                .collect();
-            let tx = conn.transaction().unwrap();
-            outboxd::enqueue_many(&tx, &events).unwrap();
-            tx.commit().unwrap();
-            i += k;
-        }
+        conn.execute_batch(common::HOST_ROWS).unwrap();
+        common::enqueue_backlog(&mut conn, backlog, "bench.backlog.v1");
         conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
             .unwrap();
     }

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then
-    suites=(process_faults storage_faults host_contention model nats_e2e fuzz release)
+    suites=(process_faults exactly_once storage_faults host_contention model nats_e2e fuzz release)
 fi
 logs="${SOAK_LOG_DIR:-target/soak}"
 mkdir -p "$logs"

@@ -165,3 +165,76 @@ where
         self(delivery)
     }
 }
+
+/// A consumer whose effect is a write into the same SQLite database, made
+/// exactly once: its writes, the check that the relay still holds the
+/// event's claim, and its progress row in `delivered_events` commit in one
+/// transaction. Register one with
+/// [`RelayBuilder::transactional_consumer`](crate::RelayBuilder::transactional_consumer);
+/// docs/exactly-once.md tells the whole story.
+///
+/// `deliver` runs on a worker thread, inside a `BEGIN IMMEDIATE`
+/// transaction on that worker's own connection to the relay's database
+/// (opened with [`connection::open`](crate::connection::open): WAL, the busy
+/// handler, `synchronous=FULL`). The relay has already checked the claim
+/// and the ledger in it. Then:
+///
+/// - [`Outcome::Delivered`]: the ledger entry is written and the
+///   transaction commits; the relay never runs this consumer for the event
+///   again (outside a replay), even if it crashes before it records the
+///   row's outcome.
+/// - [`Outcome::Retry`], [`Outcome::Poison`] or a panic: the transaction is
+///   rolled back, so none of its writes remain, and the outcome is
+///   recorded as for any consumer.
+///
+/// The function **may** read and write any table through `tx` (it derefs
+/// to [`rusqlite::Connection`]), use savepoints through SQL, and
+/// [`enqueue`](crate::enqueue()) follow-up events (they commit with its
+/// writes). It **must not** end the transaction (`COMMIT`, `ROLLBACK`,
+/// `BEGIN`: outboxd finds that out, rolls back what it can and dead-letters
+/// the event, because its writes may have committed without their ledger
+/// entry), write through another connection to the same database (that
+/// connection waits for the write lock this transaction holds: it would
+/// fail with SQLITE_BUSY after the busy timeout), or wait long on anything
+/// else: while it runs it holds SQLite's only write lock, so the host's
+/// commits and the relay's writer wait for it. Keep it to milliseconds.
+///
+/// ```
+/// use outboxd::consumer::{Delivery, Outcome, TransactionalConsumer};
+/// struct Counter;
+/// impl TransactionalConsumer for Counter {
+///     fn deliver(&self, tx: &rusqlite::Transaction<'_>, d: &Delivery) -> Outcome {
+///         match tx.execute(
+///             "INSERT INTO counts (type, n) VALUES (?1, 1)
+///              ON CONFLICT (type) DO UPDATE SET n = n + 1",
+///             [d.envelope.event_type.as_str()],
+///         ) {
+///             Ok(_) => Outcome::Delivered,
+///             Err(e) => Outcome::retry(format!("cannot count: {e}")),
+///         }
+///     }
+/// }
+/// // Closures are transactional consumers too.
+/// let audit = |tx: &rusqlite::Transaction<'_>, d: &Delivery| {
+///     match tx.execute("INSERT INTO audit (event_id) VALUES (?1)", [d.envelope.event_id.to_string()]) {
+///         Ok(_) => Outcome::Delivered,
+///         Err(e) => Outcome::poison(e.to_string()),
+///     }
+/// };
+/// # fn takes(_: impl TransactionalConsumer) {}
+/// # takes(Counter); takes(audit);
+/// ```
+pub trait TransactionalConsumer: Send + Sync + 'static {
+    /// Handles one delivery inside `tx` and reports the outcome; the relay
+    /// commits `tx` on [`Outcome::Delivered`] and rolls it back otherwise.
+    fn deliver(&self, tx: &rusqlite::Transaction<'_>, delivery: &Delivery) -> Outcome;
+}
+
+impl<F> TransactionalConsumer for F
+where
+    F: Fn(&rusqlite::Transaction<'_>, &Delivery) -> Outcome + Send + Sync + 'static,
+{
+    fn deliver(&self, tx: &rusqlite::Transaction<'_>, delivery: &Delivery) -> Outcome {
+        self(tx, delivery)
+    }
+}

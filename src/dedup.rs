@@ -7,8 +7,9 @@
 //!   already received is not delivered to that consumer again.
 //!
 //! Every read and write of the table is here: the key, the claim's look-up,
-//! the relay's record of a success, the purge, the counts `status` shows and
-//! replay's forgetting.
+//! the relay's record of a success (made by the writer, or for a
+//! transactional consumer inside that consumer's own transaction), the
+//! purge, the counts `status` shows and replay's forgetting.
 //!
 //! ## The key
 //!
@@ -89,6 +90,19 @@ pub(crate) fn record(
     )?
     .execute(params![event_key, consumer, row_id, now.as_millis()])?;
     Ok(())
+}
+
+/// True when the ledger has an entry for the event and consumer (a
+/// transactional consumer checks it inside its own transaction).
+pub(crate) fn is_recorded(
+    conn: &Connection,
+    event_key: &str,
+    consumer: &str,
+) -> rusqlite::Result<bool> {
+    conn.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM delivered_events WHERE event_key = ?1 AND consumer = ?2)",
+    )?
+    .query_row(params![event_key, consumer], |r| r.get(0))
 }
 
 /// Removes one consumer's entry for an event, so the next delivery of the

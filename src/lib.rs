@@ -27,7 +27,7 @@
 //! - [`schema`]: embedded migrations and the schema version.
 //! - [`connection`]: opening connections with outboxd's settings (WAL, FULL sync).
 //! - [`enqueue`](mod@enqueue): the producer side, inside the host's transaction.
-//! - [`consumer`]: the trait a consumer implements, and its outcomes.
+//! - [`consumer`]: the traits a consumer implements (plain or transactional), and its outcomes.
 //! - [`router`]: event-type patterns, and which consumers each event goes to.
 //! - [`relay`]: claims, delivers on a worker pool, records outcomes (leases, retries, dead letters).
 //! - [`dedup`]: the `delivered_events` ledger, each consumer's progress and the dedup window.
@@ -65,7 +65,7 @@ pub mod status;
 pub mod text;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use consumer::{Consumer, Delivery, Outcome};
+pub use consumer::{Consumer, Delivery, Outcome, TransactionalConsumer};
 pub use enqueue::{enqueue, enqueue_many, Enqueued, Enqueuer, Event};
 pub use envelope::{Envelope, EnvelopeError, EventId, EventType};
 pub use error::{Error, Result};
@@ -75,3 +75,8 @@ pub use relay::{Relay, RelayBuilder, RelayHandle, RetryPolicy};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// docs/exactly-once.md's example, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/exactly-once.md")]
+pub struct ExactlyOnceDoctests;

@@ -904,6 +904,12 @@ fn every_config_mistake_names_its_field_and_claims_nothing() {
         // A loopback URL under deny_private_addresses would be refused on every
         // delivery; it is refused at start-up instead (tests/sinks_e2e.rs has more).
         ("deny private loopback", sink("kind = \"webhook\"\nurl = \"http://127.0.0.1:9/h\"\nsecret_env = \"E2E_SECRET\"\ndeny_private_addresses = true"), "consumer[0].sink.url"),
+        // A sql sink's statements are prepared against the database.
+        ("sql without statements", sink("kind = \"sql\""), "consumer[0].sink.statements"),
+        ("sql transaction control", sink("kind = \"sql\"\nstatements = [\"COMMIT\"]"), "consumer[0].sink.statements[0]"),
+        ("sql missing table", format!("{BASE_CONSUMER}{}", sink("kind = \"sql\"\nstatements = [\"SELECT :event_id\", \"INSERT INTO nope VALUES (:event_id)\"]")), "consumer[1].sink.statements[1]"),
+        ("sql unknown parameter", sink("kind = \"sql\"\nstatements = [\"SELECT :event_idd\"]"), "consumer[0].sink.statements[0]"),
+        ("sql two statements in one", sink("kind = \"sql\"\nstatements = [\"SELECT 1; SELECT 2\"]"), "consumer[0].sink.statements[0]"),
     ];
     for (case, toml, field) in &cases {
         assert_refused(&sb, case, toml, field, &[("E2E_SECRET", SECRET)]);

@@ -28,7 +28,6 @@ use std::time::{Duration, Instant};
 
 use common::bin::{Outboxd, Running, Sandbox};
 use common::wait_until;
-use libtest_mimic::{Arguments, Trial};
 use outboxd::Event;
 use rand::RngExt;
 use rusqlite::Connection;
@@ -51,9 +50,7 @@ fn main() -> ExitCode {
         producer(Path::new(&db));
         return ExitCode::SUCCESS;
     }
-    let mut args = Arguments::from_args();
-    args.test_threads = Some(1);
-    let tests: [(&str, fn()); 3] = [
+    common::run_one_at_a_time(&[
         (
             "kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight",
             kill_9_of_relay_and_producer_loses_nothing_and_duplicates_only_in_flight,
@@ -66,18 +63,7 @@ fn main() -> ExitCode {
             "six_relay_processes_deliver_every_event_once_without_busy_failures",
             six_relay_processes_deliver_every_event_once_without_busy_failures,
         ),
-    ];
-    // A test fails by panicking, as a #[test] does; libtest-mimic catches it.
-    let tests = tests
-        .into_iter()
-        .map(|(name, test)| {
-            Trial::test(name, move || {
-                test();
-                Ok(())
-            })
-        })
-        .collect();
-    libtest_mimic::run(&args, tests).exit_code()
+    ])
 }
 
 fn full() -> bool {

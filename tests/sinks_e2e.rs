@@ -8,7 +8,9 @@
 //! - `outboxd run` writes one JSON line per event whatever the payload's
 //!   whitespace;
 //! - check-config refuses a loopback URL under deny_private_addresses and a
-//!   program written with its arguments.
+//!   program written with its arguments;
+//! - a sql sink binds every named parameter from the delivery, and a
+//!   constraint failure dead-letters the event with nothing written.
 //!
 //! Synchronisation is by bounded polling of the database; never by fixed
 //! sleeps.
@@ -413,6 +415,91 @@ delivery_fields = true
     assert_eq!(line["event_id"], id.to_string());
     assert_eq!(line["tenant_id"], "acme");
     assert_eq!(line["legacy"], false);
+}
+
+#[test]
+fn a_sql_sink_binds_every_parameter_and_dead_letters_a_constraint_failure() {
+    let db = Sandbox::migrated();
+    db.conn()
+        .execute_batch(
+            "CREATE TABLE seen (event_id TEXT, event_type TEXT, event_version INTEGER,
+                 tenant_id TEXT, ordering_key TEXT, causation_id TEXT, correlation_id TEXT,
+                 occurred_at TEXT, occurred_at_ms INTEGER, title TEXT NOT NULL,
+                 envelope_id TEXT, consumer TEXT, attempt INTEGER, legacy INTEGER)",
+        )
+        .unwrap();
+    let config = db.write(
+        "sql.toml",
+        "[[consumer]]\nname = \"projection\"\ntypes = [\"article.*.v1\"]\n\
+         [consumer.sink]\nkind = \"sql\"\nstatements = [\"\"\"\
+         INSERT INTO seen VALUES (:event_id, :event_type, :event_version, :tenant_id,
+           :ordering_key, :causation_id, :correlation_id, :occurred_at, :occurred_at_ms,
+           json_extract(:payload, '$.title'), json_extract(:envelope, '$.event_id'),
+           :consumer, :attempt, :legacy)\"\"\"]\n",
+    );
+    let at: outboxd::Timestamp = "2026-11-30T07:18:00.250Z".parse().unwrap();
+    let ids = db.enqueue(&[
+        Event::new("article.created.v1", &serde_json::json!({"title": "Hello"}))
+            .unwrap()
+            .tenant("acme")
+            .ordering_key("article:7")
+            .causation_id("cmd-1")
+            .correlation_id("req-9")
+            .occurred_at(at),
+        Event::new(
+            "article.created.v1",
+            &serde_json::json!({"body": "no title"}),
+        )
+        .unwrap(),
+    ]);
+    run_until(
+        outboxd(&db, &["run", "--config", config.to_str().unwrap()]),
+        "both events finished",
+        || db.count("status <> 'pending'") == 2,
+    );
+    let row: Vec<String> = db
+        .conn()
+        .query_row("SELECT * FROM seen", [], |r| {
+            (0..14)
+                .map(|i| {
+                    r.get::<_, rusqlite::types::Value>(i)
+                        .map(|v| format!("{v:?}"))
+                })
+                .collect()
+        })
+        .unwrap();
+    let id = ids[0].to_string();
+    let text = |s: &str| format!("Text({s:?})");
+    assert_eq!(
+        row,
+        [
+            text(&id),
+            text("article.created.v1"),
+            "Integer(1)".into(),
+            text("acme"),
+            text("article:7"),
+            text("cmd-1"),
+            text("req-9"),
+            text("2026-11-30T07:18:00.250Z"),
+            format!("Integer({})", at.as_millis()),
+            text("Hello"),
+            text(&id),
+            text("projection"),
+            "Integer(1)".into(),
+            "Integer(0)".into(),
+        ]
+    );
+    assert_eq!(status_of(&db, ids[0]), "delivered");
+    assert_eq!(status_of(&db, ids[1]), "dead");
+    let reason: String = db.scalar(&format!(
+        "SELECT last_error FROM event_outbox WHERE event_id = '{}'",
+        ids[1]
+    ));
+    assert!(
+        reason.contains("statement 0: NOT NULL constraint failed: seen.title"),
+        "{reason}"
+    );
+    assert_eq!(db.scalar::<i64>("SELECT count(*) FROM seen"), 1);
 }
 
 // ---------------------------------------------------------------------------

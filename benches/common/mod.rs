@@ -188,3 +188,75 @@ pub fn remove_db(path: &Path) {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
 }
+
+/// The host's table the benches write to: `CREATE TABLE host_rows (…)`.
+pub const HOST_ROWS: &str =
+    "CREATE TABLE host_rows (id INTEGER PRIMARY KEY, body TEXT NOT NULL, at INTEGER NOT NULL)";
+
+/// Commit latencies (sorted) of `n` host writes paced at one per
+/// millisecond (a late write starts at once), on a connection of the
+/// host's own with outboxd's settings (WAL, synchronous=FULL). A write is
+/// `BEGIN; INSERT one row into host_rows; COMMIT` (a deferred transaction,
+/// rusqlite's default), timed from BEGIN to the return of COMMIT, so it
+/// includes waiting for the write lock and any WAL auto-checkpoint the
+/// commit runs. OUTBOXD_BENCH_HOST_AUTOCHECKPOINT=N sets the connection's
+/// `wal_autocheckpoint`.
+pub fn host_writes(path: &Path, n: usize) -> Vec<Duration> {
+    let mut conn = outboxd::connection::open(path).unwrap();
+    if let Ok(n) = std::env::var("OUTBOXD_BENCH_HOST_AUTOCHECKPOINT") {
+        let n: u32 = n.parse().expect("OUTBOXD_BENCH_HOST_AUTOCHECKPOINT: pages");
+        conn.execute_batch(&format!("PRAGMA wal_autocheckpoint = {n}"))
+            .unwrap();
+    }
+    let mut lat = Vec::with_capacity(n);
+    let start = std::time::Instant::now();
+    for i in 0..n {
+        sleep_until(start + Duration::from_millis(i as u64));
+        let t0 = std::time::Instant::now();
+        let tx = conn.transaction().unwrap();
+        tx.prepare_cached("INSERT INTO host_rows (body, at) VALUES (?1, ?2)")
+            .unwrap()
+            .execute(rusqlite::params![
+                "an order line of the host application",
+                i as i64
+            ])
+            .unwrap();
+        tx.commit().unwrap();
+        lat.push(t0.elapsed());
+    }
+    lat.sort();
+    lat
+}
+
+/// Commits `n` due events of `event_type` (payload `{"i": n}`), 10,000 per
+/// transaction.
+pub fn enqueue_backlog(conn: &mut rusqlite::Connection, n: usize, event_type: &str) {
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(10_000);
+        let events: Vec<outboxd::Event> = (i..i + k)
+            .map(|j| outboxd::Event::new(event_type, &serde_json::json!({ "i": j })).unwrap())
+            .collect();
+        let tx = conn.transaction().unwrap();
+        outboxd::enqueue_many(&tx, &events).unwrap();
+        tx.commit().unwrap();
+        i += k;
+    }
+}
+
+/// The raw loops' claim (benches/drain.rs, benches/transactional.rs): up to
+/// 256 due rows, stamped with the token `b` and a 30 s lease, in one
+/// `UPDATE … RETURNING`; their (id, event_id).
+pub fn raw_claim(conn: &rusqlite::Connection, now: i64) -> Vec<(i64, String)> {
+    conn.prepare_cached(
+        "UPDATE event_outbox SET claim_token = 'b', lease_until = ?1 + 30000, available_at = ?1 + 30000
+          WHERE id IN (SELECT id FROM event_outbox WHERE status = 'pending' AND available_at <= ?1
+                        ORDER BY available_at, id LIMIT 256)
+          RETURNING id, event_id",
+    )
+    .unwrap()
+    .query_map([now], |r| Ok((r.get(0)?, r.get(1)?)))
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}

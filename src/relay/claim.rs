@@ -271,6 +271,17 @@ pub(crate) fn next_due_after(
     .map(|v| v.map(Timestamp::from_millis))
 }
 
+/// True while the row is pending and still carries `token`: the claim
+/// holds. A transactional consumer checks it inside its own transaction
+/// ([`super::transactional`]), which then commits only under the claim.
+pub(crate) fn holds(conn: &Connection, row_id: i64, token: &str) -> rusqlite::Result<bool> {
+    conn.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM event_outbox
+                         WHERE id = ?1 AND claim_token = ?2 AND status = 'pending')",
+    )?
+    .query_row(params![row_id, token], |r| r.get(0))
+}
+
 fn fenced(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<bool> {
     Ok(conn.prepare_cached(sql)?.execute(params)? == 1)
 }

@@ -44,7 +44,9 @@
 //!   outcomes back on the unbounded `outcomes` channel, so a worker never
 //!   blocks either. A worker that has more jobs waiting holds its outcomes
 //!   briefly and sends them as a group, so the writer wakes once per group.
-//!   Workers never touch SQLite.
+//!   Workers never write to SQLite, with one exception: a transactional
+//!   consumer runs inside a transaction on its worker's own connection,
+//!   holding SQLite's write lock while it runs (`transactional`).
 //! - The writer records the outcomes gathered so far, extends leases that
 //!   are half spent, and claims the next batch, all in one `BEGIN
 //!   IMMEDIATE` transaction (group commit).
@@ -73,6 +75,8 @@
 //! - `housekeeping`: purge ticks, WAL checkpoint, the stale check.
 //! - `claim`: the claim statement and the token-fenced writes.
 //! - `worker`: running consumers.
+//! - `transactional`: a transactional consumer's transaction (claim check,
+//!   ledger entry, commit or rollback), on its worker's connection.
 //! - `metrics`: the counters behind [`RelayHandle::metrics`].
 
 pub(crate) mod claim;
@@ -80,6 +84,7 @@ mod housekeeping;
 mod metrics;
 mod plan;
 mod retry;
+mod transactional;
 mod worker;
 mod writer;
 
@@ -99,7 +104,7 @@ pub use retry::{
 };
 
 use crate::clock::{Clock, SystemClock};
-use crate::consumer::Consumer;
+use crate::consumer::{Consumer, TransactionalConsumer};
 use crate::error::{Error, Result, Setting, SettingError};
 use crate::purge::PurgePolicy;
 use crate::router::{Pattern, Routes};
@@ -142,8 +147,16 @@ pub const DEFAULT_DROP_GRACE: Duration = Duration::from_secs(10);
 /// A registered consumer, as the workers run it.
 pub(crate) struct ConsumerEntry {
     pub name: String,
-    pub consumer: Box<dyn Consumer>,
+    pub consumer: ConsumerKind,
     pub retry: RetryPolicy,
+}
+
+/// How a consumer is run.
+pub(crate) enum ConsumerKind {
+    /// On its own: [`Consumer::deliver`].
+    Plain(Box<dyn Consumer>),
+    /// Inside a transaction on the worker's connection ([`transactional`]).
+    Transactional(Box<dyn TransactionalConsumer>),
 }
 
 /// The relay's validated settings.
@@ -166,7 +179,7 @@ pub(crate) struct Settings {
 #[must_use = "a builder does nothing until build() is called"]
 pub struct RelayBuilder {
     path: PathBuf,
-    consumers: Vec<(String, Vec<String>, Box<dyn Consumer>)>,
+    consumers: Vec<(String, Vec<String>, ConsumerKind)>,
     retry: RetryPolicy,
     retry_overrides: Vec<(String, RetryPolicy)>,
     workers: Option<usize>,
@@ -184,14 +197,85 @@ pub struct RelayBuilder {
 impl RelayBuilder {
     /// Registers a consumer under a unique name for the event types it
     /// takes: exact types or patterns (see [`Pattern`]).
-    pub fn consumer<I, S>(mut self, name: &str, types: I, consumer: impl Consumer) -> Self
+    pub fn consumer<I, S>(self, name: &str, types: I, consumer: impl Consumer) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.add(name, types, ConsumerKind::Plain(Box::new(consumer)))
+    }
+
+    /// Registers a transactional consumer: its function runs inside a
+    /// `BEGIN IMMEDIATE` transaction on the relay's database, which outboxd
+    /// commits together with the consumer's progress row only while this
+    /// relay still holds the event's claim, and rolls back on a retry, a
+    /// poison or a panic. Its effect therefore happens exactly once, even
+    /// across crashes. See [`TransactionalConsumer`] for what the function
+    /// may do, and docs/exactly-once.md.
+    ///
+    /// ```
+    /// # fn main() -> outboxd::Result<()> {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let path = dir.path().join("app.db");
+    /// use outboxd::{enqueue, Delivery, Event, Outcome, Relay};
+    /// use std::time::Duration;
+    ///
+    /// let mut conn = outboxd::connection::open(&path)?;
+    /// outboxd::schema::migrate(&mut conn)?;
+    /// conn.execute_batch("CREATE TABLE views (article INTEGER PRIMARY KEY, n INTEGER NOT NULL)").unwrap();
+    ///
+    /// let relay = Relay::builder(&path)
+    ///     .transactional_consumer("views", ["article.viewed.v1"],
+    ///         |tx: &rusqlite::Transaction<'_>, d: &Delivery| {
+    ///             let article: i64 = match d.envelope.payload_as() {
+    ///                 Ok(id) => id,
+    ///                 Err(e) => return Outcome::poison(format!("not an article id: {e}")),
+    ///             };
+    ///             match tx.execute(
+    ///                 "INSERT INTO views VALUES (?1, 1) ON CONFLICT (article) DO UPDATE SET n = n + 1",
+    ///                 [article],
+    ///             ) {
+    ///                 Ok(_) => Outcome::Delivered,
+    ///                 Err(e) => Outcome::retry(e.to_string()),
+    ///             }
+    ///         })
+    ///     .build()?
+    ///     .start()?;
+    ///
+    /// let tx = conn.transaction().unwrap();
+    /// enqueue(&tx, &Event::new("article.viewed.v1", &7)?)?;
+    /// tx.commit().unwrap();
+    /// relay.notify();
+    ///
+    /// let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    /// let views = || conn.query_row("SELECT count(*) FROM views WHERE n = 1", [], |r| r.get::<_, i64>(0)).unwrap();
+    /// while views() == 0 && std::time::Instant::now() < deadline {
+    ///     std::thread::sleep(Duration::from_millis(5));
+    /// }
+    /// assert_eq!(views(), 1);
+    /// relay.shutdown(Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn transactional_consumer<I, S>(
+        self,
+        name: &str,
+        types: I,
+        consumer: impl TransactionalConsumer,
+    ) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.add(name, types, ConsumerKind::Transactional(Box::new(consumer)))
+    }
+
+    fn add<I, S>(mut self, name: &str, types: I, consumer: ConsumerKind) -> Self
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
         let types = types.into_iter().map(|s| s.as_ref().to_string()).collect();
-        self.consumers
-            .push((name.to_string(), types, Box::new(consumer)));
+        self.consumers.push((name.to_string(), types, consumer));
         self
     }
 
@@ -507,12 +591,13 @@ impl Relay {
         ));
         let (control_tx, control_rx) = crossbeam_channel::bounded(64);
         let (workers, flush_interval) = (settings.workers, settings.flush_interval);
+        let path = Arc::new(settings.path.clone());
         let consumers = Arc::new(consumers);
         let writer = writer::Writer::open(
             settings,
             consumers.clone(),
             routes,
-            clock,
+            clock.clone(),
             metrics.clone(),
             control_rx,
         )?;
@@ -524,8 +609,9 @@ impl Relay {
         for n in 0..workers {
             let (consumers, jobs, outcomes) =
                 (consumers.clone(), jobs_rx.clone(), outcomes_tx.clone());
+            let session = transactional::Session::new(path.clone(), clock.clone());
             let spawned = spawn(format!("outboxd-worker-{n}"), move || {
-                worker::run(consumers, jobs, outcomes, flush_interval)
+                worker::run(consumers, jobs, outcomes, flush_interval, session)
             });
             match spawned {
                 Ok(handle) => pool.push(handle),

@@ -1,4 +1,6 @@
-//! Worker threads: run consumers, never touch SQLite.
+//! Worker threads: run consumers. They never write to SQLite, with one
+//! exception: a transactional consumer's transaction, on the worker's own
+//! connection ([`super::transactional`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -6,14 +8,18 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use super::transactional::Session;
 use crate::consumer::{Delivery, Outcome};
 use crate::envelope::Envelope;
-use crate::relay::ConsumerEntry;
+use crate::relay::{ConsumerEntry, ConsumerKind};
 
 /// One claimed row to deliver: the consumers that have not succeeded yet.
 pub(crate) struct Job {
     pub row_id: i64,
     pub token: Arc<str>,
+    /// The dedup ledger key, as the claim returned it (a transactional
+    /// consumer writes its entry itself).
+    pub event_key: String,
     pub envelope: Envelope,
     pub legacy: bool,
     pub tenant_id: Option<String>,
@@ -43,6 +49,7 @@ pub(crate) fn run(
     jobs: Receiver<Job>,
     outcomes: Sender<Vec<JobOutcome>>,
     flush_interval: Duration,
+    mut session: Session,
 ) {
     let mut group: Vec<JobOutcome> = Vec::new();
     let mut oldest = Instant::now();
@@ -67,7 +74,7 @@ pub(crate) fn run(
         let results = job
             .consumers
             .iter()
-            .map(|&i| (i, deliver(&consumers[i], &job)))
+            .map(|&i| (i, deliver(&consumers[i], &job, &mut session)))
             .collect();
         if group.is_empty() {
             oldest = Instant::now();
@@ -90,7 +97,7 @@ pub(crate) fn run(
 /// The most outcomes a worker holds back before sending them.
 const MAX_GROUP: usize = 64;
 
-fn deliver(entry: &ConsumerEntry, job: &Job) -> Outcome {
+fn deliver(entry: &ConsumerEntry, job: &Job, session: &mut Session) -> Outcome {
     let env = &job.envelope;
     let span = tracing::info_span!(
         "deliver",
@@ -110,11 +117,14 @@ fn deliver(entry: &ConsumerEntry, job: &Job) -> Outcome {
         tenant_id: job.tenant_id.clone(),
         ordering_key: job.ordering_key.clone(),
     };
-    // A panicking consumer is a failed delivery, not a dead relay.
-    let outcome = catch_unwind(AssertUnwindSafe(|| entry.consumer.deliver(&delivery)))
-        .unwrap_or_else(|panic| {
-            Outcome::retry(format!("consumer panicked: {}", panic_message(&*panic)))
-        });
+    let outcome = match &entry.consumer {
+        // A panicking consumer is a failed delivery, not a dead relay.
+        ConsumerKind::Plain(c) => catch_unwind(AssertUnwindSafe(|| c.deliver(&delivery)))
+            .unwrap_or_else(|panic| {
+                Outcome::retry(format!("consumer panicked: {}", panic_message(&*panic)))
+            }),
+        ConsumerKind::Transactional(c) => session.deliver(&**c, &entry.name, job, &delivery),
+    };
     match &outcome {
         Outcome::Delivered => tracing::debug!("delivered"),
         // Whether it is tried again is the writer's verdict (the retries may

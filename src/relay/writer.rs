@@ -620,13 +620,14 @@ fn dispatch_claimed(
             let flight = InFlight {
                 token: token.clone(),
                 lease_until,
-                event_key: row.event_key,
+                event_key: row.event_key.clone(),
                 event_id,
                 attempts: row.attempts,
             };
             let job = Job {
                 row_id,
                 token: token.clone(),
+                event_key: row.event_key,
                 envelope,
                 legacy: row.legacy,
                 tenant_id: row.tenant_id,
@@ -731,6 +732,8 @@ fn record(
     for (i, outcome) in &o.results {
         let result = match outcome {
             Outcome::Delivered => {
+                // A transactional consumer committed this entry with its
+                // own writes already: the insert is then a no-op.
                 let name = &consumers[*i].name;
                 crate::dedup::record(tx, &flight.event_key, name, row_id, now)?;
                 ConsumerResult::Delivered

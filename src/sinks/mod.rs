@@ -1,9 +1,12 @@
-//! Ready-made consumers: a JSON-lines writer, a child program and a webhook.
+//! Ready-made consumers: a JSON-lines writer, a child program, a webhook,
+//! a NATS JetStream publisher (feature `nats`), and SQL statements run
+//! exactly once in the relay's database.
 //!
-//! Each sink implements [`Consumer`](crate::consumer::Consumer), so a host
-//! can register one exactly like its own consumers, and the `outboxd` binary
-//! builds them from its config file. They live behind the `sinks` cargo
-//! feature.
+//! Each sink implements [`Consumer`](crate::consumer::Consumer) (the SQL
+//! sink, [`TransactionalConsumer`](crate::consumer::TransactionalConsumer)),
+//! so a host can register one exactly like its own consumers, and the
+//! `outboxd` binary builds them from its config file. They live behind the
+//! `sinks` cargo feature.
 //!
 //! | sink | delivered when | retried when | poison when |
 //! |---|---|---|---|
@@ -11,6 +14,7 @@
 //! | [`CommandSink`] | the program exits 0 | any other exit, a signal, the timeout | the program exits with the poison code (65) |
 //! | [`WebhookSink`] | the receiver answers 2xx | 408, 425, 429, 5xx, network errors, timeouts | 410, other 4xx, redirects, refused addresses |
 //! | [`NatsSink`](nats::NatsSink) (feature `nats`) | JetStream acknowledges the message (a duplicate too) | no ack within the timeout, not connected, no responders | invalid subject, no stream takes it, over the max payload |
+//! | [`SqlSink`] | every statement ran (committed with its progress, exactly once) | any other SQL error | a constraint fails, a value's type or size is refused |
 //!
 //! Every construction error is found before the first delivery: a missing
 //! program, a bad URL, a malformed secret.
@@ -31,10 +35,12 @@ pub mod command;
 pub mod jsonl;
 #[cfg(feature = "nats")]
 pub mod nats;
+pub mod sql;
 pub mod webhook;
 
 pub use command::{CommandError, CommandSink};
 pub use jsonl::{JsonlError, JsonlSink};
+pub use sql::{SqlSink, SqlSinkError};
 pub use webhook::{WebhookError, WebhookSecret, WebhookSink, WebhookSinkBuilder};
 
 /// Text a program or a receiver wrote, made fit for a log line and a dead

@@ -204,3 +204,23 @@ pub fn stored_events(conn: &Connection) -> Vec<StoredEvent> {
 
 /// Starting relays in tests: `db.relay()…started()`, `stop`, `Gate`.
 pub mod relay;
+
+/// The `main` of a `harness = false` suite whose tests start processes
+/// (process_faults.rs, exactly_once.rs): runs `tests` one at a time (the
+/// machine may have two cores), with libtest's command line (a name
+/// filter, `--nocapture`). A test fails by panicking, as a #[test] does;
+/// libtest-mimic catches it.
+pub fn run_one_at_a_time(tests: &[(&'static str, fn())]) -> std::process::ExitCode {
+    let mut args = libtest_mimic::Arguments::from_args();
+    args.test_threads = Some(1);
+    let trials = tests
+        .iter()
+        .map(|&(name, test)| {
+            libtest_mimic::Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}

@@ -14,14 +14,17 @@ use crate::exit::{Exit, Failure};
 pub const EXAMPLES: &str = "\
 Parses the file, checks every field, and builds every sink: a command's
 program must exist and be executable, a webhook's URL must be http(s) and its
-secret variables or files must be present. A nats sink's servers are asked
-about its stream (bounded by connect_timeout): a missing stream or refused
-credentials are errors; an unreachable server, and a duplicate window that a
-retry of the consumer can outlast, are warnings. Prints a summary and exits 0, or
-prints the first problem (file, field path, what is allowed) and exits 6.
-Nothing is claimed and the database is not opened (a JSONL sink's file is
-created if missing). The console and metrics addresses are checked but not
-bound, so this works while outboxd runs.
+secret variables or files must be present; a sql sink's statements must
+prepare against the database (its tables exist, its parameters are known).
+A nats sink's servers are asked about its stream (bounded by
+connect_timeout): a missing stream or refused credentials are errors; an
+unreachable server, and a duplicate window that a retry of the consumer can
+outlast, are warnings. Prints a summary and exits 0, or prints the first
+problem (file, field path such as consumer[2].sink.statements[1], what is
+allowed) and exits 6. Nothing is claimed or written: the database is opened
+read-only, and only for sql sinks (a JSONL sink's file is created if
+missing). The console and metrics addresses are checked but not bound, so
+this works while outboxd runs.
 
 Example:
   outboxd check-config --config /etc/outboxd/outboxd.toml";
@@ -44,6 +47,8 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Failure::config(e.to_string()))?;
     let db = global.db_with_config(c.database.as_deref());
+    c.check_database(&db)
+        .map_err(|e| Failure::config(e.to_string()))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "config {}: ok", args.config.display())?;
     writeln!(out, "database:  {}", db.display())?;

@@ -97,6 +97,11 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     if !report.was_current() {
         tracing::info!(from = report.from, to = report.to, "migrated the database");
     }
+    // After the migration (a sql sink may write outboxd's tables too),
+    // before anything is claimed.
+    config
+        .check_database(&db)
+        .map_err(|e| Failure::config(e.to_string()))?;
     let alerts = config.alerts;
     let captures = config.captures.clone();
     let config_file = config

@@ -164,11 +164,19 @@ impl Config {
         };
         let mut b = settings.apply(Relay::builder(db));
         for c in self.consumers {
-            b = b
-                .consumer(&c.name, &c.types, c.sink)
+            b = c
+                .sink
+                .register(b, &c.name, &c.types)
                 .retry_policy_for(&c.name, c.retry);
         }
         b
+    }
+
+    /// Checks what only the database can tell: that every `sql` sink's
+    /// statements prepare against `db` ([`sink::sql::check`]). Opens the
+    /// database read-only, and only when there is a sql sink.
+    pub fn check_database(&self, db: &Path) -> Result<(), ConfigError> {
+        sink::sql::check(self, db)
     }
 }
 

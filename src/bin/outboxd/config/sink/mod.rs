@@ -1,5 +1,5 @@
 //! `[consumer.sink]`: the sink a consumer delivers through, one file per
-//! kind ([`jsonl`], [`command`], [`webhook`], [`nats`]).
+//! kind ([`jsonl`], [`command`], [`webhook`], [`nats`], [`sql`]).
 //!
 //! Every kind's keys live in one table, [`RawSink`], so serde reports the
 //! field path and line of a wrong value whatever the kind; each kind lists
@@ -15,7 +15,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use outboxd::consumer::{Consumer, Delivery, Outcome};
+use outboxd::consumer::Consumer;
+use outboxd::relay::RelayBuilder;
+use outboxd::sinks::SqlSink;
 use outboxd::RetryPolicy;
 use serde::Deserialize;
 
@@ -24,6 +26,7 @@ use super::{Checker, ConfigError, Dur, Whole};
 pub mod command;
 pub mod jsonl;
 pub mod nats;
+pub mod sql;
 pub mod webhook;
 
 /// A kind's connection step, run by `outboxd run` before the relay starts,
@@ -51,7 +54,7 @@ pub struct SinkFinding {
 /// A constructed sink: the library consumer, and what the rest of the
 /// binary needs to know about it.
 pub struct Sink {
-    consumer: Box<dyn Consumer>,
+    consumer: Run,
     description: String,
     time_limit: Option<Duration>,
     time_limit_key: &'static str,
@@ -59,17 +62,51 @@ pub struct Sink {
     probe: Option<ProbeHook>,
 }
 
+/// How the relay runs a sink.
+enum Run {
+    /// A plain consumer, on its own.
+    Plain(Box<dyn Consumer>),
+    /// A transactional consumer ([`sql`]), whose statements are checked
+    /// against the database before the relay starts.
+    Sql(SqlSink),
+}
+
 impl Sink {
     /// A sink delivering through `consumer`, described (without secrets) by
     /// `description`.
     pub fn new(consumer: impl Consumer, description: impl Into<String>) -> Sink {
+        Sink::of(Run::Plain(Box::new(consumer)), description.into())
+    }
+
+    /// A `sql` sink: its statements run as a transactional consumer.
+    pub fn sql(sink: SqlSink, description: impl Into<String>) -> Sink {
+        Sink::of(Run::Sql(sink), description.into())
+    }
+
+    fn of(consumer: Run, description: String) -> Sink {
         Sink {
-            consumer: Box::new(consumer),
-            description: description.into(),
+            consumer,
+            description,
             time_limit: None,
             time_limit_key: "timeout",
             start: None,
             probe: None,
+        }
+    }
+
+    /// Registers the sink on `b` as the consumer `name` of `types`.
+    pub fn register(self, b: RelayBuilder, name: &str, types: &[String]) -> RelayBuilder {
+        match self.consumer {
+            Run::Plain(c) => b.consumer(name, types, BoxedConsumer(c)),
+            Run::Sql(s) => b.transactional_consumer(name, types, s),
+        }
+    }
+
+    /// The statements of a `sql` sink, to check against the database.
+    pub fn sql_statements(&self) -> Option<&SqlSink> {
+        match &self.consumer {
+            Run::Sql(s) => Some(s),
+            Run::Plain(_) => None,
         }
     }
 
@@ -149,9 +186,12 @@ impl std::fmt::Debug for Sink {
     }
 }
 
-impl Consumer for Sink {
-    fn deliver(&self, delivery: &Delivery) -> Outcome {
-        self.consumer.deliver(delivery)
+/// A boxed consumer, registered as one.
+struct BoxedConsumer(Box<dyn Consumer>);
+
+impl Consumer for BoxedConsumer {
+    fn deliver(&self, delivery: &outboxd::Delivery) -> outboxd::Outcome {
+        self.0.deliver(delivery)
     }
 }
 
@@ -167,6 +207,8 @@ pub enum SinkKind {
     Webhook,
     /// A message per event on a NATS JetStream stream.
     Nats,
+    /// SQL statements run exactly once in the relay's database.
+    Sql,
 }
 
 /// Declares [`RawSink`] with every kind's keys (all optional) and
@@ -259,6 +301,9 @@ raw_sink! {
     ack_timeout: Dur,
     /// Create the stream when it is missing.
     create_stream: nats::RawCreateStream,
+    // sql
+    /// The SQL statements run for each event.
+    statements: Vec<String>,
 }
 
 /// A kind's own retry schedule, used instead of `[retry]` (a consumer's
@@ -267,7 +312,7 @@ raw_sink! {
 pub fn default_retry(kind: SinkKind) -> Option<RetryPolicy> {
     match kind {
         SinkKind::Webhook => Some(RetryPolicy::webhook()),
-        SinkKind::Jsonl | SinkKind::Command | SinkKind::Nats => None,
+        SinkKind::Jsonl | SinkKind::Command | SinkKind::Nats | SinkKind::Sql => None,
     }
 }
 
@@ -300,6 +345,7 @@ pub fn build(
         SinkKind::Command => (command::KEYS, "command"),
         SinkKind::Webhook => (webhook::KEYS, "webhook"),
         SinkKind::Nats => (nats::KEYS, "nats"),
+        SinkKind::Sql => (sql::KEYS, "sql"),
     };
     if let Some(extra) = s.keys().into_iter().find(|k| !allowed.contains(k)) {
         return Err(c.err(
@@ -315,6 +361,7 @@ pub fn build(
         SinkKind::Command => command::build(c, at, s, secret_vars),
         SinkKind::Webhook => webhook::build(c, at, s),
         SinkKind::Nats => nats::build(c, at, s),
+        SinkKind::Sql => sql::build(c, at, s),
     }
 }
 
