@@ -56,7 +56,8 @@ pub fn open(path: impl AsRef<Path>) -> Result<Connection> {
     }
     // A database from a newer outboxd is refused before anything, even the
     // switch to WAL, writes to it.
-    if let Some(found) = crate::schema::version(&conn).map_err(|e| explain(path, e))? {
+    let version = crate::schema::version(&conn).map_err(|e| explain(path, &conn, e))?;
+    if let Some(found) = version {
         if found > crate::schema::LATEST_VERSION {
             return Err(Error::SchemaTooNew {
                 found,
@@ -64,7 +65,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<Connection> {
             });
         }
     }
-    configure(&conn).map_err(|e| explain(path, e))?;
+    configure(&conn).map_err(|e| explain(path, &conn, e))?;
     Ok(conn)
 }
 
@@ -115,6 +116,13 @@ pub fn open_read_only_with_mode(path: impl AsRef<Path>) -> Result<(Connection, R
     match open_reader(path, ReadMode::Shared) {
         Ok(conn) => Ok((conn, ReadMode::Shared)),
         Err(e) if cannot_create_wal_index(path, &e) => {
+            // Whether this user may read the file is asked of SQLite, never
+            // of a descriptor opened beside it: closing that descriptor
+            // would release every lock this process holds on the file
+            // (another connection's too), and a foreign connection could
+            // then checkpoint and delete a WAL still in use
+            // (sqlite.org/howtocorrupt.html, section 2.2).
+            let conn = open_reader(path, ReadMode::Immutable).map_err(|e| open_error(path, e))?;
             if sidecar(path, "-wal").exists() {
                 return Err(Error::Open {
                     path: path.to_path_buf(),
@@ -129,7 +137,6 @@ pub fn open_read_only_with_mode(path: impl AsRef<Path>) -> Result<(Connection, R
                     ),
                 });
             }
-            let conn = open_reader(path, ReadMode::Immutable).map_err(|e| open_error(path, e))?;
             Ok((conn, ReadMode::Immutable))
         }
         Err(e) => Err(open_error(path, e)),
@@ -149,18 +156,38 @@ fn open_reader(path: &Path, mode: ReadMode) -> rusqlite::Result<Connection> {
         Error::Database { source, .. } => source,
         _ => rusqlite::Error::InvalidQuery,
     })?;
-    conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))?;
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))
+        .map_err(|e| if storage_full(&conn) { disk_full() } else { e })?;
     Ok(conn)
 }
 
-/// True when `e` is SQLite failing to create the missing `-shm` WAL index
-/// of a database this user may read (so: the directory is not writable).
+/// True when the OS error behind the connection's last failure is "no
+/// space left on device": SQLite reports it as a plain I/O error (such as
+/// growing the WAL index), which does not say so.
+fn storage_full(conn: &Connection) -> bool {
+    // SAFETY: the handle is valid while `conn` lives, and is used on this
+    // thread only.
+    let errno = unsafe { rusqlite::ffi::sqlite3_system_errno(conn.handle()) };
+    errno != 0 && std::io::Error::from_raw_os_error(errno).kind() == std::io::ErrorKind::StorageFull
+}
+
+/// SQLite's "database or disk is full", for an I/O error whose cause was
+/// a full file system ([`storage_full`]).
+fn disk_full() -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+        Some("no space left on device".into()),
+    )
+}
+
+/// True when `e` may be SQLite failing to create the missing `-shm` WAL
+/// index (the directory is not writable); the caller then learns whether
+/// the file itself can be read by opening it as immutable.
 fn cannot_create_wal_index(path: &Path, e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen)
     ) && !sidecar(path, "-shm").exists()
-        && std::fs::File::open(path).is_ok()
 }
 
 /// `app.db` + `-wal`: a file SQLite keeps beside the database.
@@ -290,6 +317,7 @@ fn open_error(path: &Path, e: rusqlite::Error) -> Error {
         Some(C::CannotOpen) => format!("cannot open the file ({e}); check that its directory exists and is writable"),
         Some(C::ReadOnly) => "the file or its directory is read-only; outboxd needs to write the database, its -wal and its -shm files".to_string(),
         Some(C::PermissionDenied) => "permission denied".to_string(),
+        Some(C::DiskFull) => "no space left on device; free some space on its file system".to_string(),
         _ => e.to_string(),
     };
     Error::Open {
@@ -298,9 +326,11 @@ fn open_error(path: &Path, e: rusqlite::Error) -> Error {
     }
 }
 
-/// Turns errors that really mean "this path is unusable" into [`Error::Open`].
-fn explain(path: &Path, e: Error) -> Error {
+/// Turns errors that really mean "this path is unusable" (a full file
+/// system among them, asked of `conn`) into [`Error::Open`].
+fn explain(path: &Path, conn: &Connection, e: Error) -> Error {
     match e {
+        Error::Database { .. } if storage_full(conn) => open_error(path, disk_full()),
         Error::Database { source, .. }
             if matches!(
                 source.sqlite_error_code(),

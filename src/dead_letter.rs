@@ -33,11 +33,13 @@ const BATCH: usize = 1000;
 pub struct DeadLetter {
     /// The row id (what `show`, `requeue` and `discard` take).
     pub row_id: i64,
-    /// The event id (None for a legacy row).
+    /// The event id as stored (None for a legacy row). Not checked: a
+    /// producer may have written a malformed one, and one stored as a blob
+    /// is shown as its bytes in hex, `x'0a1b…'` (never mistaken for a ULID).
     pub event_id: Option<String>,
     /// The event type as stored.
     pub event_type: String,
-    /// The tenant, if any.
+    /// The tenant, if any (a number or a blob a producer wrote, as text).
     pub tenant_id: Option<String>,
     /// Failed attempts spent.
     pub attempts: i64,
@@ -100,6 +102,17 @@ pub fn show(conn: &Connection, id: &str) -> Result<DeadLetter> {
 /// [`discard`] would change (the console's confirmation shows it).
 pub fn count(conn: &Connection, which: &Selector) -> Result<u64> {
     crate::schema::ensure_current(conn)?;
+    if let Selector::All = which {
+        // Counted, not listed (there may be millions).
+        return conn
+            .query_row(
+                "SELECT count(*) FROM event_outbox WHERE status <> 'pending' AND status = 'dead'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(Error::db("count dead letters"));
+    }
     Ok(select(conn, which)?.len() as u64)
 }
 
@@ -226,14 +239,39 @@ fn resolve(conn: &Connection, id: &str) -> Result<i64> {
         })
 }
 
+/// A blob as SQL writes one, `x'0a1b'`, its first 64 bytes at most.
+fn blob_literal(b: &[u8]) -> String {
+    const SHOWN: usize = 64;
+    let hex: String = b.iter().take(SHOWN).map(|x| format!("{x:02x}")).collect();
+    let more = if b.len() > SHOWN {
+        crate::text::ELLIPSIS
+    } else {
+        ""
+    };
+    format!("x'{hex}{more}'")
+}
+
 fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeadLetter> {
+    use rusqlite::types::ValueRef;
+    // A producer may have stored any type in a text column.
+    let as_text = |v: ValueRef<'_>| match v {
+        ValueRef::Null => None,
+        ValueRef::Text(t) => Some(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Integer(n) => Some(n.to_string()),
+        ValueRef::Real(x) => Some(x.to_string()),
+        ValueRef::Blob(b) => Some(String::from_utf8_lossy(b).into_owned()),
+    };
+    let event_id = match r.get_ref(1)? {
+        ValueRef::Blob(b) => Some(blob_literal(b)),
+        v => as_text(v),
+    };
     Ok(DeadLetter {
         row_id: r.get(0)?,
-        event_id: r.get(1).ok(),
+        event_id,
         event_type: r
             .get::<_, String>(2)
             .unwrap_or_else(|_| "(not text)".into()),
-        tenant_id: r.get(3).ok().flatten(),
+        tenant_id: as_text(r.get_ref(3)?),
         attempts: r.get(4)?,
         reason: r.get(5)?,
         dead_at: r.get::<_, Option<i64>>(6)?.map(Timestamp::from_millis),

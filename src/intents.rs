@@ -557,8 +557,9 @@ impl Intents {
             return Err(Error::from(SettingError::new(
                 Setting::IntentLease,
                 format!(
-                    "{lease:?} is shorter than the minimum of {MIN_INTENT_LEASE:?}; give a lease longer \
-                     than the slowest post"
+                    "{} is shorter than the minimum of {}; give a lease longer than the slowest post",
+                    crate::text::duration(lease),
+                    crate::text::duration(MIN_INTENT_LEASE)
                 ),
             ))
             .into());

@@ -116,8 +116,9 @@ impl PurgePolicy {
             return Err(SettingError::new(
                 Setting::PurgeDedupTtl,
                 format!(
-                    "{:?} is shorter than purge.delivered_retention ({:?}); the dedup window must cover every kept row",
-                    self.dedup_ttl, self.delivered_retention
+                    "{} is shorter than purge.delivered_retention ({}); the dedup window must cover every kept row",
+                    crate::text::duration(self.dedup_ttl),
+                    crate::text::duration(self.delivered_retention)
                 ),
             ));
         }

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 
 use common::bin::code::{DATABASE, INPUT, OK, PROBLEMS, SCHEMA, USAGE};
-use common::bin::{drop_root, Sandbox};
+use common::bin::{assert_one_line_error, drop_root, Sandbox};
 use rusqlite::Connection;
 
 fn outbox_rows(db: &Path) -> i64 {
@@ -280,6 +280,7 @@ fn unknown_flags_are_usage_errors() {
     // 10.16: a log level that is no level is refused, not taken as a target.
     let err = sb.fails(&["--log-level", "verbose", "status"], USAGE, "verbose");
     assert!(err.contains("allowed: error, warn"), "{err}");
+    assert_eq!(err.matches("verbose").count(), 1, "said once: {err}");
     sb.fails(
         &["--log-level", "info,outboxd=loud", "status"],
         USAGE,
@@ -435,6 +436,122 @@ fn a_missing_database_is_not_created_by_enqueue_or_status() {
     let err = sb.fails(&["enqueue", "--type", "a.b.v1"], DATABASE, "no such file");
     assert!(err.contains("migrate"), "{err}");
     assert!(!sb.db().exists());
+}
+
+#[test]
+fn a_database_in_a_missing_directory_says_so_rather_than_suggest_migrate() {
+    let sb = Sandbox::new();
+    let db = sb.path("no-such-dir").join("x.db");
+    for args in [
+        vec!["enqueue", "--type", "a.b.v1"],
+        vec!["status"],
+        vec!["dead", "list"],
+    ] {
+        let err = sb.fails_on(&db, &args, DATABASE, "does not exist");
+        assert!(err.contains("the directory"), "{err}");
+        assert!(!err.contains("migrate"), "{args:?}: {err}");
+    }
+    let err = sb.fails_on(&db, &["migrate"], DATABASE, "does not exist");
+    assert!(err.contains("create it first"), "{err}");
+}
+
+#[test]
+fn an_empty_outboxd_db_is_named_and_ignored_beside_db() {
+    let sb = Sandbox::migrated();
+    let out = sb
+        .outboxd()
+        .without_db()
+        .command(&["status"])
+        .env("OUTBOXD_DB", "")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(USAGE));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_one_line_error(&stderr, "OUTBOXD_DB is set but empty");
+    assert!(!stderr.contains("'--db"), "{stderr}");
+    // With --db on the command line an empty variable is beside the point.
+    let out = sb
+        .command(&["status"])
+        .env("OUTBOXD_DB", "")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(OK), "{out:?}");
+    let out = sb
+        .command(&["check-config"])
+        .env("OUTBOXD_CONFIG", "")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(USAGE));
+    assert_one_line_error(
+        &String::from_utf8_lossy(&out.stderr),
+        "OUTBOXD_CONFIG is set but empty",
+    );
+}
+
+/// A small tmpfs, unmounted when dropped; None where this process may not
+/// mount one (not root, or a container without the capability).
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[test]
+fn a_full_disk_is_named_as_such() {
+    let Some(fs) = Tmpfs::mount("2m") else {
+        eprintln!("a_full_disk_is_named_as_such: skipped: cannot mount a tmpfs here");
+        return;
+    };
+    let db = fs.0.path().join("app.db");
+    let outboxd = common::bin::Outboxd::on(&db);
+    outboxd.ok(&["migrate"]);
+    outboxd.ok(&["enqueue", "--type", "a.b.v1"]);
+    // Fill the file system to the last block.
+    let mut fill = std::fs::File::create(fs.0.path().join("fill")).unwrap();
+    let block = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut fill, &block).is_ok() {}
+    drop(fill);
+    for args in [
+        vec!["run"],
+        vec!["enqueue", "--type", "a.b.v1"],
+        vec!["status"],
+    ] {
+        let err = outboxd.fails(&args, DATABASE, "no space left on device");
+        assert!(!err.contains("disk I/O error"), "{args:?}: {err}");
+    }
+
+    // Room to open the database, not to commit a large event: the commit's
+    // "database or disk is full" gets the file system's word.
+    std::fs::remove_file(fs.0.path().join("fill")).unwrap();
+    std::fs::write(fs.0.path().join("fill"), vec![0u8; 1536 << 10]).unwrap();
+    let payload = format!("{{\"x\": \"{}\"}}", "y".repeat(900 << 10));
+    let out = outboxd.run_with_stdin(
+        &["enqueue", "--type", "a.b.v1", "--payload-file", "-"],
+        payload.as_bytes(),
+    );
+    assert_eq!(out.status.code(), Some(DATABASE), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no space left on device: the file system holding"),
+        "{stderr}"
+    );
 }
 
 #[test]

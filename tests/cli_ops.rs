@@ -230,7 +230,24 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
     assert!(text.contains("user.deleted.v1"), "{text}");
     assert!(text.contains("the payload has no customer"), "{text}");
     let list = Outboxd::on(&db.path).json(&["dead", "list", "--json", "--limit", "1"], OK);
-    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list["dead_letters"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(
+        (&list["total"], &list["shown"]),
+        (&2.into(), &1.into()),
+        "{list}"
+    );
+    // The text says what the limit left out.
+    let text = Outboxd::on(&db.path).expect(&["dead", "list", "--limit", "1"], OK);
+    assert_eq!(text.lines().count(), 3, "header, one row, the rest: {text}");
+    assert!(
+        text.lines()
+            .last()
+            .unwrap()
+            .starts_with("1 more not shown (the newest 1 of 2); use --limit 2"),
+        "{text}"
+    );
+    let all = Outboxd::on(&db.path).expect(&["dead", "list"], OK);
+    assert!(!all.contains("more not shown"), "{all}");
 
     // By event id and by row id: reason, attempts and payload.
     let text = Outboxd::on(&db.path).expect(&["dead", "show", &ids[0].to_string()], OK);
@@ -294,6 +311,48 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
 /// 10.15: `dead edit` repairs a row a producer wrote that the relay could
 /// not read, checked as the relay checks a row, then requeues it; a repair
 /// that leaves the row unreadable changes nothing.
+/// Producer-written text with line breaks, ANSI escapes and a BEL is shown
+/// escaped by `dead list` and `dead show` (one table row per dead letter,
+/// nothing that drives the terminal), and an event id stored as a blob is
+/// shown as invalid, in hex, not as a legacy row's "-".
+#[test]
+fn dead_list_and_show_escape_what_producers_wrote() {
+    let db = TestDb::new();
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, tenant_id, status, attempts,
+                 last_error, finished_at, payload)
+             VALUES (CAST('01JDQ7X6ZB5N4Q2W8V1K3M9T0R' AS BLOB),
+                     'order.placed.v1\n\x1b[31mFAKE ROW\x1b[0m', 't\x07nt', 'dead', 1,
+                     'invalid row\n\x1b[2Jcleared', ?1, '{not json\x1b]0;title\x07')",
+            [now_ms()],
+        )
+        .unwrap();
+    let outboxd = Outboxd::on(&db.path);
+    let controls = |s: &str| s.chars().filter(|c| c.is_control() && *c != '\n').count();
+
+    let list = outboxd.ok(&["dead", "list"]);
+    assert_eq!(list.lines().count(), 2, "a header and one row:\n{list}");
+    assert_eq!(controls(&list), 0, "{list:?}");
+    assert!(list.contains("\\u{1b}[31mFAKE ROW"), "{list}");
+
+    let show = outboxd.ok(&["dead", "show", "1"]);
+    assert_eq!(controls(&show), 0, "{show:?}");
+    for line in show.lines().take(7) {
+        assert!(
+            line.starts_with(|c: char| c.is_ascii_lowercase()),
+            "every line is a field of its own: {show}"
+        );
+    }
+    let event_id = show.lines().find(|l| l.starts_with("event id:")).unwrap();
+    assert!(
+        event_id.contains("x'30314a44") && event_id.contains("invalid"),
+        "{event_id}"
+    );
+    assert!(show.contains("t\\u{7}nt"), "{show}");
+    assert!(show.contains("invalid row\\n\\u{1b}[2Jcleared"), "{show}");
+}
+
 #[test]
 fn dead_edit_repairs_a_malformed_row_and_requeues_it() {
     let db = TestDb::new();
@@ -707,11 +766,18 @@ fn purge_dry_run_counts_and_purge_deletes() {
     assert!(out.contains("deleted 1 dead letter "), "{out}");
     assert_eq!(db.count("status = 'dead'"), 0);
 
-    // A dedup window shorter than the retention is refused, naming the flags.
-    Outboxd::on(&db.path).fails(
+    // A dedup window shorter than the retention is refused, naming the
+    // flags (not the config's fields) and the durations as written.
+    let err = Outboxd::on(&db.path).fails(
         &["purge", "--delivered-retention", "2d", "--dedup-ttl", "1d"],
         INPUT,
-        "--dedup-ttl",
+        "--dedup-ttl: 1d is shorter than --delivered-retention (2d)",
+    );
+    assert!(!err.contains("purge.delivered_retention"), "{err}");
+    Outboxd::on(&db.path).fails(
+        &["purge", "--dedup-ttl", "1d"],
+        INPUT,
+        "--dedup-ttl: 1d is shorter than --delivered-retention (7d, its default)",
     );
     // 10.4: a retention so long that "now minus it" would wrap around into
     // the future (and purge everything) keeps everything.

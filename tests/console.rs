@@ -10,8 +10,8 @@ mod console_support;
 
 use std::time::Duration;
 
-use common::bin::{code, Running};
-use console_support::{csrf, form, free_addr, get, http, spawn, wait_http, wait_until};
+use common::bin::{code, Outboxd, Running};
+use console_support::{csrf, form, free_addr, get, http, post_form, spawn, wait_http, wait_until};
 use rusqlite::params;
 
 const T0: i64 = 1_764_487_080_000;
@@ -193,6 +193,11 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
         "{}",
         p.stderr()
     );
+    assert!(
+        p.stderr().contains("--http-token-env VAR"),
+        "the message names the command-line way: {}",
+        p.stderr()
+    );
 
     // With one, every request needs it.
     let token = "s3cret-token-for-the-console-test";
@@ -223,9 +228,11 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
         );
     }
     assert!(get(&addr, "/metrics").header("WWW-Authenticate").is_some());
-    let bearer = format!("Bearer {token}");
-    let r = http(&addr, "GET", "/metrics", &[("Authorization", &bearer)], "");
-    assert_eq!(r.status, 200, "{}", r.body);
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let bearer = format!("{scheme} {token}");
+        let r = http(&addr, "GET", "/metrics", &[("Authorization", &bearer)], "");
+        assert_eq!(r.status, 200, "{scheme}: {}", r.body);
+    }
     let r = http(
         &addr,
         "GET",
@@ -266,6 +273,154 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
 }
 
 #[test]
+fn run_takes_the_console_token_variable_from_the_command_line() {
+    let db = common::TestDb::new();
+    let port = free_addr().rsplit(':').next().unwrap().to_string();
+    let any = format!("0.0.0.0:{port}");
+    let token = "a-token-from-the-command-line-42";
+    let mut p = spawn(
+        &db.path,
+        &["run", "--http", &any, "--http-token-env", "RUN_TEST_TOKEN"],
+        &[("RUN_TEST_TOKEN", token)],
+    );
+    let addr = format!("127.0.0.1:{port}");
+    wait_http(&mut p, &addr);
+    assert_eq!(get(&addr, "/healthz").status, 401);
+    let bearer = format!("Bearer {token}");
+    let r = http(&addr, "GET", "/healthz", &[("Authorization", &bearer)], "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    // An unset variable is refused, naming it.
+    let mut p = spawn(
+        &db.path,
+        &[
+            "console",
+            "--http",
+            &free_addr(),
+            "--http-token-env",
+            "UNSET_TOKEN_VAR_9z",
+        ],
+        &[],
+    );
+    assert_eq!(p.wait(WAIT).code(), Some(code::CONFIG), "{}", p.stderr());
+    assert!(
+        p.stderr().contains("UNSET_TOKEN_VAR_9z is not set"),
+        "{}",
+        p.stderr()
+    );
+}
+
+/// A line of /proc/PID/status, such as "Threads" or "VmRSS", as a number.
+fn proc_status(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap()
+}
+
+fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// Idle connections cost a socket each, not a thread: the server keeps a
+/// fixed pool of threads and a cap on open connections, so memory stays
+/// bounded however many clients connect (5,000 idle ones once made 3,894
+/// threads), and it answers again once they go.
+#[test]
+fn a_flood_of_idle_connections_keeps_threads_and_memory_bounded() {
+    let db = common::TestDb::new();
+    let (p, addr) = console(&db, &[], &[]);
+    let pid = p.pid();
+    assert_eq!(get(&addr, "/healthz").status, 200);
+    let (threads, rss_kib, files) = (
+        proc_status(pid, "Threads"),
+        proc_status(pid, "VmRSS"),
+        open_files(pid),
+    );
+    let target: std::net::SocketAddr = addr.parse().unwrap();
+    // Up to 1,000, until the listen queue is full too (connects then time
+    // out: three in a row end it).
+    let mut idle = Vec::new();
+    let mut failed = 0;
+    while idle.len() < 1000 && failed < 3 {
+        match std::net::TcpStream::connect_timeout(&target, Duration::from_millis(200)) {
+            Ok(s) => {
+                idle.push(s);
+                failed = 0;
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    assert!(idle.len() >= 300, "only {} connected", idle.len());
+    // The server has taken most of what it will (its cap is 256; the
+    // baseline may count a connection or a pooled file that has gone since).
+    wait_until("the server to accept up to its cap", WAIT, || {
+        open_files(pid) >= files + 200
+    });
+    let (threads_now, rss_now) = (proc_status(pid, "Threads"), proc_status(pid, "VmRSS"));
+    assert!(
+        threads_now <= threads + 4,
+        "threads grew from {threads} to {threads_now} with {} idle connections",
+        idle.len()
+    );
+    assert!(
+        rss_now < rss_kib + 32 * 1024,
+        "memory grew from {rss_kib} KiB to {rss_now} KiB"
+    );
+    drop(idle);
+    let mut status = 0;
+    wait_until("the console to answer again", WAIT, || {
+        status = get(&addr, "/healthz").status;
+        status == 200
+    });
+}
+
+/// SIGTERM while an action runs (a requeue of 100,000 dead letters) lets
+/// it finish and answer before `outboxd console` exits.
+#[test]
+fn sigterm_lets_a_long_console_action_finish_and_answer() {
+    let db = common::TestDb::new();
+    const N: i64 = 100_000;
+    db.conn()
+        .execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+             INSERT INTO event_outbox (event_type, status, attempts, last_error, finished_at)
+             SELECT 'article.created.v1', 'dead', 3, 'poison', ?2 + i FROM n",
+            rusqlite::params![N, T0],
+        )
+        .unwrap();
+    let (mut p, addr) = console(&db, &[], &[]);
+    let token = csrf(&get(&addr, "/dead").body);
+    let post = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            post_form(
+                &addr,
+                "/dead/apply",
+                &[("op", "requeue:all"), ("csrf", &token)],
+            )
+        })
+    };
+    // Its first batches are committed: the request is being answered.
+    wait_until("the requeue to be under way", WAIT, || {
+        db.count("status = 'dead'") < N
+    });
+    p.signal("-TERM");
+    let reply = post.join().unwrap();
+    assert_eq!(reply.status, 303, "{reply:?}");
+    assert_eq!(
+        reply.header("Location"),
+        Some(format!("/dead?requeued={N}").as_str())
+    );
+    assert_eq!(p.wait(WAIT).code(), Some(code::OK), "{}", p.stderr());
+    assert_eq!(db.count("status = 'dead'"), 0);
+}
+
+#[test]
 fn a_foreign_host_name_is_refused_on_loopback() {
     let db = common::TestDb::new();
     let (_p, addr) = console(&db, &[], &[]);
@@ -276,6 +431,10 @@ fn a_foreign_host_name_is_refused_on_loopback() {
     s.read_to_string(&mut out).unwrap();
     assert!(out.starts_with("HTTP/1.0 403"), "{out}");
     assert!(out.contains("DNS rebinding"), "{out}");
+    assert!(
+        out.contains(&format!("open the console at http://{addr}/")),
+        "the address to use, not a placeholder: {out}"
+    );
     assert_eq!(get(&addr, "/").status, 200);
 }
 
@@ -342,6 +501,37 @@ fn run_serves_the_console_metrics_and_health_beside_its_relay() {
     );
 }
 
+/// Without a config, `run --http`'s /healthz, `outboxd status` and
+/// `outboxd console` give one verdict from the same thresholds (any dead
+/// letter is a problem), with the same fields.
+#[test]
+fn health_under_run_status_and_the_console_agree_without_a_config() {
+    let db = common::TestDb::new();
+    dead_letters(&db, "order.placed.v1", 10);
+    let run_addr = free_addr();
+    let mut run = spawn(&db.path, &["run", "--http", &run_addr], &[]);
+    wait_http(&mut run, &run_addr);
+    let (_console, console_addr) = console(&db, &[], &[]);
+
+    let status = Outboxd::on(&db.path).json(&["status", "--json"], code::PROBLEMS);
+    assert_eq!(status["healthy"], false, "{status}");
+    assert_eq!(status["problems"][0]["threshold"], "max-dead", "{status}");
+    for addr in [&run_addr, &console_addr] {
+        let health = get(addr, "/healthz");
+        assert_eq!(health.status, 503, "{addr}: {}", health.body);
+        let v: serde_json::Value = serde_json::from_str(&health.body).unwrap();
+        for field in ["healthy", "problems", "counts"] {
+            assert_eq!(v[field], status[field], "{addr}: {field}: {v}");
+        }
+        let overview = get(addr, "/");
+        assert!(
+            overview.body.contains("data-threshold=\"max-dead\""),
+            "{addr}: {}",
+            overview.body
+        );
+    }
+}
+
 #[test]
 fn pages_show_rows_that_foreign_producers_wrote_badly() {
     let db = common::TestDb::new();
@@ -389,4 +579,111 @@ fn pages_show_rows_that_foreign_producers_wrote_badly() {
     assert_eq!(get(&addr, "/events/999").status, 404);
     assert_eq!(get(&addr, "/events?type=Bad").status, 400);
     assert_eq!(get(&addr, "/nope").status, 404);
+}
+
+/// A console action under `run` must not open the database file outside
+/// SQLite: on Linux closing any descriptor of a file drops every POSIX lock
+/// the process holds on it, the relay's too, and the next foreign
+/// connection to close then checkpoints and deletes the WAL the relay is
+/// still writing (sqlite.org/howtocorrupt.html, 2.2).
+#[test]
+fn a_console_requeue_under_run_keeps_the_relays_locks_and_its_wal() {
+    let db = common::TestDb::new();
+    dead_letters(&db, "article.created.v1", 1);
+    let addr = free_addr();
+    let out = db.file("out.jsonl");
+    let config = db.write(
+        "outboxd.toml",
+        &format!(
+            "[[consumer]]\nname = \"file\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"{}\"\n",
+            out.display()
+        ),
+    );
+    let mut run = spawn(
+        &db.path,
+        &["run", "--config", config.to_str().unwrap(), "--http", &addr],
+        &[],
+    );
+    wait_http(&mut run, &addr);
+    let lines = || -> Vec<String> {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let token = csrf(&get(&addr, "/dead").body);
+    let r = post_form(
+        &addr,
+        "/dead/apply",
+        &[("op", "requeue:all"), ("csrf", &token)],
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    wait_until("the requeued event delivered", WAIT, || lines().len() == 1);
+    // Each look at the table is a foreign connection too.
+    wait_until("the requeued event recorded as delivered", WAIT, || {
+        db.count("status = 'delivered'") == 1
+    });
+
+    assert!(
+        holds_a_lock_on(run.pid(), &db.path),
+        "outboxd run lost its SQLite locks on the database:\n{}",
+        std::fs::read_to_string("/proc/locks").unwrap()
+    );
+    // A foreign connection comes, reads and goes, as `sqlite3 app.db` would.
+    // Through python3's sqlite3 (the system's SQLite): newer SQLites do not
+    // checkpoint on close while another process maps the WAL index, so a
+    // connection of this test's bundled SQLite would hide the damage.
+    let foreign = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys\n\
+             c = sqlite3.connect(sys.argv[1])\n\
+             c.execute('SELECT count(*) FROM event_outbox').fetchone()\n\
+             c.close()",
+        ])
+        .arg(&db.path)
+        .status()
+        .unwrap();
+    assert!(foreign.success());
+    assert!(
+        db.file("app.db-wal").exists(),
+        "the WAL of the running relay was checkpointed and deleted by a foreign connection"
+    );
+
+    let id = db.enqueue(&[common::event("order.placed.v1", 7)])[0].to_string();
+    wait_until("the new event delivered", WAIT, || {
+        lines().iter().any(|l| l.contains(&id))
+    });
+    wait_until("the new event recorded as delivered", WAIT, || {
+        db.count("status = 'delivered'") == 2
+    });
+    run.assert_alive();
+    assert_eq!(run.stop().code(), Some(code::OK), "{}", run.stderr());
+    assert_eq!(
+        lines().iter().filter(|l| l.contains(&id)).count(),
+        1,
+        "delivered exactly once"
+    );
+    let check: String = db.scalar("PRAGMA integrity_check");
+    assert_eq!(check, "ok");
+}
+
+/// True when process `pid` holds a POSIX lock on `path` (/proc/locks): an
+/// SQLite connection in WAL mode keeps a shared lock on its database file
+/// while it is open.
+fn holds_a_lock_on(pid: u32, path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let inode = std::fs::metadata(path).unwrap().ino();
+    std::fs::read_to_string("/proc/locks")
+        .unwrap()
+        .lines()
+        .any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(1) == Some(&"POSIX")
+                && f.get(4) == Some(&pid.to_string().as_str())
+                && f.get(5)
+                    .and_then(|dev| dev.rsplit(':').next())
+                    .is_some_and(|i| i == inode.to_string())
+        })
 }

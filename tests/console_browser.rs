@@ -145,6 +145,13 @@ fn overview_figures_equal_status_json_and_every_page_is_screenshotted() {
         })
         .unwrap();
 
+    // The relay's counters (the chart's figures) follow its commits, which
+    // the table shows first: wait until they count all seven too.
+    wait_until("the relay's counters to show 7 delivered", WAIT, || {
+        get(&addr, "/metrics")
+            .body
+            .contains("outboxd_events_delivered_total 7")
+    });
     let b = Browser::start();
     overview_measured_after(&b, &addr, settled);
     let counts = &status["counts"];
@@ -183,7 +190,8 @@ fn overview_figures_equal_status_json_and_every_page_is_screenshotted() {
             n.to_string()
         );
     }
-    // The relay's own figures for the current minute.
+    // The relay's own figures over the hour, whether or not the minute
+    // turned (and its sample was taken) since the deliveries.
     assert_eq!(b.text("#hour-delivered"), "7");
 
     let shots = screenshot_dir();

@@ -862,6 +862,7 @@ fn every_config_mistake_names_its_field_and_claims_nothing() {
         ("log level that is no level", section("[log]\nlevel = \"verbose\""), "log.level"),
         ("log format", section("[log]\nformat = \"xml\""), "log.format"),
         ("metrics address", section("[metrics]\nlisten = \"nowhere\""), "metrics.listen"),
+        ("console and metrics on one address", section("[http]\nlisten = \"127.0.0.1:19464\"\n[metrics]\nlisten = \"127.0.0.1:19464\""), "metrics.listen"),
         ("no consumer", "[relay]\nworkers = 1\n".into(), "consumer"),
         ("consumer name", sink("kind = \"jsonl\"\npath = \"-\"").replace("\"c\"", "\"bad name\""), "consumer[0].name"),
         ("duplicate name", format!("{BASE_CONSUMER}{BASE_CONSUMER}"), "consumer[1].name"),
@@ -973,7 +974,9 @@ fn check_config_summarises_a_good_file_and_db_overrides_the_config() {
     let sb = Sandbox::migrated();
     let config = sb.write(
         "outboxd.toml",
-        &format!("database = \"from-config.db\"\n{BASE_CONSUMER}"),
+        &format!(
+            "database = \"from-config.db\"\n[http]\nlisten = \"127.0.0.1:19465\"\nread_only = true\n{BASE_CONSUMER}"
+        ),
     );
     let c = config.to_str().unwrap();
     let out = sb
@@ -988,6 +991,10 @@ fn check_config_summarises_a_good_file_and_db_overrides_the_config() {
         "the config's database, relative to the config: {text}"
     );
     assert!(text.contains("consumer out <- *: jsonl stdout"), "{text}");
+    assert!(
+        text.contains("console:   http://127.0.0.1:19465/ (with /metrics and /healthz), read-only"),
+        "{text}"
+    );
     // --db given: it wins.
     let out = sb.run(&["check-config", "--config", c]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -1015,6 +1022,24 @@ fn a_metrics_address_in_use_is_a_config_error() {
         sb.count("status = 'pending' AND attempts = 0 AND claim_token IS NULL"),
         1
     );
+}
+
+#[test]
+fn the_console_and_metrics_on_one_address_from_flags_is_a_config_error() {
+    let sb = Sandbox::migrated();
+    sb.enqueue(&[event("order.placed.v1", Value::Null)]);
+    let err = sb.fails(
+        &[
+            "run",
+            "--http",
+            "127.0.0.1:19466",
+            "--metrics",
+            "127.0.0.1:19466",
+        ],
+        code::CONFIG,
+        "metrics.listen: 127.0.0.1:19466 is both the metrics and the console address",
+    );
+    assert!(err.contains("--metrics"), "{err}");
 }
 
 fn http_get(addr: &str, path: &str) -> std::io::Result<String> {

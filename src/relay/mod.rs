@@ -373,8 +373,9 @@ impl RelayBuilder {
             return Err(SettingError::new(
                 Setting::Lease,
                 format!(
-                    "{:?} is too short; allowed: {MIN_LEASE:?} or more",
-                    self.lease
+                    "{} is too short; allowed: {} or more",
+                    crate::text::duration(self.lease),
+                    crate::text::duration(MIN_LEASE)
                 ),
             )
             .into());
@@ -532,7 +533,12 @@ fn check_duration(setting: Setting, d: Duration, lo: Duration, hi: Duration) -> 
     if d < lo || d > hi {
         return Err(SettingError::new(
             setting,
-            format!("{d:?} is out of range; allowed: {lo:?} to {hi:?}"),
+            format!(
+                "{} is out of range; allowed: {} to {}",
+                crate::text::duration(d),
+                crate::text::duration(lo),
+                crate::text::duration(hi)
+            ),
         )
         .into());
     }

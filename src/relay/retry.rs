@@ -122,8 +122,9 @@ impl RetryPolicy {
             return Err(SettingError::new(
                 Setting::RetryMaxDelay,
                 format!(
-                    "{:?} is shorter than retry.initial ({:?}); allowed: retry.initial or longer",
-                    self.max_delay, self.initial
+                    "{} is shorter than retry.initial ({}); allowed: retry.initial or longer",
+                    crate::text::duration(self.max_delay),
+                    crate::text::duration(self.initial)
                 ),
             ));
         }

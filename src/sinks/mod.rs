@@ -44,51 +44,14 @@ pub use sql::{SqlSink, SqlSinkError};
 pub use webhook::{WebhookError, WebhookSecret, WebhookSink, WebhookSinkBuilder};
 
 /// Text a program or a receiver wrote, made fit for a log line and a dead
-/// letter: at most `max` bytes (the end of it with `keep_tail`, else the
-/// start), with a `…` where text was dropped, on one line.
-///
-/// Line breaks, tabs, other control characters (an ANSI escape, say) and the
-/// Unicode line and paragraph separators are written as escapes (`\n`,
-/// `\u{1b}`), so what a consumer prints can never start a line of its own in
-/// a text log or move a terminal's cursor: it cannot forge a log line.
+/// letter: trimmed, on one line (control characters escaped, so what a
+/// consumer prints can never forge a log line or move a terminal's
+/// cursor), at most `max` bytes (the end of it with `keep_tail`, else the
+/// start) with a `…` where text was dropped: [`crate::text::escape_clipped`].
 pub(crate) fn bounded_text(bytes: &[u8], max: usize, keep_tail: bool) -> String {
-    use std::fmt::Write;
-    let text = String::from_utf8_lossy(bytes);
-    let mut line = String::with_capacity(text.len());
-    // Where each character's (possibly escaped) form starts: the only places
-    // to cut, so that no escape is cut in half.
-    let mut starts = Vec::with_capacity(text.len());
-    for c in text.trim().chars() {
-        starts.push(line.len());
-        match c {
-            '\n' => line.push_str("\\n"),
-            '\r' => line.push_str("\\r"),
-            '\t' => line.push_str("\\t"),
-            c if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') => {
-                let _ = write!(line, "\\u{{{:x}}}", u32::from(c));
-            }
-            c => line.push(c),
-        }
-    }
-    if line.len() <= max {
-        return line;
-    }
-    if keep_tail {
-        let cut = starts
-            .iter()
-            .copied()
-            .find(|&s| line.len() - s <= max)
-            .unwrap_or(line.len());
-        format!("…{}", &line[cut..])
-    } else {
-        let cut = starts
-            .iter()
-            .copied()
-            .take_while(|&s| s <= max)
-            .last()
-            .unwrap_or(0);
-        format!("{}…", &line[..cut])
-    }
+    use crate::text::{escape_clipped, Keep};
+    let keep = if keep_tail { Keep::Tail } else { Keep::Head };
+    escape_clipped(String::from_utf8_lossy(bytes).trim(), max, keep)
 }
 
 #[cfg(test)]

@@ -152,6 +152,20 @@ pub fn get(addr: &str, path: &str) -> Reply {
     http(addr, "GET", path, &[], "")
 }
 
+/// A form POSTed as the console's own page sends it (its Origin).
+pub fn post_form(addr: &str, path: &str, pairs: &[(&str, &str)]) -> Reply {
+    http(
+        addr,
+        "POST",
+        path,
+        &[
+            ("Origin", &format!("http://{addr}")),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        &form(pairs),
+    )
+}
+
 /// The CSRF token written into a page's forms.
 pub fn csrf(html: &str) -> String {
     let at = html

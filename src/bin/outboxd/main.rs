@@ -55,7 +55,26 @@ struct Cli {
     command: cmd::Command,
 }
 
+/// The environment variables that stand in for a flag: (variable, the
+/// argument's id, the flag).
+const FLAG_VARIABLES: [(&str, &str, &str); 2] = [
+    ("OUTBOXD_DB", "db", "--db"),
+    ("OUTBOXD_CONFIG", "config", "--config"),
+];
+
 fn main() -> ExitCode {
+    // clap takes a variable that is set but empty for a flag given without
+    // its value ("a value is required for '--db'"), even when the flag is
+    // on the command line. An empty one is set aside here, and refused
+    // below, by its name, only where the flag was not given.
+    let empty: Vec<_> = FLAG_VARIABLES
+        .into_iter()
+        .filter(|(var, _, _)| std::env::var_os(var).is_some_and(|v| v.is_empty()))
+        .collect();
+    for (var, _, _) in &empty {
+        // Edition 2021, and no other thread runs yet.
+        std::env::remove_var(var);
+    }
     let parsed = Cli::command()
         .subcommand(assets::command())
         .try_get_matches()
@@ -66,8 +85,19 @@ fn main() -> ExitCode {
     let (cli, matches) = match parsed {
         Ok((Some(cli), m)) => (cli, m),
         Ok((None, m)) => return assets::exec(&m),
-        Err(e) => return usage_error(e),
+        Err(e) => {
+            return match empty.iter().find(|(_, _, flag)| {
+                e.kind() == clap::error::ErrorKind::MissingRequiredArgument
+                    && e.to_string().contains(flag)
+            }) {
+                Some(&(var, _, flag)) => empty_variable(var, flag),
+                None => usage_error(e),
+            }
+        }
     };
+    if let Some(&(var, _, flag)) = empty.iter().find(|(_, id, _)| not_given(&matches, id)) {
+        return empty_variable(var, flag);
+    }
     // Given on the command line or in OUTBOXD_DB, the database wins over a
     // config file's `database`; the built-in default does not.
     let db_explicit = !matches!(
@@ -92,10 +122,38 @@ fn main() -> ExitCode {
         Ok(code) => code.into(),
         Err(e) if exit::is_broken_pipe(&e) => Exit::Ok.into(),
         Err(e) => {
-            eprintln!("outboxd: error: {}", exit::one_line(&e));
+            let line = exit::one_line(&e);
+            match cmd::database::no_space(&e) {
+                Some(note) => eprintln!("outboxd: error: {line}: {note}"),
+                None => eprintln!("outboxd: error: {line}"),
+            }
             exit::classify(&e).into()
         }
     }
+}
+
+/// True when the command takes argument `id` (at any level of its
+/// subcommands) and the command line did not give it.
+fn not_given(matches: &clap::ArgMatches, id: &str) -> bool {
+    use clap::parser::ValueSource;
+    let mut m = Some(matches);
+    while let Some(level) = m {
+        if level.try_contains_id(id).is_ok() {
+            return level.value_source(id) != Some(ValueSource::CommandLine);
+        }
+        m = level.subcommand().map(|(_, sub)| sub);
+    }
+    false
+}
+
+/// A variable standing in for a flag is set but empty: a usage error that
+/// names the variable (the flag was not given).
+fn empty_variable(var: &str, flag: &str) -> ExitCode {
+    eprintln!(
+        "outboxd: error: the environment variable {var} is set but empty; set it to a \
+         path, unset it, or give {flag}"
+    );
+    Exit::Usage.into()
 }
 
 /// Help and version go to stdout as clap prints them. A usage error becomes

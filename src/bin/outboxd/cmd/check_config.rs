@@ -23,8 +23,8 @@ outlast, are warnings. Prints a summary and exits 0, or prints the first
 problem (file, field path such as consumer[2].sink.statements[1], what is
 allowed) and exits 6. Nothing is claimed or written: the database is opened
 read-only, and only for sql sinks (a JSONL sink's file is created if
-missing). The metrics address is not bound, so this works while outboxd
-runs.
+missing). The console and metrics addresses are checked but not bound, so
+this works while outboxd runs.
 
 Example:
   outboxd check-config --config /etc/outboxd/outboxd.toml";
@@ -86,6 +86,17 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             count(n, "dead letter", "dead letters")
         ))
     )?;
+    if let Some(addr) = c.http.listen {
+        writeln!(
+            out,
+            "console:   http://{addr}/ (with /metrics and /healthz){}{}",
+            c.http
+                .token_env
+                .as_ref()
+                .map_or(String::new(), |v| format!(", token from ${v}")),
+            if c.http.read_only { ", read-only" } else { "" }
+        )?;
+    }
     if let Some(addr) = c.metrics {
         writeln!(out, "metrics:   http://{addr}/metrics")?;
     }

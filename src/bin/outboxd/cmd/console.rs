@@ -11,9 +11,8 @@ use outboxd::relay::Metrics;
 use outboxd::router::Pattern;
 use outboxd::status::Thresholds;
 
-use super::status::thresholds_without_config;
 use super::Global;
-use crate::config::{resolve_listen, Config, HttpServe, HttpSettings};
+use crate::config::{alerts, resolve_listen, Config, HttpServe, HttpSettings};
 use crate::console::{self, Console, Settings};
 use crate::exit::{Exit, Failure};
 
@@ -26,9 +25,9 @@ relay that runs elsewhere, or to inspect a copy. The chart is derived from
 the table.
 
 Without --http the address is the config's [http] listen, else
-127.0.0.1:9464. An address other than loopback needs a token: [http]
-token_env names the environment variable that holds it (see
-packaging/outboxd.example.toml). With --config, the consumers' types show
+127.0.0.1:9464. An address other than loopback needs a token:
+--http-token-env VAR (or [http] token_env in the config, see
+packaging/outboxd.example.toml) names the environment variable that holds it. With --config, the consumers' types show
 each consumer's retrying and dead events, and [alerts] sets the health
 thresholds (as `outboxd status` does); nothing is delivered.
 
@@ -36,7 +35,7 @@ Examples:
   outboxd --db app.db console                   # then open http://127.0.0.1:9464/
   outboxd --db app.db console --http 127.0.0.1:8080 --read-only
   OUTBOXD_HTTP_TOKEN=$(openssl rand -hex 32) \\
-      outboxd console --config /etc/outboxd/outboxd.toml --http 0.0.0.0:9464";
+      outboxd console --http 0.0.0.0:9464 --http-token-env OUTBOXD_HTTP_TOKEN";
 
 /// The address `outboxd console` serves on when none is given.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
@@ -48,6 +47,10 @@ pub struct Args {
     /// config's http.listen [default: 127.0.0.1:9464].
     #[arg(long, value_name = "ADDR")]
     http: Option<String>,
+    /// The environment variable holding the token (needed on an address
+    /// other than loopback); wins over the config's http.token_env.
+    #[arg(long, value_name = "VAR")]
+    http_token_env: Option<String>,
     /// A config file: its [http], [alerts] and consumers' types are used;
     /// nothing is delivered.
     #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
@@ -72,6 +75,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));
     let mut http = config.as_ref().map(|c| c.http.clone()).unwrap_or_default();
     http.read_only |= args.read_only;
+    http = with_token_env(http, args.http_token_env.as_deref())?;
     let listen = match &args.http {
         Some(a) => Some(resolve_listen(a).map_err(|m| Failure::config(format!("--http: {m}")))?),
         None if http.listen.is_none() => {
@@ -91,7 +95,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             metrics_only: false,
             thresholds: config
                 .as_ref()
-                .map_or_else(thresholds_without_config, |c| c.alerts),
+                .map_or_else(alerts::without_config, |c| c.alerts),
             consumers: config
                 .as_ref()
                 .map(|c| patterns(c.consumers.iter().zip(&c.consumer_types)))
@@ -123,22 +127,22 @@ pub struct Plan {
 impl Plan {
     /// Binds `[http]` (or `--http`) for the console and the legacy
     /// `[metrics]` (or `--metrics`) address for /metrics and /healthz.
-    pub fn bind(config: &Config, http: Option<&str>, metrics: Option<SocketAddr>) -> Result<Plan> {
+    pub fn bind(
+        config: &Config,
+        http: Option<&str>,
+        token_env: Option<&str>,
+        metrics: Option<SocketAddr>,
+    ) -> Result<Plan> {
         let listen = match http {
             Some(a) => {
                 Some(resolve_listen(a).map_err(|m| Failure::config(format!("--http: {m}")))?)
             }
             None => None,
         };
-        let serve = serve(&config.http, listen)?;
-        if let (Some(s), Some(m)) = (&serve, metrics) {
-            if s.listen == m {
-                return Err(Failure::config(format!(
-                    "{m} is both the metrics and the console address; the console serves \
-                     /metrics too, so drop metrics.listen (or --metrics)"
-                ))
-                .into());
-            }
+        let serve = serve(&with_token_env(config.http.clone(), token_env)?, listen)?;
+        if let Some(s) = &serve {
+            crate::config::http::distinct_from_metrics(s.listen, metrics)
+                .map_err(|(field, m)| Failure::config(format!("{field}: {m}")))?;
         }
         let console = match serve {
             Some(s) => Some((bind(s.listen, "the console", "--http or http.listen")?, s)),
@@ -202,6 +206,16 @@ impl Plan {
         }
         Ok(started)
     }
+}
+
+/// `http` with `--http-token-env`, when given, winning over `token_env`.
+fn with_token_env(mut http: HttpSettings, flag: Option<&str>) -> Result<HttpSettings> {
+    if let Some(name) = flag {
+        crate::config::http::check_token_env_name(name)
+            .map_err(|m| Failure::config(format!("--http-token-env: {m}")))?;
+        http.token_env = Some(name.to_string());
+    }
+    Ok(http)
 }
 
 /// The server to start, or a config error naming the field.

@@ -6,7 +6,7 @@ use anyhow::Result;
 use outboxd::dead_letter::{self, DeadLetter, Selector};
 use outboxd::repair::{repair, Repair};
 use outboxd::router::Pattern;
-use outboxd::text::{clip, Keep, ELLIPSIS};
+use outboxd::text::{clip, escape, Keep, ELLIPSIS};
 use outboxd::{EventId, EventType, Timestamp};
 
 use super::payload::PayloadArgs;
@@ -55,9 +55,13 @@ pub enum Args {
 }
 
 const LIST_HELP: &str = "\
-Reads only. Example:
+Reads only. Shows the newest --limit (50) and says how many more there are.
+--json prints one object: \"total\" (every dead letter), \"shown\" and
+\"dead_letters\" (the list).
+
+Examples:
   outboxd --db app.db dead list --limit 20
-  outboxd --db app.db dead list --json | jq '.[].reason'";
+  outboxd --db app.db dead list --json | jq '.total, .dead_letters[].reason'";
 
 const SHOW_HELP: &str = "\
 Reads only. ID is the row id `dead list` prints first, or the event id.
@@ -260,9 +264,15 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
     let conn = database::for_reading(&global.db)?;
     let dead = dead_letter::list(&conn, args.limit)?;
+    let total = dead_letter::count(&conn, &Selector::All)?.max(dead.len() as u64);
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer(&mut out, &dead)?;
+        let value = serde_json::json!({
+            "total": total,
+            "shown": dead.len(),
+            "dead_letters": dead,
+        });
+        serde_json::to_writer(&mut out, &value)?;
         writeln!(out)?;
         return Ok(Exit::Ok);
     }
@@ -275,16 +285,26 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
         "{:>8}  {:<26}  {:<30}  {:>8}  {:<24}  REASON",
         "ROW", "EVENT ID", "TYPE", "ATTEMPTS", "DEAD AT"
     )?;
+    // Every value a producer (or a consumer, in a reason) wrote is escaped:
+    // a newline or an ANSI escape in it must not break the table.
     for d in &dead {
         writeln!(
             out,
             "{:>8}  {:<26}  {:<30}  {:>8}  {:<24}  {}",
             d.row_id,
-            d.event_id.as_deref().unwrap_or("-"),
-            d.event_type,
+            escape(d.event_id.as_deref().unwrap_or("-")),
+            escape(&d.event_type),
             d.attempts,
             d.dead_at.map_or_else(|| "-".into(), |t| t.to_string()),
             reason_summary(d.reason.as_deref().unwrap_or("-"), 80)
+        )?;
+    }
+    let more = total - dead.len() as u64;
+    if more > 0 {
+        writeln!(
+            out,
+            "{more} more not shown (the newest {} of {total}); use --limit {total} to see them all",
+            dead.len()
         )?;
     }
     Ok(Exit::Ok)
@@ -303,14 +323,21 @@ fn show(global: &Global, args: &ShowArgs) -> Result<Exit> {
     Ok(Exit::Ok)
 }
 
+/// `dead show`: every value a producer (or a consumer, in the reason) wrote
+/// is escaped, so it can neither break the layout nor drive the terminal.
 fn write_one(out: &mut impl Write, d: &DeadLetter) -> std::io::Result<()> {
     writeln!(out, "row id:      {}", d.row_id)?;
-    writeln!(out, "event id:    {}", d.event_id.as_deref().unwrap_or("-"))?;
-    writeln!(out, "type:        {}", d.event_type)?;
+    let event_id = match d.event_id.as_deref() {
+        None => "- (none: a legacy row, delivered without dedup)".to_string(),
+        Some(id) if EventId::parse(id).is_ok() => id.to_string(),
+        Some(id) => format!("{} (invalid: not a ULID)", escape(id)),
+    };
+    writeln!(out, "event id:    {event_id}")?;
+    writeln!(out, "type:        {}", escape(&d.event_type))?;
     writeln!(
         out,
         "tenant:      {}",
-        d.tenant_id.as_deref().unwrap_or("-")
+        escape(d.tenant_id.as_deref().unwrap_or("-"))
     )?;
     writeln!(out, "attempts:    {}", d.attempts)?;
     writeln!(
@@ -318,9 +345,17 @@ fn write_one(out: &mut impl Write, d: &DeadLetter) -> std::io::Result<()> {
         "dead at:     {}",
         d.dead_at.map_or_else(|| "-".into(), |t| t.to_string())
     )?;
-    writeln!(out, "reason:      {}", d.reason.as_deref().unwrap_or("-"))?;
+    writeln!(
+        out,
+        "reason:      {}",
+        escape(d.reason.as_deref().unwrap_or("-"))
+    )?;
     writeln!(out, "payload:")?;
-    writeln!(out, "{}", d.payload.as_deref().unwrap_or("(not text)"))?;
+    writeln!(
+        out,
+        "{}",
+        escape(d.payload.as_deref().unwrap_or("(not text)"))
+    )?;
     Ok(())
 }
 
@@ -349,7 +384,7 @@ fn edit(global: &Global, args: &EditArgs) -> Result<Exit> {
         out,
         "repaired dead letter {} ({}): {}",
         d.row_id,
-        d.event_id.as_deref().unwrap_or("no event id"),
+        escape(d.event_id.as_deref().unwrap_or("no event id")),
         r.columns().join(", ")
     )?;
     if args.requeue {
@@ -408,7 +443,7 @@ fn dead_letters(n: u64) -> String {
 /// room, its end (the cause, such as a consumer's last words), the middle
 /// cut out. `dead show` has it whole.
 fn reason_summary(text: &str, max: usize) -> String {
-    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = escape(&text.split_whitespace().collect::<Vec<_>>().join(" ")).into_owned();
     if flat.len() <= max {
         return flat;
     }

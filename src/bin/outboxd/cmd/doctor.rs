@@ -164,7 +164,7 @@ fn examine(
 ) -> Vec<Finding> {
     let mut findings = vec![
         integrity(conn, args.quick, db),
-        journal_mode(conn, mode, db),
+        journal_mode(conn, mode),
         wal_size(db),
         synchronous(),
     ];
@@ -305,13 +305,13 @@ fn schema(conn: &Connection) -> Finding {
     }
 }
 
-fn journal_mode(conn: &Connection, mode: ReadMode, db: &Path) -> Finding {
+fn journal_mode(conn: &Connection, mode: ReadMode) -> Finding {
     const CHECK: &str = "journal-mode";
     let found = match mode {
         ReadMode::Shared => conn.query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0)),
         // An immutable connection reports "delete" whatever the file is:
         // the file header says (its read and write versions are 2 in WAL).
-        ReadMode::Immutable => Ok(header_journal_mode(db)),
+        ReadMode::Immutable => header_journal_mode(conn),
     };
     match found {
         Err(e) => Finding::failed(CHECK, "read the journal mode", e),
@@ -363,13 +363,50 @@ fn wal_size(db: &Path) -> Finding {
 
 /// "wal" when the database file's header says WAL (bytes 18 and 19, the
 /// file format's write and read versions, are 2), else "delete".
-fn header_journal_mode(db: &Path) -> String {
-    use std::io::Read;
+///
+/// The header is read through the connection's own file handle
+/// (SQLITE_FCNTL_FILE_POINTER), never through a descriptor opened beside
+/// it: closing that would release every POSIX lock this process holds on
+/// the file (sqlite.org/howtocorrupt.html, section 2.2).
+fn header_journal_mode(conn: &Connection) -> rusqlite::Result<String> {
+    use rusqlite::ffi;
+    let failed = |rc| rusqlite::Error::SqliteFailure(ffi::Error::new(rc), None);
+    let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
     let mut header = [0u8; 20];
-    let wal = std::fs::File::open(db)
-        .and_then(|mut f| f.read_exact(&mut header))
-        .is_ok_and(|()| header[18] == 2 && header[19] == 2);
-    if wal { "wal" } else { "delete" }.to_string()
+    // SAFETY: the handle is valid while `conn` lives and is used on this
+    // thread only; FILE_POINTER writes one pointer to the main database's
+    // open file, which stays open as long as the connection, and its
+    // xRead reads at most `header.len()` bytes into `header`.
+    let rc = unsafe {
+        let rc = ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            ffi::SQLITE_FCNTL_FILE_POINTER,
+            (&mut file as *mut *mut ffi::sqlite3_file).cast(),
+        );
+        if rc != ffi::SQLITE_OK {
+            rc
+        } else {
+            match file
+                .as_ref()
+                .and_then(|f| f.pMethods.as_ref())
+                .and_then(|m| m.xRead)
+            {
+                Some(read) => read(file, header.as_mut_ptr().cast(), header.len() as i32, 0),
+                None => ffi::SQLITE_CANTOPEN,
+            }
+        }
+    };
+    match rc {
+        ffi::SQLITE_OK => Ok(if header[18] == 2 && header[19] == 2 {
+            "wal"
+        } else {
+            "delete"
+        }
+        .to_string()),
+        // A file shorter than its header is not one SQLite would open.
+        rc => Err(failed(rc)),
+    }
 }
 
 /// `synchronous` belongs to each connection, not to the file, so doctor
@@ -556,6 +593,51 @@ mod tests {
         let action = f.action.unwrap();
         assert!(action.contains("wal_checkpoint(TRUNCATE)"), "{action}");
         assert!(action.contains("app.db"), "{action}");
+    }
+
+    /// True when this process holds a POSIX lock on `path` (/proc/locks).
+    fn this_process_locks(path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let inode = std::fs::metadata(path).unwrap().ino().to_string();
+        let pid = std::process::id().to_string();
+        std::fs::read_to_string("/proc/locks")
+            .unwrap()
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .any(|f| {
+                f.get(1) == Some(&"POSIX")
+                    && f.get(4) == Some(&pid.as_str())
+                    && f.get(5).and_then(|d| d.rsplit(':').next()) == Some(inode.as_str())
+            })
+    }
+
+    #[test]
+    fn the_header_is_read_without_releasing_this_processs_locks() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("app.db");
+        // A WAL connection keeps a shared lock on the file while open.
+        let writer = outboxd::connection::open(&db).unwrap();
+        writer.execute_batch("CREATE TABLE t (x)").unwrap();
+        assert!(this_process_locks(&db), "the precondition: a lock is held");
+        let uri = format!("file:{}?immutable=1", db.display());
+        let flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI;
+        let immutable = Connection::open_with_flags(&uri, flags).unwrap();
+        assert_eq!(header_journal_mode(&immutable).unwrap(), "wal");
+        assert!(
+            this_process_locks(&db),
+            "reading the header released the writer's lock"
+        );
+        drop((immutable, writer));
+
+        let rollback = dir.path().join("rollback.db");
+        Connection::open(&rollback)
+            .unwrap()
+            .execute_batch("CREATE TABLE t (x)")
+            .unwrap();
+        let uri = format!("file:{}?immutable=1", rollback.display());
+        let immutable = Connection::open_with_flags(&uri, flags).unwrap();
+        assert_eq!(header_journal_mode(&immutable).unwrap(), "delete");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use outboxd::intents::{self, Intent, IntentStatus};
+use outboxd::text::escape;
 use outboxd::Timestamp;
 
 use super::support::{count, human};
@@ -106,10 +107,10 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
             i.id,
             i.status,
             i.attempts,
-            i.key.tenant_id().unwrap_or("-"),
-            i.key.key(),
+            escape(i.key.tenant_id().unwrap_or("-")),
+            escape(i.key.key()),
             i.updated_at.to_string(),
-            note(i, now)
+            escape(&note(i, now))
         )?;
     }
     Ok(Exit::Ok)

@@ -88,7 +88,8 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 }
 
 /// The library's defaults with the flags given on top; the library checks
-/// it, and its verdict names the flag.
+/// it, and its verdict is worded with the flags (its reason names the
+/// config's fields).
 fn policy(args: &Args) -> Result<PurgePolicy> {
     let d = PurgePolicy::default();
     let delivered = args.delivered_retention.unwrap_or(d.delivered_retention);
@@ -100,11 +101,20 @@ fn policy(args: &Args) -> Result<PurgePolicy> {
         .dead_retention(args.dead_retention)
         .intent_retention(args.intent_retention.unwrap_or(d.intent_retention));
     policy.validate().map_err(|e| {
-        let flag = match e.setting() {
-            Setting::PurgeDedupTtl => "--dedup-ttl",
-            _ => "purge",
-        };
-        Failure::input(format!("{flag}: {}", e.reason()))
+        Failure::input(match e.setting() {
+            Setting::PurgeDedupTtl => format!(
+                "--dedup-ttl: {} is shorter than --delivered-retention ({}{}); the dedup \
+                 window must cover every kept row",
+                human(dedup),
+                human(delivered),
+                if args.delivered_retention.is_none() {
+                    ", its default"
+                } else {
+                    ""
+                }
+            ),
+            _ => format!("purge: {}", e.reason()),
+        })
     })?;
     Ok(policy)
 }

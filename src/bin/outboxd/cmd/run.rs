@@ -54,6 +54,10 @@ pub struct Args {
     /// as 127.0.0.1:9464); wins over the config's http.listen.
     #[arg(long, value_name = "ADDR")]
     http: Option<String>,
+    /// The environment variable holding the console's token (needed on an
+    /// address other than loopback); wins over the config's http.token_env.
+    #[arg(long, value_name = "VAR")]
+    http_token_env: Option<String>,
     /// How long deliveries in flight may finish after SIGINT/SIGTERM: 500ms,
     /// 30s, 5m; wins over the config's relay.shutdown_grace [default: 30s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -74,7 +78,12 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
         Some(a) => Some(resolve_listen(a).map_err(|m| Failure::config(format!("--metrics: {m}")))?),
         None => config.metrics,
     };
-    let http = super::console::Plan::bind(&config, args.http.as_deref(), metrics_addr)?;
+    let http = super::console::Plan::bind(
+        &config,
+        args.http.as_deref(),
+        args.http_token_env.as_deref(),
+        metrics_addr,
+    )?;
     let signals = install_signal_handler()?;
     // Sinks that connect somewhere (nats) do it now, before the database is
     // touched: refused credentials or a missing stream are config errors.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use outboxd::status::Status;
+use outboxd::status::{Status, Thresholds};
 use outboxd::Timestamp;
 
 use super::support::human;
@@ -14,7 +14,6 @@ use super::{database, Global};
 use crate::args::parse_duration;
 use crate::config::{alerts, Config};
 use crate::exit::{Exit, Failure};
-use outboxd::status::Thresholds;
 
 /// Shown under `outboxd status --help`.
 pub const EXAMPLES: &str = "\
@@ -69,7 +68,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             let c = Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?;
             (global.db_with_config(c.database.as_deref()), c.alerts)
         }
-        None => (global.db.clone(), thresholds_without_config()),
+        None => (global.db.clone(), alerts::without_config()),
     };
     if let Some(d) = args.stale_after {
         alerts.stale_after = d;
@@ -116,12 +115,6 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     })
 }
 
-/// The thresholds without a config: the relay's stale threshold, and any
-/// dead letter is a problem.
-pub fn thresholds_without_config() -> Thresholds {
-    Thresholds::new(outboxd::relay::DEFAULT_STALE_AFTER, Some(0))
-}
-
 /// The thresholds `status` crosses, described: the health verdict of
 /// `outboxd status` (and of the console's overview and /healthz).
 pub fn problems(status: &Status, thresholds: &Thresholds) -> Vec<alerts::Problem> {
@@ -164,8 +157,9 @@ fn write_text(out: &mut impl Write, db: &str, s: &Status) -> std::io::Result<()>
     writeln!(out, "dead:             {}", c.dead)?;
     if !s.delivered_by_consumer.is_empty() {
         writeln!(out, "delivered by consumer:")?;
+        // Consumer names as the ledger holds them (foreign SQL may write it).
         for (consumer, n) in &s.delivered_by_consumer {
-            writeln!(out, "  {consumer}: {n}")?;
+            writeln!(out, "  {}: {n}", outboxd::text::escape(consumer))?;
         }
     }
     Ok(())

@@ -22,32 +22,10 @@ pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-/// A duration for people, in its two largest units: `850ms`, `1s 500ms`,
-/// `42s`, `5m 3s`, `2h 10m`, `3d 4h`; a zero second unit is left out (`5m`,
-/// `7d`). The one duration formatter of the binary (ages in `status`, the
-/// settings in `check-config`).
-pub fn human(d: Duration) -> String {
-    const UNITS: [(&str, u128); 5] = [
-        ("d", 86_400_000),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-        ("ms", 1),
-    ];
-    let ms = d.as_millis();
-    let Some(big) = UNITS.iter().position(|(_, size)| ms >= *size) else {
-        return "0ms".to_string();
-    };
-    let (unit, size) = UNITS[big];
-    let mut text = format!("{}{unit}", ms / size);
-    if let Some((small_unit, small_size)) = UNITS.get(big + 1) {
-        let small = ms % size / small_size;
-        if small > 0 {
-            text.push_str(&format!(" {small}{small_unit}"));
-        }
-    }
-    text
-}
+/// A duration for people (`850ms`, `5m 3s`, `7d`): the library's one
+/// formatter, which its setting errors use too, so every message echoes a
+/// duration in the units a person writes.
+pub use outboxd::text::duration as human;
 
 /// A one-line progress display on stderr, redrawn in place with `\r`.
 /// Silent unless stderr is a terminal, so scripts, pipes, cron mail and
@@ -140,25 +118,6 @@ mod tests {
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
-        }
-    }
-
-    #[test]
-    fn human_durations() {
-        let cases = [
-            (0, "0ms"),
-            (850, "850ms"),
-            (1_500, "1s 500ms"),
-            (30_000, "30s"),
-            (42_000, "42s"),
-            (303_000, "5m 3s"),
-            (7_800_000, "2h 10m"),
-            (273_600_000, "3d 4h"),
-            (300_000, "5m"),
-            (604_800_000, "7d"),
-        ];
-        for (ms, want) in cases {
-            assert_eq!(human(Duration::from_millis(ms)), want);
         }
     }
 

@@ -18,6 +18,14 @@ pub struct RawAlerts {
     max_dead: Option<u64>,
 }
 
+/// The thresholds without a config file, for every command (`status`,
+/// `console`, and `run`'s /healthz and dead-letter log): the relay's stale
+/// threshold, and any dead letter is a problem. With a config, its
+/// `[alerts]` decide ([`thresholds`]).
+pub fn without_config() -> Thresholds {
+    Thresholds::new(outboxd::relay::DEFAULT_STALE_AFTER, Some(0))
+}
+
 /// The thresholds `[alerts]` describes, defaults filled in (no `max_dead`:
 /// dead letters alone are no problem).
 pub fn thresholds(raw: &RawAlerts) -> Thresholds {

@@ -73,15 +73,7 @@ pub fn check(c: &Checker<'_>, raw: &RawHttp) -> Result<HttpSettings, ConfigError
         Some(a) => Some(resolve_listen(a).map_err(|m| c.err("http.listen", m))?),
     };
     if let Some(name) = &raw.token_env {
-        if name.is_empty() || name.contains('=') || name.contains('\0') {
-            return Err(c.err(
-                "http.token_env",
-                format!(
-                    "{name:?} is not an environment variable name; name the variable that \
-                     holds the token, such as OUTBOXD_HTTP_TOKEN"
-                ),
-            ));
-        }
+        check_token_env_name(name).map_err(|m| c.err("http.token_env", m))?;
     }
     let settings = HttpSettings {
         listen,
@@ -90,6 +82,38 @@ pub fn check(c: &Checker<'_>, raw: &RawHttp) -> Result<HttpSettings, ConfigError
     };
     settings.serve(None).map_err(|(field, m)| c.err(field, m))?;
     Ok(settings)
+}
+
+/// Refuses the console and the legacy `[metrics] listen` on one address:
+/// the console serves /metrics itself. The one check for `check-config`
+/// and `run` (whose flags may give either address). An error is (field,
+/// message).
+pub fn distinct_from_metrics(
+    console: SocketAddr,
+    metrics: Option<SocketAddr>,
+) -> Result<(), (&'static str, String)> {
+    match metrics {
+        Some(m) if m == console => Err((
+            "metrics.listen",
+            format!(
+                "{m} is both the metrics and the console address; the console serves \
+                 /metrics too, so drop metrics.listen (or --metrics)"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses what cannot be an environment variable's name (`http.token_env`
+/// or `--http-token-env`).
+pub fn check_token_env_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains('=') || name.contains('\0') {
+        return Err(format!(
+            "{name:?} is not an environment variable name; name the variable that \
+             holds the token, such as OUTBOXD_HTTP_TOKEN"
+        ));
+    }
+    Ok(())
 }
 
 impl HttpSettings {
@@ -131,8 +155,9 @@ impl HttpSettings {
                 "http.listen",
                 format!(
                     "{addr} is not a loopback address, and anyone who can reach it could \
-                     requeue, discard and replay events; set [http] token_env to the name of \
-                     an environment variable holding a token, or listen on 127.0.0.1"
+                     requeue, discard and replay events; name an environment variable holding \
+                     a token with --http-token-env VAR (or [http] token_env in the config), \
+                     or listen on 127.0.0.1"
                 ),
             ));
         }

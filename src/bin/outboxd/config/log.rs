@@ -38,6 +38,9 @@ const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 /// levels, or comma-separated directives each of which is a level or
 /// `target=level` (`info,outboxd=debug`). tracing would take a bare word
 /// (`verbose`) as a target at every level, silently; a typo is refused.
+///
+/// The reason does not repeat the value (clap's message for `--log-level`
+/// shows it already): "not a log level or filter; allowed: …".
 pub fn check_level(level: &str) -> Result<(), String> {
     let allowed = "allowed: error, warn, info, debug, trace, off, or directives such as \
                    info,outboxd=debug";
@@ -48,20 +51,22 @@ pub fn check_level(level: &str) -> Result<(), String> {
             _ => d,
         };
         if !LEVELS.contains(&level_part.to_ascii_lowercase().as_str()) {
-            return Err(format!(
-                "{level:?} is not a log level or filter: {d:?} is not one; {allowed}"
-            ));
+            return Err(if directives.len() == 1 {
+                format!("not a log level or filter; {allowed}")
+            } else {
+                format!("not a log level or filter ({d:?} is not one); {allowed}")
+            });
         }
     }
     tracing_subscriber::EnvFilter::try_new(level)
         .map(|_| ())
-        .map_err(|e| format!("{level:?} is not a log level or filter ({e}); {allowed}"))
+        .map_err(|e| format!("not a log level or filter ({e}); {allowed}"))
 }
 
 /// Checks `[log]`.
 pub fn check(c: &Checker<'_>, raw: &RawLog) -> Result<LogSettings, ConfigError> {
     if let Some(level) = &raw.level {
-        check_level(level).map_err(|m| c.err("log.level", m))?;
+        check_level(level).map_err(|m| c.err("log.level", format!("{level:?} is {m}")))?;
     }
     Ok(LogSettings {
         level: raw.level.clone(),

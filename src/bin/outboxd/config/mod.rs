@@ -127,7 +127,7 @@ impl Config {
             relay: RelaySettings::default(),
             retry: RetryPolicy::default(),
             purge: Some(PurgePolicy::default()),
-            alerts: Thresholds::default(),
+            alerts: alerts::without_config(),
             log: LogSettings::default(),
             metrics: None,
             http: HttpSettings::default(),
@@ -212,6 +212,51 @@ impl<'de> Deserialize<'de> for Dur {
     }
 }
 
+/// A whole number from `LO` to `HI` (`u64::MAX`: no upper bound), the
+/// range the setting allows (the library's constants): a wrong type or a
+/// number outside it is refused while parsing, with the line, in the
+/// setting's own range ("expected a whole number from 1 to 1000"), not the
+/// range of the Rust type that holds it.
+#[derive(Debug, Clone, Copy)]
+pub struct Whole<const LO: u64, const HI: u64>(pub u64);
+
+impl<const LO: u64, const HI: u64> Whole<LO, HI> {
+    /// The value as a `usize` (every bound outboxd uses fits in one).
+    pub fn get(self) -> usize {
+        usize::try_from(self.0).unwrap_or(usize::MAX)
+    }
+}
+
+impl<'de, const LO: u64, const HI: u64> Deserialize<'de> for Whole<LO, HI> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor<const LO: u64, const HI: u64>;
+        impl<const LO: u64, const HI: u64> serde::de::Visitor<'_> for Visitor<LO, HI> {
+            type Value = Whole<LO, HI>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                if HI == u64::MAX {
+                    write!(f, "a whole number ({LO} or more)")
+                } else {
+                    write!(f, "a whole number from {LO} to {HI}")
+                }
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
+                if (LO..=HI).contains(&n) {
+                    Ok(Whole(n))
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Unsigned(n), &self))
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::invalid_value(serde::de::Unexpected::Signed(n), &self)),
+                }
+            }
+        }
+        d.deserialize_u64(Visitor::<LO, HI>)
+    }
+}
+
 /// The whole file as written: one field per section.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -247,11 +292,21 @@ fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
     serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let inner = e.into_inner();
+        let message = inner.message().trim();
+        // `[consumer]` (one pair of brackets) is a table where a list of
+        // tables is wanted: the usual slip, said in TOML's terms.
+        let message = if field == "consumer" && message.starts_with("invalid type: map") {
+            "is a single table; write each consumer as [[consumer]] (two pairs of brackets: \
+             one table per consumer), and its sink as [consumer.sink]"
+                .to_string()
+        } else {
+            in_words(message)
+        };
         ConfigError {
             file: file.to_path_buf(),
             field: if field == "." { String::new() } else { field },
             line: inner.span().map(|s| line_of(text, s.start)),
-            message: in_words(inner.message().trim()),
+            message,
         }
     })
 }
@@ -458,6 +513,9 @@ fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigEr
     let log = log::check(c, &raw.log)?;
     let metrics = metrics::check(c, &raw.metrics)?;
     let http = http::check(c, &raw.http)?;
+    if let Some(console) = http.listen {
+        http::distinct_from_metrics(console, metrics).map_err(|(field, m)| c.err(field, m))?;
+    }
     let settings = RelayWide {
         relay: &relay,
         retry: &retry,
@@ -607,12 +665,27 @@ pub(crate) mod tests {
             (
                 "[relay]\nworkers = \"two\"",
                 "relay.workers",
-                "expected a whole number (0 or more), found the text \"two\"",
+                "expected a whole number from 1 to 1024, found the text \"two\"",
+            ),
+            (
+                "[relay]\nworkers = 0",
+                "relay.workers",
+                "0 is out of range; expected a whole number from 1 to 1024",
             ),
             (
                 "[retry]\nmax_attempts = 99999999999",
                 "retry.max_attempts",
-                "99999999999 is out of range; expected a whole number from 0 to 4294967295",
+                "99999999999 is out of range; expected a whole number from 1 to 1000",
+            ),
+            (
+                "[retry]\nmax_attempts = \"ten\"",
+                "retry.max_attempts",
+                "expected a whole number from 1 to 1000, found the text \"ten\"",
+            ),
+            (
+                "[purge]\nbatch_size = -1",
+                "purge.batch_size",
+                "-1 is out of range; expected a whole number from 1 to 100000",
             ),
             (
                 "[retry]\njitter = \"x\"",
@@ -658,6 +731,49 @@ pub(crate) mod tests {
             e.message,
             "expected a list, such as [\"a\", \"b\"], found the text \"*\""
         );
+    }
+
+    #[test]
+    fn setting_errors_echo_durations_in_the_units_people_write() {
+        let cases = [
+            (
+                "[relay]\nlease = \"0s\"",
+                "relay.lease",
+                "0s is too short; allowed: 1s or more",
+            ),
+            (
+                "[relay]\npoll_interval = \"2m\"",
+                "relay.poll_interval",
+                "2m is out of range; allowed: 1ms to 1m",
+            ),
+            (
+                "[purge]\ndelivered_retention = \"14d\"\ndedup_ttl = \"7d\"",
+                "purge.dedup_ttl",
+                "7d is shorter than purge.delivered_retention (14d); the dedup window must \
+                 cover every kept row",
+            ),
+            (
+                "[retry]\ninitial = \"1h\"\nmax_delay = \"30m\"",
+                "retry.max_delay",
+                "30m is shorter than retry.initial (1h); allowed: retry.initial or longer",
+            ),
+        ];
+        for (section, field, want) in cases {
+            let e = parse(&format!("{section}\n{STDOUT}")).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert_eq!(e.message, want, "{e}");
+        }
+    }
+
+    #[test]
+    fn common_slips_are_said_in_the_files_terms() {
+        let e = parse("[consumer]\nname = \"c\"\ntypes = [\"*\"]\n").unwrap_err();
+        assert_eq!(e.field, "consumer");
+        assert!(e.message.contains("[[consumer]]"), "{e}");
+        assert!(!e.message.contains("[\"a\", \"b\"]"), "{e}");
+        let e = parse(&STDOUT.replace("path = \"-\"", "path = \"\"")).unwrap_err();
+        assert_eq!(e.field, "consumer[0].sink.path");
+        assert!(e.message.starts_with("is empty"), "{e}");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use outboxd::purge::PurgePolicy;
 use serde::Deserialize;
 
-use super::Dur;
+use super::{Dur, Whole};
 
 /// `[purge]` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -15,7 +15,7 @@ pub struct RawPurge {
     dedup_ttl: Option<Dur>,
     dead_retention: Option<Dur>,
     intent_retention: Option<Dur>,
-    batch_size: Option<usize>,
+    batch_size: Option<Whole<1, { outboxd::purge::MAX_PURGE_BATCH as u64 }>>,
 }
 
 /// The purge policy `[purge]` describes: the library's defaults with the
@@ -31,6 +31,6 @@ pub fn policy(p: &RawPurge) -> Option<PurgePolicy> {
             .dedup_ttl(p.dedup_ttl.map_or(d.dedup_ttl, |x| x.0))
             .dead_retention(p.dead_retention.map(|x| x.0))
             .intent_retention(p.intent_retention.map_or(d.intent_retention, |x| x.0))
-            .batch_size(p.batch_size.unwrap_or(d.batch_size)),
+            .batch_size(p.batch_size.map_or(d.batch_size, Whole::get)),
     )
 }

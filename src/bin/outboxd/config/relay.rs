@@ -7,7 +7,7 @@ use std::time::Duration;
 use outboxd::relay::UnroutedPolicy;
 use serde::Deserialize;
 
-use super::{Checker, ConfigError, Dur};
+use super::{Checker, ConfigError, Dur, Whole};
 use crate::cmd::support::human;
 
 /// How long in-flight deliveries may finish after SIGINT or SIGTERM, unless
@@ -51,8 +51,8 @@ impl Default for RelaySettings {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRelay {
-    workers: Option<usize>,
-    batch_size: Option<usize>,
+    workers: Option<Whole<1, { outboxd::relay::MAX_WORKERS as u64 }>>,
+    batch_size: Option<Whole<1, { outboxd::relay::MAX_BATCH_SIZE as u64 }>>,
     lease: Option<Dur>,
     poll_interval: Option<Dur>,
     unrouted: Option<Unrouted>,
@@ -80,8 +80,8 @@ pub fn check(c: &Checker<'_>, r: &RawRelay) -> Result<RelaySettings, ConfigError
         ));
     }
     Ok(RelaySettings {
-        workers: r.workers,
-        batch_size: r.batch_size,
+        workers: r.workers.map(Whole::get),
+        batch_size: r.batch_size.map(Whole::get),
         lease: r.lease.map_or(outboxd::relay::DEFAULT_LEASE, |d| d.0),
         poll_interval: r.poll_interval.map(|d| d.0),
         unrouted: match r.unrouted {

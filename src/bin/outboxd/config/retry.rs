@@ -5,7 +5,7 @@
 use outboxd::RetryPolicy;
 use serde::Deserialize;
 
-use super::Dur;
+use super::{Dur, Whole};
 
 /// A retry table as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -13,7 +13,7 @@ use super::Dur;
 pub struct RawRetry {
     initial: Option<Dur>,
     max_delay: Option<Dur>,
-    max_attempts: Option<u32>,
+    max_attempts: Option<Whole<1, { outboxd::relay::MAX_RETRY_ATTEMPTS as u64 }>>,
     jitter: Option<f64>,
 }
 
@@ -27,7 +27,7 @@ pub fn apply(raw: &RawRetry, base: RetryPolicy) -> RetryPolicy {
         p = p.max_delay(d);
     }
     if let Some(n) = raw.max_attempts {
-        p = p.max_attempts(n);
+        p = p.max_attempts(u32::try_from(n.0).unwrap_or(u32::MAX));
     }
     if let Some(j) = raw.jitter {
         p = p.jitter(j);

@@ -32,6 +32,8 @@ pub struct Auth {
     token: Option<Token>,
     csrf: String,
     loopback: bool,
+    /// The address bound, named in the refusal of a foreign Host.
+    bound: SocketAddr,
 }
 
 struct Token {
@@ -59,6 +61,7 @@ impl Auth {
             }),
             csrf: hex(&rand::random::<[u8; 32]>()),
             loopback: bind.ip().is_loopback(),
+            bound: bind,
         }
     }
 
@@ -79,17 +82,20 @@ impl Auth {
             if !is_loopback_host(host) {
                 return Err(Refusal::Forbidden(format!(
                     "the Host header names {host:?}, not this machine; open the console at \
-                     http://127.0.0.1:PORT/ (other names are refused against DNS rebinding)"
+                     http://{}/ (other names are refused against DNS rebinding)",
+                    self.bound
                 )));
             }
         }
         let Some(token) = &self.token else {
             return Ok(());
         };
+        // The scheme is case-insensitive (RFC 7235): "bearer" is "Bearer".
         let bearer = req
             .header("authorization")
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|given| eq(given.trim(), &token.secret));
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .is_some_and(|(_, given)| eq(given.trim(), &token.secret));
         let cookie = req
             .header("cookie")
             .and_then(|c| cookie_value(c, COOKIE))

@@ -70,29 +70,25 @@ struct HistoryState {
 
 impl History {
     /// Records the totals seen at the start of `minute`; the growth since
-    /// the previous record is the previous minute's figure.
+    /// the previous record is the previous minute's figure. The first
+    /// record of a minute is its start: a later one in the same minute (the
+    /// sampler after [`History::series`] recorded on demand) changes nothing.
     pub fn record(&self, minute: i64, totals: Counts) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((base_minute, base)) = st.base {
-            if minute > base_minute {
-                // Missed ticks (a stall) fold into the last full minute.
-                st.minutes.push_back((minute - 1, totals.since(base)));
-            }
-        }
-        st.base = Some((minute, totals));
-        while st
-            .minutes
-            .front()
-            .is_some_and(|(m, _)| *m <= minute - MINUTES)
-        {
-            st.minutes.pop_front();
-        }
+        st.record(minute, totals);
     }
 
     /// The last hour up to `now_minute`, the current minute measured
-    /// against `live` totals.
+    /// against `live` totals. When the once-a-minute sample of this minute
+    /// has not been taken yet (its thread wakes a few milliseconds late),
+    /// `live` is recorded as this minute's start first, so the growth since
+    /// the last sample is counted (in the last full minute) rather than
+    /// left out of the hour.
     pub fn series(&self, now_minute: i64, live: Counts) -> Series {
-        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.base.is_some_and(|(m, _)| m < now_minute) {
+            st.record(now_minute, live);
+        }
         let first_minute = now_minute - MINUTES + 1;
         let mut minutes = vec![None; MINUTES as usize];
         for (m, c) in &st.minutes {
@@ -109,6 +105,27 @@ impl History {
             first_minute,
             minutes,
             has_retries: true,
+        }
+    }
+}
+
+impl HistoryState {
+    fn record(&mut self, minute: i64, totals: Counts) {
+        match self.base {
+            Some((base_minute, base)) if minute > base_minute => {
+                // Missed ticks (a stall) fold into the last full minute.
+                self.minutes.push_back((minute - 1, totals.since(base)));
+                self.base = Some((minute, totals));
+            }
+            Some(_) => return,
+            None => self.base = Some((minute, totals)),
+        }
+        while self
+            .minutes
+            .front()
+            .is_some_and(|(m, _)| *m <= minute - MINUTES)
+        {
+            self.minutes.pop_front();
         }
     }
 }
@@ -253,6 +270,21 @@ mod tests {
         assert_eq!(s.minutes[58], Some(c(0, 11)), "minute 101");
         assert_eq!(s.minutes[59], Some(c(5, 1)), "the current minute, live");
         assert_eq!(s.total(), c(20, 16));
+    }
+
+    #[test]
+    fn a_late_sample_leaves_nothing_out_of_the_hour() {
+        let h = History::default();
+        h.record(100, c(10, 0));
+        // Minute 101 has begun, its sample not yet taken: the 7 deliveries
+        // since minute 100's start still count (in minute 100).
+        let s = h.series(101, c(10, 7));
+        assert_eq!(s.total(), c(0, 7), "{s:?}");
+        assert_eq!(s.minutes[58], Some(c(0, 7)), "minute 100");
+        // The late sample of minute 101 neither counts them twice nor loses
+        // what came between.
+        h.record(101, c(10, 9));
+        assert_eq!(h.series(101, c(10, 9)).total(), c(0, 9));
     }
 
     #[test]

@@ -36,6 +36,12 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
             "is missing; a jsonl sink needs path = \"-\" (stdout) or a file",
         )
     })?;
+    if path.as_os_str().is_empty() {
+        return Err(c.err(
+            format!("{at}.path"),
+            "is empty; give path = \"-\" (stdout) or a file",
+        ));
+    }
     if path.as_os_str() == "-" {
         if s.fsync == Some(true) {
             return Err(c.err(

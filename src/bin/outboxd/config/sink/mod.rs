@@ -21,7 +21,7 @@ use outboxd::sinks::SqlSink;
 use outboxd::RetryPolicy;
 use serde::Deserialize;
 
-use super::{Checker, ConfigError, Dur};
+use super::{Checker, ConfigError, Dur, Whole};
 
 pub mod command;
 pub mod jsonl;
@@ -275,7 +275,7 @@ raw_sink! {
     /// Extra request headers.
     headers: BTreeMap<String, String>,
     /// The most response bytes read.
-    max_response_bytes: u64,
+    max_response_bytes: Whole<1, { u64::MAX }>,
     // nats
     /// The NATS server URLs.
     servers: Vec<String>,

@@ -128,11 +128,12 @@ mod with_nats {
         b.validate().map_err(|e| errors.of(&e))?;
 
         let description = format!(
-            "nats {} stream {stream} subject {} (ack timeout {ack_timeout:?}{})",
+            "nats {} stream {stream} subject {} (ack timeout {}{})",
             servers.join(","),
             s.subject
                 .as_deref()
                 .unwrap_or(outboxd::sinks::nats::DEFAULT_SUBJECT),
+            outboxd::text::duration(ack_timeout),
             if create.is_some() {
                 ", creates the stream if missing"
             } else {

@@ -98,13 +98,7 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
         b = b.connect_timeout(t);
     }
     if let Some(n) = s.max_response_bytes {
-        if n == 0 {
-            return Err(c.err(
-                format!("{at}.max_response_bytes"),
-                "must be 1 or more, such as 65536",
-            ));
-        }
-        b = b.max_response_bytes(n);
+        b = b.max_response_bytes(n.0);
     }
     if let Some(deny) = s.deny_private_addresses {
         b = b.deny_private_addresses(deny);
