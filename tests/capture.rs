@@ -645,6 +645,147 @@ fn names_that_do_not_exist_are_errors_naming_them_and_nothing_changes() {
     assert!(e.to_string().contains("captured twice"), "{e}");
 }
 
+/// A `when` is pasted into trigger SQL: text that is not one condition
+/// (it ends the trigger and adds statements of its own) is refused before
+/// anything runs, and no statement of it ever runs.
+#[test]
+fn a_when_that_is_not_one_condition_is_refused_and_runs_nothing() {
+    let (_db, mut conn) = cms();
+    conn.execute_batch("CREATE TABLE victim (x); INSERT INTO victim VALUES (1);")
+        .unwrap();
+    let hostile = [
+        // Ends the WHEN, finishes a trigger, drops a table, and starts a
+        // trigger that the generated rest of the SQL completes.
+        "1) BEGIN SELECT 1; END; DROP TABLE victim; \
+         CREATE TRIGGER sneaky AFTER INSERT ON pages WHEN (1",
+        // Valid as the SELECT the check compiles, followed by a statement.
+        "1) FROM pages AS new; DROP TABLE victim; SELECT (1",
+        "NEW.id > 0; DELETE FROM victim",
+        // Swallows the closing parenthesis the trigger adds.
+        "NEW.id > 0 /*",
+        "NEW.id > 0 -- a note",
+        "NEW.slug = 'a",
+        "NEW.id) OR (1",
+    ];
+    for when in hostile {
+        let mut spec = pages_spec();
+        spec.operations = vec![Operation::Insert];
+        spec.when = Some(When::PerOperation {
+            insert: Some(when.into()),
+            update: None,
+            delete: None,
+        });
+        let e = capture::apply(&mut conn, &[spec], Timestamp::now()).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::Capture(CaptureError::Invalid {
+                    field: "when.insert",
+                    ..
+                })
+            ),
+            "{when:?}: {e}"
+        );
+        assert!(e.to_string().contains("when.insert"), "{e}");
+        assert!(
+            installed(&conn).is_empty(),
+            "{when:?} left {:?}",
+            installed(&conn)
+        );
+        let victims: i64 = conn
+            .query_row("SELECT count(*) FROM victim", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(victims, 1, "{when:?} ran a statement of its own");
+    }
+    // The same text for an operation that is not captured is refused too:
+    // it is recorded with the capture and would be installed by a later
+    // change of `operations`.
+    let mut spec = pages_spec();
+    spec.operations = vec![Operation::Insert];
+    spec.when = Some(When::PerOperation {
+        insert: None,
+        update: None,
+        delete: Some(hostile[0].into()),
+    });
+    let e = capture::apply(&mut conn, &[spec], Timestamp::now()).unwrap_err();
+    assert!(e.to_string().contains("when.delete"), "{e}");
+    // Parentheses, semicolons and comment marks inside strings, quoted
+    // names and closed comments are fine.
+    let mut spec = pages_spec();
+    spec.when = Some(When::All(
+        "/* ; ) */ (SELECT count(*) FROM victim WHERE x <> ';)--') >= 0".into(),
+    ));
+    apply(&mut conn, &[spec]);
+    conn.execute("INSERT INTO pages (slug, title) VALUES ('a', 'A')", [])
+        .unwrap();
+    assert_eq!(types(&events(&conn)), ["page.created.v1"]);
+}
+
+/// Every name capture writes into SQL comes from the host's schema, so a
+/// table or column may be called anything: each is quoted as an
+/// identifier or a string, never pasted raw.
+#[test]
+fn hostile_table_and_column_names_are_quoted_everywhere() {
+    let db = TestDb::new();
+    let mut conn = db.conn();
+    let table = "we\"ird'; DROP TABLE victim; --";
+    let col = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
+    let key = "k\"; DROP TABLE victim; --";
+    let tenant = "t'); DROP TABLE victim; --";
+    let value = "v]) /* ; */ --";
+    conn.execute_batch(&format!(
+        "CREATE TABLE victim (x); INSERT INTO victim VALUES (1);
+         CREATE TABLE {} ({} TEXT PRIMARY KEY, {} TEXT, {} TEXT, UNIQUE ({}));",
+        col(table),
+        col(key),
+        col(tenant),
+        col(value),
+        col(value),
+    ))
+    .unwrap();
+    let mut spec = CaptureSpec::new(table, "thing.{op}.v1", Columns::All);
+    spec.tenant_column = Some(tenant.into());
+    spec.ordering_key = Some(format!("it's {{{value}}}; --"));
+    spec.when = Some(When::PerOperation {
+        insert: Some(format!("NEW.{} <> 'x'", col(value))),
+        update: None,
+        delete: Some(format!("OLD.{} <> 'x'", col(value))),
+    });
+    apply(&mut conn, &[spec]);
+    conn.execute_batch(&format!(
+        "INSERT INTO {t} VALUES ('a', 'acme', 'one');
+         UPDATE {t} SET {v} = 'two';
+         INSERT OR REPLACE INTO {t} VALUES ('b', 'acme', 'two');
+         DELETE FROM {t};",
+        t = col(table),
+        v = col(value),
+    ))
+    .unwrap();
+    let evs = events(&conn);
+    assert_eq!(
+        types(&evs),
+        [
+            "thing.created.v1",
+            "thing.updated.v1",
+            "thing.deleted.v1",
+            "thing.created.v1",
+            "thing.deleted.v1"
+        ]
+    );
+    assert_eq!(evs[0].payload["table"], table);
+    assert_eq!(evs[0].payload["key"], json!({ key: "a" }));
+    assert_eq!(evs[0].payload["after"][value], "one");
+    assert_eq!(evs[0].tenant_id.as_deref(), Some("acme"));
+    assert_eq!(evs[0].ordering_key.as_deref(), Some("it's one; --"));
+    let victims: i64 = conn
+        .query_row("SELECT count(*) FROM victim", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(victims, 1);
+    assert!(capture::inspect(&conn).unwrap()[0].is_intact());
+    capture::remove(&mut conn, &Removal::Table(table.into())).unwrap();
+    assert!(installed(&conn).is_empty());
+}
+
 #[test]
 fn views_and_virtual_tables_cannot_be_captured() {
     let (_db, mut conn) = cms();

@@ -327,7 +327,7 @@ fn drop_objects(
             Some(o) if o.kind == "view" => "VIEW",
             _ => "TRIGGER",
         };
-        conn.execute_batch(&format!("DROP {kind} IF EXISTS {}", ident(name)))
+        conn.execute(&format!("DROP {kind} IF EXISTS {}", ident(name)), [])
             .map_err(Error::db("drop a capture trigger"))?;
     }
     conn.execute(
@@ -362,7 +362,9 @@ fn install(conn: &Connection, table: &str, wanted: &[SqlObject]) -> Result<bool>
     }
     drop_objects(conn, table, &installed)?;
     for t in wanted {
-        conn.execute_batch(&t.sql).map_err(|e| {
+        // One statement each: `execute` refuses SQL with a second statement
+        // after the first (execute_batch would run it).
+        conn.execute(&t.sql, []).map_err(|e| {
             Error::from(CaptureError::DoesNotCompile {
                 table: if table.is_empty() { EVENT_VIEW } else { table }.to_string(),
                 operation: None,
@@ -429,4 +431,35 @@ fn check_compiles(conn: &Connection, table: &str, op: Operation, sql: &str) -> R
         }
         .into()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_object_is_created_by_one_statement_and_never_more() {
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        conn.execute_batch("CREATE TABLE pages (id INTEGER PRIMARY KEY); CREATE TABLE victim (x)")
+            .unwrap();
+        let sneaky = SqlObject {
+            name: "outboxd_capture_pages_insert".into(),
+            kind: "trigger",
+            table: "pages".into(),
+            sql: "CREATE TRIGGER outboxd_capture_pages_insert AFTER INSERT ON pages BEGIN SELECT 1; END; \
+                  DROP TABLE victim"
+                .into(),
+        };
+        let e = install(&conn, "pages", &[sneaky]).unwrap_err();
+        assert!(e.to_string().contains("pages"), "{e}");
+        let victim: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'victim'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(victim, 1, "the second statement did not run");
+    }
 }
