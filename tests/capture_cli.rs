@@ -155,7 +155,7 @@ fn status_and_doctor_report_a_missing_trigger_and_exit_1() {
         .success());
     assert_eq!(outboxd(&db, &["status"]).status.code(), Some(0));
     db.conn()
-        .execute_batch("DROP TRIGGER outboxd_capture_pages_update")
+        .execute_batch("DROP TRIGGER outboxd_capture_update_pages")
         .unwrap();
     let o = outboxd(&db, &["status", "--json"]);
     assert_eq!(o.status.code(), Some(PROBLEMS));
@@ -163,7 +163,7 @@ fn status_and_doctor_report_a_missing_trigger_and_exit_1() {
     assert_eq!(v["problems"][0]["threshold"], "capture");
     let message = v["problems"][0]["message"].as_str().unwrap();
     assert!(
-        message.contains("outboxd_capture_pages_update"),
+        message.contains("outboxd_capture_update_pages"),
         "{message}"
     );
     assert!(message.contains("cannot be recovered"), "{message}");

@@ -210,7 +210,7 @@ fn a_django_cms_is_captured_through_its_orm_and_its_migrations() {
         "capture list reports the drift"
     );
     let text = String::from_utf8_lossy(&list.stdout);
-    assert!(text.contains("outboxd_capture_cms_page_insert"), "{text}");
+    assert!(text.contains("outboxd_capture_insert_cms_page"), "{text}");
     assert!(text.contains("missing since some time after"), "{text}");
     assert!(text.contains("cannot be recovered"), "{text}");
     let status = cms.outboxd(&["status"]);

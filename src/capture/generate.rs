@@ -42,6 +42,21 @@ pub const EVENT_TRIGGER: &str = "outboxd_capture_event_write";
 /// Prefix of every trigger capture installs.
 pub const TRIGGER_PREFIX: &str = "outboxd_capture_";
 
+/// What each trigger of a table does; its name is
+/// `outboxd_capture_<kind>_<table>`. The kind comes first, and no kind
+/// followed by `_` begins another kind followed by `_`, so the name of one
+/// table's trigger is never the name of another table's: with the table
+/// first (`outboxd_capture_<table>_<kind>`, before), `pages` with
+/// `before_insert` and `pages_before` with `insert` collided. Nor does a
+/// kind begin like a shared object's name (`event`, `fix`, `replaced`).
+pub(crate) const KINDS: [&str; 5] = [
+    "insert",
+    "update",
+    "delete",
+    "before_insert",
+    "before_update",
+];
+
 /// The most bytes the values of one change may carry: a change with a value
 /// longer than this divided by the number of values it renders (key,
 /// before and after) is sent without them (`"too_large":true`). Escaping
@@ -147,8 +162,10 @@ impl Plan {
             .map(|alias| format!("{}.{alias}", row.prefix()))
     }
 
+    /// `outboxd_capture_<kind>_<table>`; see [`KINDS`].
     fn trigger_name(&self, kind: &str) -> String {
-        format!("{TRIGGER_PREFIX}{}_{kind}", self.table.name)
+        debug_assert!(KINDS.contains(&kind), "{kind} is not in KINDS");
+        format!("{TRIGGER_PREFIX}{kind}_{}", self.table.name)
     }
 
     /// The key as a JSON object.
@@ -958,6 +975,21 @@ mod tests {
             // sends text with NUL as hex before this check.
             if !b.contains(&0) {
                 proptest::prop_assert_eq!(ok, std::str::from_utf8(&b).is_ok());
+            }
+        }
+    }
+
+    #[test]
+    fn no_kind_begins_another_so_trigger_names_never_collide() {
+        for a in KINDS {
+            for b in KINDS {
+                if a != b {
+                    assert!(!format!("{b}_").starts_with(&format!("{a}_")), "{a} / {b}");
+                }
+            }
+            for shared in [EVENT_VIEW, EVENT_TRIGGER, FIX_TRIGGER, REPLACED_TRIGGER] {
+                let own = format!("{TRIGGER_PREFIX}{a}_");
+                assert!(!shared.starts_with(&own), "{shared} / {a}");
             }
         }
     }

@@ -362,6 +362,26 @@ fn install(conn: &Connection, table: &str, wanted: &[SqlObject]) -> Result<bool>
     }
     drop_objects(conn, table, &installed)?;
     for t in wanted {
+        // Not taken by an object capture does not own (what it owned for
+        // this table was dropped just now): a host's trigger, or one
+        // recorded for another table by an outboxd that named them
+        // differently.
+        let taken: Option<String> = conn
+            .query_row(
+                "SELECT tbl_name FROM sqlite_master WHERE name = ?1 COLLATE NOCASE",
+                [&t.name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(Error::db("look for a capture trigger's name"))?;
+        if let Some(on) = taken {
+            return Err(CaptureError::NameTaken {
+                table: if table.is_empty() { EVENT_VIEW } else { table }.to_string(),
+                name: t.name.clone(),
+                on,
+            }
+            .into());
+        }
         // One statement each: `execute` refuses SQL with a second statement
         // after the first (execute_batch would run it).
         conn.execute(&t.sql, []).map_err(|e| {
@@ -444,10 +464,10 @@ mod tests {
         conn.execute_batch("CREATE TABLE pages (id INTEGER PRIMARY KEY); CREATE TABLE victim (x)")
             .unwrap();
         let sneaky = SqlObject {
-            name: "outboxd_capture_pages_insert".into(),
+            name: "outboxd_capture_insert_pages".into(),
             kind: "trigger",
             table: "pages".into(),
-            sql: "CREATE TRIGGER outboxd_capture_pages_insert AFTER INSERT ON pages BEGIN SELECT 1; END; \
+            sql: "CREATE TRIGGER outboxd_capture_insert_pages AFTER INSERT ON pages BEGIN SELECT 1; END; \
                   DROP TABLE victim"
                 .into(),
         };

@@ -139,6 +139,22 @@ pub enum CaptureError {
         /// Why.
         reason: String,
     },
+    /// A trigger capture would install has the name of one it does not
+    /// own: a host's trigger (on any table), or the trigger of another
+    /// capture installed by an outboxd that named them differently.
+    #[error(
+        "capture of {table}: a trigger named {name} exists already on {on} and is not this \
+         capture's; drop or rename it (if it is another capture's, run `outboxd capture apply` \
+         for that table first)"
+    )]
+    NameTaken {
+        /// The table being captured.
+        table: String,
+        /// The name.
+        name: String,
+        /// The table the existing object is on.
+        on: String,
+    },
     /// SQLite refused the generated triggers, most often because a `when`
     /// condition names a column that does not exist or a row the operation
     /// lacks (an insert has no OLD, a delete no NEW).

@@ -450,7 +450,7 @@ mod tests {
 
     fn drop_trigger(db: &Path) {
         let conn = outboxd::connection::open(db).unwrap();
-        conn.execute_batch("DROP TRIGGER outboxd_capture_pages_insert")
+        conn.execute_batch("DROP TRIGGER outboxd_capture_insert_pages")
             .unwrap();
     }
 
