@@ -238,15 +238,6 @@ pub fn remove(conn: &mut Connection, which: &Removal) -> Result<RemoveReport> {
     Ok(report)
 }
 
-/// The SQL a spec would install, checked against its table but not
-/// installed: the shared event view and its trigger, then the table's
-/// triggers.
-pub fn preview(conn: &Connection, spec: &CaptureSpec) -> Result<Vec<SqlObject>> {
-    let mut out = event_objects().to_vec();
-    out.extend(resolve(conn, spec)?.triggers());
-    Ok(out)
-}
-
 /// A trigger or view named like capture's, as sqlite_master holds it.
 #[derive(Debug, Clone)]
 pub(crate) struct Installed {

@@ -49,12 +49,8 @@ pub use drift::{
     compare, inspect, mark_verified, CaptureStatus, Comparison, ConfigMatch, ObjectStatus,
     TriggerState,
 };
-pub use generate::{
-    ulid_sql, SqlObject, EVENT_TRIGGER, EVENT_VIEW, FIX_TRIGGER, MAX_CHANGE_BYTES, REPLACED_TRIGGER,
-};
-pub use install::{
-    apply, preview, remove, ApplyReport, Change, Removal, RemoveReport, TableChange,
-};
+pub use generate::MAX_CHANGE_BYTES;
+pub use install::{apply, remove, ApplyReport, Change, Removal, RemoveReport, TableChange};
 pub use spec::{CaptureSpec, Columns, Operation, When, DEFAULT_ORDERING_KEY};
 
 use crate::envelope::EnvelopeError;
