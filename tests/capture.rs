@@ -1016,15 +1016,21 @@ fn a_table_rebuilt_by_a_migration_is_reported_and_apply_restores_it() {
         status.newest_event_at.map(|t| t.as_millis()),
         Some(events(&conn)[0].envelope.occurred_at.as_millis())
     );
-    // mark_verified does not move a broken capture's time forward.
+    // mark_verified records an observation: forward only, and nothing for
+    // a table without a capture.
+    let earlier = status.verified_at.minus(Duration::from_secs(60));
+    let later = status.verified_at.plus(Duration::from_secs(60));
+    let seen = |t: Timestamp| vec![("pages".to_string(), t), ("nope".to_string(), t)];
     assert_eq!(
-        capture::mark_verified(&conn, Timestamp::now().plus(Duration::from_secs(60))).unwrap(),
+        capture::mark_verified(&mut conn, &seen(earlier)).unwrap(),
         0
     );
     assert_eq!(
         capture::inspect(&conn).unwrap()[0].verified_at,
         status.verified_at
     );
+    assert_eq!(capture::mark_verified(&mut conn, &seen(later)).unwrap(), 1);
+    assert_eq!(capture::inspect(&conn).unwrap()[0].verified_at, later);
 
     // The config still matches what was installed, but it is not installed.
     let report = apply(&mut conn, &[pages_spec()]);
