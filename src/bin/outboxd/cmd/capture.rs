@@ -13,6 +13,7 @@ use outboxd::Timestamp;
 use rusqlite::Connection;
 use serde::Serialize;
 
+use super::support::not_found;
 use super::{database, Global};
 use crate::config::capture::{self as capture_config, CaptureConfig};
 use crate::exit::{Exit, Failure};
@@ -126,14 +127,6 @@ fn load(file: &Path) -> Result<CaptureConfig> {
     Ok(capture_config::load(file).map_err(|e| Failure::config(e.to_string()))?)
 }
 
-/// A capture that cannot be installed as defined is a config problem.
-fn config_error(e: outboxd::Error) -> anyhow::Error {
-    match e {
-        outboxd::Error::Capture(c) => Failure::config(c.to_string()).into(),
-        other => other.into(),
-    }
-}
-
 fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
     let config = load(&args.config)?;
     let db = global.db_with_config(config.database.as_deref());
@@ -146,8 +139,7 @@ fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
     }
     database::migrate(&db)?;
     let mut conn = database::for_writing(&db)?;
-    let report =
-        capture::apply(&mut conn, &config.captures, Timestamp::now()).map_err(config_error)?;
+    let report = capture::apply(&mut conn, &config.captures, Timestamp::now())?;
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer(&mut out, &report)?;
@@ -279,12 +271,8 @@ fn drop_captures(global: &Global, args: &DropArgs) -> Result<Exit> {
         Some(t) => Removal::Table(t.clone()),
         None => Removal::All,
     };
-    let report = capture::remove(&mut conn, &which).map_err(|e| match e {
-        outboxd::Error::NotFound { .. } => {
-            Failure::input(format!("{e}; see the captures with `outboxd capture list`")).into()
-        }
-        other => anyhow::Error::from(other),
-    })?;
+    let report = capture::remove(&mut conn, &which)
+        .map_err(not_found("see the captures with `outboxd capture list`"))?;
     let mut out = std::io::stdout().lock();
     for t in &report.tables {
         writeln!(out, "dropped the capture of {t}")?;
