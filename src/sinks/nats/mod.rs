@@ -86,9 +86,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use subject::{
-    check_subject, filter_covers, SubjectTemplate, SubjectTemplateError, DEFAULT_SUBJECT, NO_TENANT,
-};
+pub use subject::{SubjectTemplate, SubjectTemplateError, DEFAULT_SUBJECT};
 pub use window::{DuplicateWindowCheck, DEFAULT_DUPLICATE_WINDOW};
 
 use crate::consumer::{Consumer, Delivery, Outcome};
