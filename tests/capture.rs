@@ -645,6 +645,274 @@ fn names_that_do_not_exist_are_errors_naming_them_and_nothing_changes() {
     assert!(e.to_string().contains("captured twice"), "{e}");
 }
 
+/// A `when` is pasted into trigger SQL: text that is not one condition
+/// (it ends the trigger and adds statements of its own) is refused before
+/// anything runs, and no statement of it ever runs.
+#[test]
+fn a_when_that_is_not_one_condition_is_refused_and_runs_nothing() {
+    let (_db, mut conn) = cms();
+    conn.execute_batch("CREATE TABLE victim (x); INSERT INTO victim VALUES (1);")
+        .unwrap();
+    let hostile = [
+        // Ends the WHEN, finishes a trigger, drops a table, and starts a
+        // trigger that the generated rest of the SQL completes.
+        "1) BEGIN SELECT 1; END; DROP TABLE victim; \
+         CREATE TRIGGER sneaky AFTER INSERT ON pages WHEN (1",
+        // Valid as the SELECT the check compiles, followed by a statement.
+        "1) FROM pages AS new; DROP TABLE victim; SELECT (1",
+        "NEW.id > 0; DELETE FROM victim",
+        // Swallows the closing parenthesis the trigger adds.
+        "NEW.id > 0 /*",
+        "NEW.id > 0 -- a note",
+        "NEW.slug = 'a",
+        "NEW.id) OR (1",
+    ];
+    for when in hostile {
+        let mut spec = pages_spec();
+        spec.operations = vec![Operation::Insert];
+        spec.when = Some(When::PerOperation {
+            insert: Some(when.into()),
+            update: None,
+            delete: None,
+        });
+        let e = capture::apply(&mut conn, &[spec], Timestamp::now()).unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                Error::Capture(CaptureError::Invalid {
+                    field: "when.insert",
+                    ..
+                })
+            ),
+            "{when:?}: {e}"
+        );
+        assert!(e.to_string().contains("when.insert"), "{e}");
+        assert!(
+            installed(&conn).is_empty(),
+            "{when:?} left {:?}",
+            installed(&conn)
+        );
+        let victims: i64 = conn
+            .query_row("SELECT count(*) FROM victim", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(victims, 1, "{when:?} ran a statement of its own");
+    }
+    // The same text for an operation that is not captured is refused too:
+    // it is recorded with the capture and would be installed by a later
+    // change of `operations`.
+    let mut spec = pages_spec();
+    spec.operations = vec![Operation::Insert];
+    spec.when = Some(When::PerOperation {
+        insert: None,
+        update: None,
+        delete: Some(hostile[0].into()),
+    });
+    let e = capture::apply(&mut conn, &[spec], Timestamp::now()).unwrap_err();
+    assert!(e.to_string().contains("when.delete"), "{e}");
+    // Parentheses, semicolons and comment marks inside strings, quoted
+    // names and closed comments are fine.
+    let mut spec = pages_spec();
+    spec.when = Some(When::All(
+        "/* ; ) */ (SELECT count(*) FROM victim WHERE x <> ';)--') >= 0".into(),
+    ));
+    apply(&mut conn, &[spec]);
+    conn.execute("INSERT INTO pages (slug, title) VALUES ('a', 'A')", [])
+        .unwrap();
+    assert_eq!(types(&events(&conn)), ["page.created.v1"]);
+}
+
+/// Every name capture writes into SQL comes from the host's schema, so a
+/// table or column may be called anything: each is quoted as an
+/// identifier or a string, never pasted raw.
+#[test]
+fn hostile_table_and_column_names_are_quoted_everywhere() {
+    let db = TestDb::new();
+    let mut conn = db.conn();
+    let table = "we\"ird'; DROP TABLE victim; --";
+    let col = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
+    let key = "k\"; DROP TABLE victim; --";
+    let tenant = "t'); DROP TABLE victim; --";
+    let value = "v]) /* ; */ --";
+    conn.execute_batch(&format!(
+        "CREATE TABLE victim (x); INSERT INTO victim VALUES (1);
+         CREATE TABLE {} ({} TEXT PRIMARY KEY, {} TEXT, {} TEXT, UNIQUE ({}));",
+        col(table),
+        col(key),
+        col(tenant),
+        col(value),
+        col(value),
+    ))
+    .unwrap();
+    let mut spec = CaptureSpec::new(table, "thing.{op}.v1", Columns::All);
+    spec.tenant_column = Some(tenant.into());
+    spec.ordering_key = Some(format!("it's {{{value}}}; --"));
+    spec.when = Some(When::PerOperation {
+        insert: Some(format!("NEW.{} <> 'x'", col(value))),
+        update: None,
+        delete: Some(format!("OLD.{} <> 'x'", col(value))),
+    });
+    apply(&mut conn, &[spec]);
+    conn.execute_batch(&format!(
+        "INSERT INTO {t} VALUES ('a', 'acme', 'one');
+         UPDATE {t} SET {v} = 'two';
+         INSERT OR REPLACE INTO {t} VALUES ('b', 'acme', 'two');
+         DELETE FROM {t};",
+        t = col(table),
+        v = col(value),
+    ))
+    .unwrap();
+    let evs = events(&conn);
+    assert_eq!(
+        types(&evs),
+        [
+            "thing.created.v1",
+            "thing.updated.v1",
+            "thing.deleted.v1",
+            "thing.created.v1",
+            "thing.deleted.v1"
+        ]
+    );
+    assert_eq!(evs[0].payload["table"], table);
+    assert_eq!(evs[0].payload["key"], json!({ key: "a" }));
+    assert_eq!(evs[0].payload["after"][value], "one");
+    assert_eq!(evs[0].tenant_id.as_deref(), Some("acme"));
+    assert_eq!(evs[0].ordering_key.as_deref(), Some("it's one; --"));
+    let victims: i64 = conn
+        .query_row("SELECT count(*) FROM victim", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(victims, 1);
+    assert!(capture::inspect(&conn).unwrap()[0].is_intact());
+    capture::remove(&mut conn, &Removal::Table(table.into())).unwrap();
+    assert!(installed(&conn).is_empty());
+}
+
+/// Regression (review of issue 14): with names `outboxd_capture_<table>_<kind>`
+/// the REPLACE trigger of `pages` (`…_pages_before_insert`) was the insert
+/// trigger of `pages_before`.
+#[test]
+fn two_tables_never_share_a_trigger_name() {
+    let db = TestDb::new();
+    let mut conn = db.conn();
+    conn.execute_batch(
+        "CREATE TABLE pages (id INTEGER PRIMARY KEY, title TEXT);
+         CREATE TABLE pages_before (id INTEGER PRIMARY KEY, title TEXT);",
+    )
+    .unwrap();
+    let pages = CaptureSpec::new("pages", "page.{op}.v1", Columns::All);
+    let mut before = CaptureSpec::new("pages_before", "before.{op}.v1", Columns::All);
+    before.operations = vec![Operation::Insert];
+    apply(&mut conn, &[pages, before]);
+    let names = installed(&conn);
+    let mut unique = names.clone();
+    unique.dedup();
+    assert_eq!(names, unique);
+    assert!(capture::inspect(&conn)
+        .unwrap()
+        .iter()
+        .all(|c| c.is_intact()));
+    conn.execute_batch(
+        "INSERT INTO pages (title) VALUES ('p');
+         INSERT INTO pages_before (title) VALUES ('b');
+         INSERT OR REPLACE INTO pages (id, title) VALUES (1, 'p2');",
+    )
+    .unwrap();
+    assert_eq!(
+        types(&events(&conn)),
+        [
+            "page.created.v1",
+            "before.created.v1",
+            "page.deleted.v1",
+            "page.created.v1"
+        ]
+    );
+}
+
+/// A host trigger that has the name a capture trigger would get is named
+/// in the error, and nothing is installed.
+#[test]
+fn a_host_trigger_with_a_capture_triggers_name_is_an_error() {
+    let (_db, mut conn) = cms();
+    conn.execute_batch(
+        "CREATE TRIGGER outboxd_capture_insert_pages AFTER INSERT ON comments BEGIN SELECT 1; END",
+    )
+    .unwrap();
+    let e = capture::apply(&mut conn, &[pages_spec()], Timestamp::now()).unwrap_err();
+    assert!(
+        matches!(&e, Error::Capture(CaptureError::NameTaken { name, on, .. })
+            if name == "outboxd_capture_insert_pages" && on == "comments"),
+        "{e}"
+    );
+    assert_eq!(
+        installed(&conn),
+        ["outboxd_capture_insert_pages"],
+        "only the host's"
+    );
+    assert!(capture::inspect(&conn).unwrap().is_empty());
+}
+
+/// Triggers recorded under the names an earlier build gave them
+/// (`outboxd_capture_<table>_<kind>`) are still checked for drift by the
+/// names recorded, are reported as differing from the config, and `capture
+/// apply` replaces them with the current names.
+#[test]
+fn triggers_installed_under_the_earlier_names_are_checked_and_renamed_by_apply() {
+    let (_db, mut conn) = cms();
+    apply(&mut conn, &[pages_spec()]);
+    // Rename every trigger of pages as the earlier naming had it.
+    let objects: Vec<(String, String)> = {
+        let mut stmt = conn
+            .prepare("SELECT name, sql FROM outboxd_capture_object WHERE table_name = 'pages'")
+            .unwrap();
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    assert_eq!(objects.len(), 5);
+    for (name, sql) in &objects {
+        let kind = name
+            .strip_prefix("outboxd_capture_")
+            .unwrap()
+            .strip_suffix("_pages")
+            .unwrap();
+        let old = format!("outboxd_capture_pages_{kind}");
+        let old_sql = sql.replacen(&format!("\"{name}\""), &format!("\"{old}\""), 1);
+        assert_ne!(&old_sql, sql);
+        conn.execute_batch(&format!("DROP TRIGGER \"{name}\""))
+            .unwrap();
+        conn.execute(&old_sql, []).unwrap();
+        conn.execute(
+            "UPDATE outboxd_capture_object SET name = ?1, sql = ?2 WHERE name = ?3",
+            [&old, &old_sql, name],
+        )
+        .unwrap();
+    }
+    let status = capture::inspect(&conn).unwrap();
+    assert!(status[0].is_intact(), "{status:?}");
+    conn.execute_batch("DROP TRIGGER outboxd_capture_pages_update")
+        .unwrap();
+    let status = capture::inspect(&conn).unwrap();
+    assert_eq!(status[0].missing(), ["outboxd_capture_pages_update"]);
+    assert!(matches!(
+        capture::compare(&conn, &[pages_spec()]).unwrap()[0].state,
+        ConfigMatch::Differs { .. }
+    ));
+    let report = apply(&mut conn, &[pages_spec()]);
+    assert_eq!(report.tables[0].change, Change::Updated);
+    let names = installed(&conn);
+    assert!(
+        names
+            .iter()
+            .all(|n| !n.starts_with("outboxd_capture_pages_")),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"outboxd_capture_update_pages".to_string()),
+        "{names:?}"
+    );
+    assert!(capture::inspect(&conn).unwrap()[0].is_intact());
+}
+
 #[test]
 fn views_and_virtual_tables_cannot_be_captured() {
     let (_db, mut conn) = cms();
@@ -686,7 +954,7 @@ fn apply_is_idempotent_updates_in_place_and_remove_takes_everything_away() {
     );
     assert_eq!(report.tables[0].change, Change::Updated);
     assert_eq!(report.tables[1].change, Change::Installed);
-    assert!(!installed(&conn).contains(&"outboxd_capture_pages_delete".to_string()));
+    assert!(!installed(&conn).contains(&"outboxd_capture_delete_pages".to_string()));
     conn.execute_batch("INSERT INTO pages (slug, title) VALUES ('a', 'A'); DELETE FROM pages;")
         .unwrap();
     assert_eq!(types(&events(&conn)), ["page.created.v1"]);
@@ -733,7 +1001,7 @@ fn a_table_rebuilt_by_a_migration_is_reported_and_apply_restores_it() {
     assert!(status
         .objects
         .iter()
-        .any(|o| o.name == "outboxd_capture_pages_insert" && o.state == TriggerState::Missing));
+        .any(|o| o.name == "outboxd_capture_insert_pages" && o.state == TriggerState::Missing));
     let problem = status
         .problem(Timestamp::now().plus(Duration::from_secs(90)))
         .unwrap();
@@ -748,15 +1016,21 @@ fn a_table_rebuilt_by_a_migration_is_reported_and_apply_restores_it() {
         status.newest_event_at.map(|t| t.as_millis()),
         Some(events(&conn)[0].envelope.occurred_at.as_millis())
     );
-    // mark_verified does not move a broken capture's time forward.
+    // mark_verified records an observation: forward only, and nothing for
+    // a table without a capture.
+    let earlier = status.verified_at.minus(Duration::from_secs(60));
+    let later = status.verified_at.plus(Duration::from_secs(60));
+    let seen = |t: Timestamp| vec![("pages".to_string(), t), ("nope".to_string(), t)];
     assert_eq!(
-        capture::mark_verified(&conn, Timestamp::now().plus(Duration::from_secs(60))).unwrap(),
+        capture::mark_verified(&mut conn, &seen(earlier)).unwrap(),
         0
     );
     assert_eq!(
         capture::inspect(&conn).unwrap()[0].verified_at,
         status.verified_at
     );
+    assert_eq!(capture::mark_verified(&mut conn, &seen(later)).unwrap(), 1);
+    assert_eq!(capture::inspect(&conn).unwrap()[0].verified_at, later);
 
     // The config still matches what was installed, but it is not installed.
     let report = apply(&mut conn, &[pages_spec()]);
@@ -794,7 +1068,7 @@ fn alter_table_renames_are_reported_as_changed_not_lost() {
     let e = conn
         .execute_batch("ALTER TABLE articles DROP COLUMN status")
         .unwrap_err();
-    assert!(e.to_string().contains("outboxd_capture_pages"), "{e}");
+    assert!(e.to_string().contains("_pages after drop column"), "{e}");
 }
 
 #[test]

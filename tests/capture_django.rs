@@ -10,10 +10,11 @@ mod common;
 mod venv;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::bin::{code, Outboxd};
 use common::wait_until;
 use outboxd::{Delivery, Envelope, Outcome, Relay};
 use serde_json::{json, Value};
@@ -61,14 +62,10 @@ impl Cms {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
-    /// Runs the outboxd binary on the CMS's database.
-    fn outboxd(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_outboxd"))
-            .arg("--db")
-            .arg(self.db())
-            .args(args)
-            .output()
-            .unwrap()
+    /// The outboxd binary on the CMS's database, through the tests' one
+    /// harness (tests/common/bin.rs).
+    fn outboxd(&self) -> Outboxd {
+        Outboxd::on(self.db())
     }
 }
 
@@ -142,12 +139,8 @@ fn a_django_cms_is_captured_through_its_orm_and_its_migrations() {
 
     let config = cms.root.join("capture.toml");
     std::fs::write(&config, CAPTURE).unwrap();
-    let out = cms.outboxd(&["capture", "apply", "--config", config.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let config = config.to_str().unwrap();
+    cms.outboxd().ok(&["capture", "apply", "--config", config]);
 
     let ids = cms.host("write", &[]);
     let (page, comment, bye) = (&ids["page"], &ids["comment"], &ids["bye"]);
@@ -203,36 +196,21 @@ fn a_django_cms_is_captured_through_its_orm_and_its_migrations() {
         migrated["migrations"],
         json!(["0001_initial.py", "0002_page_summary.py"])
     );
-    let list = cms.outboxd(&["capture", "list", "--config", config.to_str().unwrap()]);
-    assert_eq!(
-        list.status.code(),
-        Some(1),
-        "capture list reports the drift"
-    );
-    let text = String::from_utf8_lossy(&list.stdout);
-    assert!(text.contains("outboxd_capture_cms_page_insert"), "{text}");
+    // capture list reports the drift, and exits 1.
+    let text = cms
+        .outboxd()
+        .expect(&["capture", "list", "--config", config], code::PROBLEMS);
+    assert!(text.contains("outboxd_capture_insert_cms_page"), "{text}");
     assert!(text.contains("missing since some time after"), "{text}");
     assert!(text.contains("cannot be recovered"), "{text}");
-    let status = cms.outboxd(&["status"]);
-    assert_eq!(status.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&status.stdout).contains("capture: capture of cms_page"));
+    let status = cms.outboxd().expect(&["status"], code::PROBLEMS);
+    assert!(status.contains("capture: capture of cms_page"), "{status}");
     // The comments' triggers were not touched.
     assert!(!text.contains("cms_comment: PROBLEM"), "{text}");
 
-    let out = cms.outboxd(&["capture", "apply", "--config", config.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("cms_page: updated"));
-    let list = cms.outboxd(&["capture", "list", "--config", config.to_str().unwrap()]);
-    assert_eq!(
-        list.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&list.stdout)
-    );
+    let out = cms.outboxd().ok(&["capture", "apply", "--config", config]);
+    assert!(out.contains("cms_page: updated"), "{out}");
+    cms.outboxd().ok(&["capture", "list", "--config", config]);
 
     cms.host("edit", &[("CMS_WITH_SUMMARY", "1")]);
     let events = deliver(&cms.db(), 1);

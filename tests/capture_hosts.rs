@@ -14,6 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+use common::bin::Outboxd;
 use common::{available, stored_events, wait_until, TestDb};
 use outboxd::capture::{self, CaptureSpec, Columns};
 use outboxd::Timestamp;
@@ -142,16 +143,6 @@ fn php_pdo_a_rolled_back_transaction_leaves_no_event_a_committed_one_leaves_one(
     );
 }
 
-/// `outboxd run`, stopped when dropped.
-struct Outboxd(Child);
-
-impl Drop for Outboxd {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn three_writer_processes_every_committed_change_delivered_once_in_order_per_row() {
     if !available("python3") {
@@ -194,26 +185,11 @@ ordering_key = "page:{{page_slug}}"
             out.display()
         ),
     );
-    let bin = env!("CARGO_BIN_EXE_outboxd");
-    let applied = Command::new(bin)
-        .args(["capture", "apply", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        applied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
-    let _run = Outboxd(
-        Command::new(bin)
-            .args(["run", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let config = config.to_str().unwrap();
+    let outboxd = Outboxd::on(&db.path);
+    outboxd.ok(&["capture", "apply", "--config", config]);
+    let mut run = outboxd.spawn(&["run", "--config", config]);
+    run.wait_started();
     const PER_WRITER: usize = 60;
     let writers: Vec<Child> = (0..3)
         .map(|n| {
@@ -256,7 +232,10 @@ ordering_key = "page:{{page_slug}}"
     wait_until(
         "every captured change delivered",
         Duration::from_secs(60),
-        || delivered().len() >= total,
+        || {
+            run.assert_alive();
+            delivered().len() >= total
+        },
     );
     let envelopes = delivered();
     assert_eq!(envelopes.len(), total, "no change delivered twice");

@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use nats_server::{Auth, NatsServer, Settings, StreamAdmin};
+use outboxd::relay::RetryPolicy;
 use outboxd::sinks::nats::{CreateStream, NatsAuth, NatsError, NatsSink, Storage};
 use outboxd::sinks::JsonlSink;
 use outboxd::{Consumer, Delivery, Envelope, Event, EventId, EventType, Outcome, Relay, Timestamp};
@@ -211,6 +212,65 @@ fn what_can_never_be_stored_is_poison_with_the_reason() {
     let r = poison_reason(tenant_sink.deliver(&delivery("article.created.v1", Some("a.b"))));
     assert!(r.contains("tenant id \"a.b\""), "{r}");
     assert_eq!(admin.count("EVENTS"), 2);
+}
+
+/// Regression (review of issue 13): the stream's subjects were read once at
+/// start-up, and an event whose subject was not among them was
+/// dead-lettered, so widening the stream's subjects needed a restart and
+/// lost (to the dead letters) every event meanwhile.
+#[test]
+fn a_stream_widened_while_the_relay_runs_takes_the_new_subjects_without_a_restart() {
+    let server = NatsServer::start();
+    let admin = StreamAdmin::connect(&[server.url()]);
+    admin.create("EVENTS", &["events.article.>"], 1);
+    let db = common::TestDb::new();
+    let sink = short_connect(NatsSink::builder([server.url()], "EVENTS"))
+        .build()
+        .unwrap();
+    // Quick retries that never run out: only poison dead-letters here.
+    let retry = RetryPolicy::default()
+        .initial(Duration::from_millis(50))
+        .max_delay(Duration::from_millis(200))
+        .max_attempts(1000)
+        .jitter(0.0);
+    let relay = Relay::builder(&db.path)
+        .consumer("nats", ["*"], sink)
+        .retry_policy(retry)
+        .workers(4)
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    // Not taken, as the stream's info fetched for it confirms: poison.
+    db.enqueue(&[common::event("user.created.v1", 0)]);
+    common::wait_until("the first event dead-lettered", WAIT, || {
+        db.count("status = 'dead'") == 1
+    });
+    let reason: String = db.scalar("SELECT last_error FROM event_outbox WHERE status = 'dead'");
+    assert!(
+        reason.contains("events.user.created.v1")
+            && reason.contains("events.article.>")
+            && reason.contains("checked as this event was delivered"),
+        "{reason}"
+    );
+
+    admin.set_subjects("EVENTS", &["events.>"]);
+    let n = 20;
+    db.enqueue(
+        &(1..=n)
+            .map(|i| common::event("user.created.v1", i))
+            .collect::<Vec<_>>(),
+    );
+    common::wait_until("the events after the widening delivered", WAIT, || {
+        db.count("status = 'delivered'") == n as i64
+    });
+    assert_eq!(
+        db.count("status = 'dead'"),
+        1,
+        "nothing dead-lettered after the widening"
+    );
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+    assert_eq!(admin.count("EVENTS"), n);
 }
 
 #[test]

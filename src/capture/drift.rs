@@ -6,7 +6,7 @@
 //! table drops its triggers; `ALTER TABLE … RENAME` rewrites them. SQLite
 //! keeps no history, so the best outboxd can say about *when* a trigger went
 //! missing is: after it last saw it installed ([`CaptureStatus::verified_at`],
-//! moved forward by every `outboxd run` check), and around the newest event
+//! moved forward by `outboxd run`'s checks: [`mark_verified`]), and around the newest event
 //! the capture wrote that is still in the outbox.
 
 use std::collections::BTreeMap;
@@ -65,8 +65,10 @@ pub struct CaptureStatus {
     pub spec: CaptureSpec,
     /// When its triggers were last installed.
     pub installed_at: Timestamp,
-    /// The last time outboxd saw every trigger installed as recorded (by
-    /// `capture apply`, `capture list` or an `outboxd run` check).
+    /// The last time outboxd recorded seeing every trigger installed as
+    /// recorded: `capture apply`, or `outboxd run`'s checks (written at
+    /// start, every few minutes, and when a check finds the capture broken,
+    /// then with the time of the last check that saw it intact).
     pub verified_at: Timestamp,
     /// Whether the table exists.
     pub table_exists: bool,
@@ -320,24 +322,31 @@ fn newest_event(conn: &Connection, spec: &CaptureSpec) -> Result<Option<Timestam
     .map_err(Error::db("find the newest captured event"))
 }
 
-/// Moves `verified_at` to `now` for every capture whose triggers are all
-/// installed as recorded; returns how many. `outboxd run` calls it at every
-/// check, which is what lets a later warning say since when a trigger has
-/// been missing.
-pub fn mark_verified(conn: &Connection, now: Timestamp) -> Result<usize> {
-    let intact: Vec<String> = inspect(conn)?
-        .into_iter()
-        .filter(CaptureStatus::is_intact)
-        .map(|s| s.table)
-        .collect();
-    for table in &intact {
-        conn.execute(
-            "UPDATE outboxd_capture SET verified_at = max(verified_at, ?2) WHERE table_name = ?1",
-            params![table, now.as_millis()],
-        )
-        .map_err(Error::db("record a capture check"))?;
+/// Records when captures were seen intact: for each `(table, at)`,
+/// `verified_at` moves forward to `at` (never back), all in one `BEGIN
+/// IMMEDIATE` transaction; returns how many moved. `at` must be the time of
+/// an [`inspect`] that found the capture intact: the value is what a later
+/// warning's "missing since some time after …" rests on. A table with no
+/// capture is skipped; a capture already verified at or after `at` is not
+/// written at all.
+pub fn mark_verified(conn: &mut Connection, seen: &[(String, Timestamp)]) -> Result<usize> {
+    if seen.is_empty() {
+        return Ok(0);
     }
-    Ok(intact.len())
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(Error::db("record a capture check"))?;
+    let mut moved = 0;
+    for (table, at) in seen {
+        moved += tx
+            .execute(
+                "UPDATE outboxd_capture SET verified_at = ?2 WHERE table_name = ?1 AND verified_at < ?2",
+                params![table, at.as_millis()],
+            )
+            .map_err(Error::db("record a capture check"))?;
+    }
+    tx.commit().map_err(Error::db("record a capture check"))?;
+    Ok(moved)
 }
 
 /// How a capture in a config compares with what is installed.

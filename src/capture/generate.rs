@@ -34,13 +34,28 @@ use super::table::Table;
 
 /// The view every captured event is inserted into; its `INSTEAD OF`
 /// trigger ([`EVENT_TRIGGER`]) writes the `event_outbox` row.
-pub const EVENT_VIEW: &str = "outboxd_capture_event";
+pub(crate) const EVENT_VIEW: &str = "outboxd_capture_event";
 
 /// The `INSTEAD OF INSERT` trigger of [`EVENT_VIEW`].
-pub const EVENT_TRIGGER: &str = "outboxd_capture_event_write";
+pub(crate) const EVENT_TRIGGER: &str = "outboxd_capture_event_write";
 
 /// Prefix of every trigger capture installs.
-pub const TRIGGER_PREFIX: &str = "outboxd_capture_";
+pub(crate) const TRIGGER_PREFIX: &str = "outboxd_capture_";
+
+/// What each trigger of a table does; its name is
+/// `outboxd_capture_<kind>_<table>`. The kind comes first, and no kind
+/// followed by `_` begins another kind followed by `_`, so the name of one
+/// table's trigger is never the name of another table's: with the table
+/// first (`outboxd_capture_<table>_<kind>`, before), `pages` with
+/// `before_insert` and `pages_before` with `insert` collided. Nor does a
+/// kind begin like a shared object's name (`event`, `fix`, `replaced`).
+pub(crate) const KINDS: [&str; 5] = [
+    "insert",
+    "update",
+    "delete",
+    "before_insert",
+    "before_update",
+];
 
 /// The most bytes the values of one change may carry: a change with a value
 /// longer than this divided by the number of values it renders (key,
@@ -68,12 +83,11 @@ const REPLACED: &str = "o";
 const REPLACED_TABLE: &str = "outboxd_capture_replaced";
 
 /// A trigger or view capture installs.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct SqlObject {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SqlObject {
     /// Its name.
     pub name: String,
     /// `trigger` or `view`, as sqlite_master says.
-    #[serde(rename = "type")]
     pub kind: &'static str,
     /// The captured table it belongs to; empty for the shared view and its
     /// trigger.
@@ -147,8 +161,10 @@ impl Plan {
             .map(|alias| format!("{}.{alias}", row.prefix()))
     }
 
+    /// `outboxd_capture_<kind>_<table>`; see [`KINDS`].
     fn trigger_name(&self, kind: &str) -> String {
-        format!("{TRIGGER_PREFIX}{}_{kind}", self.table.name)
+        debug_assert!(KINDS.contains(&kind), "{kind} is not in KINDS");
+        format!("{TRIGGER_PREFIX}{kind}_{}", self.table.name)
     }
 
     /// The key as a JSON object.
@@ -735,8 +751,10 @@ fn ulid_source(t_ms: &str) -> String {
     )
 }
 
-/// A fresh ULID for the millisecond time `t_ms`, as a scalar subquery.
-pub fn ulid_sql(t_ms: &str) -> String {
+/// A fresh ULID for the millisecond time `t_ms`, as a scalar subquery (the
+/// event view's trigger inlines the same expression).
+#[cfg(test)]
+fn ulid_sql(t_ms: &str) -> String {
     format!("(SELECT {ULID_CHARS} FROM {})", ulid_source(t_ms))
 }
 
@@ -747,11 +765,11 @@ const NOT_PRINTABLE: &str = "'*[^ -~]*'";
 
 /// The trigger on `event_outbox` that finishes a captured event whose
 /// payload is not plain printable ASCII.
-pub const FIX_TRIGGER: &str = "outboxd_capture_fix";
+pub(crate) const FIX_TRIGGER: &str = "outboxd_capture_fix";
 
 /// The `AFTER DELETE` trigger on outboxd_capture_replaced that writes the
 /// delete events of the rows a REPLACE deleted.
-pub const REPLACED_TRIGGER: &str = "outboxd_capture_replaced_write";
+pub(crate) const REPLACED_TRIGGER: &str = "outboxd_capture_replaced_write";
 
 /// The mark a captured event whose payload needs finishing carries in
 /// `causation_id` (capture sets no causation) until the event view's trigger
@@ -958,6 +976,21 @@ mod tests {
             // sends text with NUL as hex before this check.
             if !b.contains(&0) {
                 proptest::prop_assert_eq!(ok, std::str::from_utf8(&b).is_ok());
+            }
+        }
+    }
+
+    #[test]
+    fn no_kind_begins_another_so_trigger_names_never_collide() {
+        for a in KINDS {
+            for b in KINDS {
+                if a != b {
+                    assert!(!format!("{b}_").starts_with(&format!("{a}_")), "{a} / {b}");
+                }
+            }
+            for shared in [EVENT_VIEW, EVENT_TRIGGER, FIX_TRIGGER, REPLACED_TRIGGER] {
+                let own = format!("{TRIGGER_PREFIX}{a}_");
+                assert!(!shared.starts_with(&own), "{shared} / {a}");
             }
         }
     }

@@ -238,15 +238,6 @@ pub fn remove(conn: &mut Connection, which: &Removal) -> Result<RemoveReport> {
     Ok(report)
 }
 
-/// The SQL a spec would install, checked against its table but not
-/// installed: the shared event view and its trigger, then the table's
-/// triggers.
-pub fn preview(conn: &Connection, spec: &CaptureSpec) -> Result<Vec<SqlObject>> {
-    let mut out = event_objects().to_vec();
-    out.extend(resolve(conn, spec)?.triggers());
-    Ok(out)
-}
-
 /// A trigger or view named like capture's, as sqlite_master holds it.
 #[derive(Debug, Clone)]
 pub(crate) struct Installed {
@@ -327,7 +318,7 @@ fn drop_objects(
             Some(o) if o.kind == "view" => "VIEW",
             _ => "TRIGGER",
         };
-        conn.execute_batch(&format!("DROP {kind} IF EXISTS {}", ident(name)))
+        conn.execute(&format!("DROP {kind} IF EXISTS {}", ident(name)), [])
             .map_err(Error::db("drop a capture trigger"))?;
     }
     conn.execute(
@@ -362,7 +353,29 @@ fn install(conn: &Connection, table: &str, wanted: &[SqlObject]) -> Result<bool>
     }
     drop_objects(conn, table, &installed)?;
     for t in wanted {
-        conn.execute_batch(&t.sql).map_err(|e| {
+        // Not taken by an object capture does not own (what it owned for
+        // this table was dropped just now): a host's trigger, or one
+        // recorded for another table by an outboxd that named them
+        // differently.
+        let taken: Option<String> = conn
+            .query_row(
+                "SELECT tbl_name FROM sqlite_master WHERE name = ?1 COLLATE NOCASE",
+                [&t.name],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(Error::db("look for a capture trigger's name"))?;
+        if let Some(on) = taken {
+            return Err(CaptureError::NameTaken {
+                table: if table.is_empty() { EVENT_VIEW } else { table }.to_string(),
+                name: t.name.clone(),
+                on,
+            }
+            .into());
+        }
+        // One statement each: `execute` refuses SQL with a second statement
+        // after the first (execute_batch would run it).
+        conn.execute(&t.sql, []).map_err(|e| {
             Error::from(CaptureError::DoesNotCompile {
                 table: if table.is_empty() { EVENT_VIEW } else { table }.to_string(),
                 operation: None,
@@ -429,4 +442,35 @@ fn check_compiles(conn: &Connection, table: &str, op: Operation, sql: &str) -> R
         }
         .into()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_object_is_created_by_one_statement_and_never_more() {
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        conn.execute_batch("CREATE TABLE pages (id INTEGER PRIMARY KEY); CREATE TABLE victim (x)")
+            .unwrap();
+        let sneaky = SqlObject {
+            name: "outboxd_capture_insert_pages".into(),
+            kind: "trigger",
+            table: "pages".into(),
+            sql: "CREATE TRIGGER outboxd_capture_insert_pages AFTER INSERT ON pages BEGIN SELECT 1; END; \
+                  DROP TABLE victim"
+                .into(),
+        };
+        let e = install(&conn, "pages", &[sneaky]).unwrap_err();
+        assert!(e.to_string().contains("pages"), "{e}");
+        let victim: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'victim'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(victim, 1, "the second statement did not run");
+    }
 }

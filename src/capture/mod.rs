@@ -49,12 +49,8 @@ pub use drift::{
     compare, inspect, mark_verified, CaptureStatus, Comparison, ConfigMatch, ObjectStatus,
     TriggerState,
 };
-pub use generate::{
-    ulid_sql, SqlObject, EVENT_TRIGGER, EVENT_VIEW, FIX_TRIGGER, MAX_CHANGE_BYTES, REPLACED_TRIGGER,
-};
-pub use install::{
-    apply, preview, remove, ApplyReport, Change, Removal, RemoveReport, TableChange,
-};
+pub use generate::MAX_CHANGE_BYTES;
+pub use install::{apply, remove, ApplyReport, Change, Removal, RemoveReport, TableChange};
 pub use spec::{CaptureSpec, Columns, Operation, When, DEFAULT_ORDERING_KEY};
 
 use crate::envelope::EnvelopeError;
@@ -138,6 +134,22 @@ pub enum CaptureError {
         table: String,
         /// Why.
         reason: String,
+    },
+    /// A trigger capture would install has the name of one it does not
+    /// own: a host's trigger (on any table), or the trigger of another
+    /// capture installed by an outboxd that named them differently.
+    #[error(
+        "capture of {table}: a trigger named {name} exists already on {on} and is not this \
+         capture's; drop or rename it (if it is another capture's, run `outboxd capture apply` \
+         for that table first)"
+    )]
+    NameTaken {
+        /// The table being captured.
+        table: String,
+        /// The name.
+        name: String,
+        /// The table the existing object is on.
+        on: String,
     },
     /// SQLite refused the generated triggers, most often because a `when`
     /// condition names a column that does not exist or a row the operation

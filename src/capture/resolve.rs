@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use rusqlite::Connection;
 
 use super::generate::Plan;
-use super::spec::{template_parts, CaptureSpec, Columns, TemplatePart};
+use super::spec::{template_parts, CaptureSpec, Columns, Operation, TemplatePart, When};
+use super::sqltext::{check_expression, ident};
 use super::table::Table;
 use super::CaptureError;
 use crate::error::Error;
@@ -110,6 +111,9 @@ pub(crate) fn resolve(conn: &Connection, spec: &CaptureSpec) -> Result<Plan, Err
         .collect::<Result<Vec<_>, Error>>()?;
 
     let operations = spec.operations();
+    if let Some(when) = &spec.when {
+        check_when(conn, &table, when, &operations)?;
+    }
     let mut event_types = BTreeMap::new();
     for op in &operations {
         event_types.insert(*op, spec.event_type_for(*op)?.to_string());
@@ -125,4 +129,65 @@ pub(crate) fn resolve(conn: &Connection, spec: &CaptureSpec) -> Result<Plan, Err
         operations,
         event_types,
     })
+}
+
+/// Checks every `when` condition before it is pasted into a trigger: each
+/// is one expression that cannot reach outside its parentheses
+/// ([`check_expression`]), and each condition of a captured operation
+/// compiles as a condition on the rows that operation has (an insert has
+/// only NEW, a delete only OLD). The check compiles a `SELECT` over the
+/// table under those names and runs nothing; a text that makes more than
+/// one statement is refused by rusqlite's `prepare` as well.
+fn check_when(
+    conn: &Connection,
+    table: &Table,
+    when: &When,
+    captured: &[Operation],
+) -> Result<(), Error> {
+    for op in Operation::ALL {
+        let Some(cond) = when.for_operation(op) else {
+            continue;
+        };
+        let field = match when {
+            When::All(_) => "when",
+            When::PerOperation { .. } => match op {
+                Operation::Insert => "when.insert",
+                Operation::Update => "when.update",
+                Operation::Delete => "when.delete",
+            },
+        };
+        let invalid = |reason: String| CaptureError::Invalid {
+            table: table.name.clone(),
+            field,
+            reason,
+        };
+        check_expression(cond).map_err(invalid)?;
+        if !captured.contains(&op) {
+            continue;
+        }
+        let t = ident(&table.name);
+        let rows = match op {
+            Operation::Insert => format!("{t} AS new"),
+            Operation::Update => format!("{t} AS new, {t} AS old"),
+            Operation::Delete => format!("{t} AS old"),
+        };
+        match conn.prepare(&format!("SELECT ({cond}) FROM {rows}")) {
+            Ok(_) => {}
+            Err(rusqlite::Error::MultipleStatement) => {
+                return Err(invalid(
+                    "it makes more than one statement: it must be one SQL condition".into(),
+                )
+                .into())
+            }
+            Err(e) => {
+                return Err(CaptureError::DoesNotCompile {
+                    table: table.name.clone(),
+                    operation: Some(op),
+                    message: e.to_string(),
+                }
+                .into())
+            }
+        }
+    }
+    Ok(())
 }

@@ -368,6 +368,11 @@ pub(crate) enum TemplatePart {
 
 /// Splits a template into its parts; `{{` and `}}` stand for braces.
 pub(crate) fn template_parts(template: &str) -> Result<Vec<TemplatePart>, String> {
+    // SQLite reads SQL text up to its first NUL: one in a literal would cut
+    // the trigger short.
+    if template.contains('\0') {
+        return Err(format!("{template:?} holds a NUL character"));
+    }
     let mut parts = Vec::new();
     let mut lit = String::new();
     let mut chars = template.chars().peekable();
@@ -496,7 +501,7 @@ mod tests {
                 Literal("{x}".into())
             ]
         );
-        for bad in ["{", "}", "{}", "", "a{b"] {
+        for bad in ["{", "}", "{}", "", "a{b", "a\0b"] {
             assert!(template_parts(bad).is_err(), "{bad:?}");
         }
     }

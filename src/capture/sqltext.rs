@@ -22,31 +22,40 @@ enum Kind {
     Punct(char),
 }
 
+/// One token: its kind, its text, and whether it is closed (a string,
+/// quoted name or comment that runs to the end of the input is not; nor is
+/// a `--` comment, which would swallow whatever follows it on its line).
+type Token<'a> = (Kind, &'a str, bool);
+
 /// Splits SQL into tokens: enough to find identifiers outside strings,
 /// quoted names and comments. Unterminated quotes run to the end.
-fn tokens(sql: &str) -> Vec<(Kind, &str)> {
+fn tokens(sql: &str) -> Vec<Token<'_>> {
     let bytes = sql.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
-    let until = |from: usize, end: &[u8]| -> usize {
+    // The end of the token that `end` closes, and whether it was found.
+    let until = |from: usize, end: &[u8]| -> (usize, bool) {
         sql.as_bytes()[from..]
             .windows(end.len())
             .position(|w| w == end)
-            .map_or(sql.len(), |p| from + p + end.len())
+            .map_or((sql.len(), false), |p| (from + p + end.len(), true))
     };
     while i < bytes.len() {
         let c = bytes[i];
         let start = i;
+        let mut closed = true;
         let kind = match c {
             b'\'' | b'"' | b'`' => {
                 // Quotes are escaped by doubling.
                 i += 1;
+                closed = false;
                 loop {
                     match bytes.get(i) {
                         None => break,
                         Some(&q) if q == c && bytes.get(i + 1) == Some(&c) => i += 2,
                         Some(&q) if q == c => {
                             i += 1;
+                            closed = true;
                             break;
                         }
                         Some(_) => i += 1,
@@ -59,19 +68,19 @@ fn tokens(sql: &str) -> Vec<(Kind, &str)> {
                 }
             }
             b'[' => {
-                i = until(i, b"]");
+                (i, closed) = until(i, b"]");
                 Kind::Ident
             }
             b'-' if bytes.get(i + 1) == Some(&b'-') => {
-                i = until(i, b"\n");
+                (i, closed) = until(i, b"\n");
                 Kind::Opaque
             }
             b'/' if bytes.get(i + 1) == Some(&b'*') => {
-                i = until(i + 2, b"*/");
+                (i, closed) = until(i + 2, b"*/");
                 Kind::Opaque
             }
             b'x' | b'X' if bytes.get(i + 1) == Some(&b'\'') => {
-                i = until(i + 2, b"'");
+                (i, closed) = until(i + 2, b"'");
                 Kind::Opaque
             }
             c if c.is_ascii_whitespace() => {
@@ -102,7 +111,7 @@ fn tokens(sql: &str) -> Vec<(Kind, &str)> {
                 Kind::Punct(c as char)
             }
         };
-        out.push((kind, &sql[start..i]));
+        out.push((kind, &sql[start..i], closed));
     }
     out
 }
@@ -127,17 +136,17 @@ fn name_of(token: &str) -> String {
 pub(crate) fn rename_row(sql: &str, from: &str, to: &str) -> String {
     let toks = tokens(sql);
     let mut out = String::with_capacity(sql.len());
-    for (i, (kind, text)) in toks.iter().enumerate() {
+    for (i, (kind, text, _)) in toks.iter().enumerate() {
         let next_is_dot = toks
             .iter()
             .skip(i + 1)
-            .find(|(k, t)| !(*k == Kind::Opaque && t.trim().is_empty()))
-            .is_some_and(|(k, _)| *k == Kind::Punct('.'));
+            .find(|(k, t, _)| !(*k == Kind::Opaque && t.trim().is_empty()))
+            .is_some_and(|(k, _, _)| *k == Kind::Punct('.'));
         let prev_is_dot = toks[..i]
             .iter()
             .rev()
-            .find(|(k, t)| !(*k == Kind::Opaque && t.trim().is_empty()))
-            .is_some_and(|(k, _)| *k == Kind::Punct('.'));
+            .find(|(k, t, _)| !(*k == Kind::Opaque && t.trim().is_empty()))
+            .is_some_and(|(k, _, _)| *k == Kind::Punct('.'));
         if *kind == Kind::Ident
             && next_is_dot
             && !prev_is_dot
@@ -149,6 +158,48 @@ pub(crate) fn rename_row(sql: &str, from: &str, to: &str) -> String {
         }
     }
     out
+}
+
+/// Checks that `sql` is at most one expression when capture pastes it
+/// between parentheses (a trigger's `WHEN (…)`, `CASE WHEN (…)`, `WHERE
+/// … AND (…)`): it holds no `;` (the end of a statement), never closes a
+/// parenthesis it did not open, and ends outside any string, quoted name
+/// or comment. Text that passes cannot reach outside its parentheses, so
+/// it cannot end the `CREATE TRIGGER` early or add a statement after it;
+/// SQLite then decides whether it is a valid expression.
+pub(crate) fn check_expression(sql: &str) -> Result<(), String> {
+    if sql.contains('\0') {
+        return Err("it holds a NUL character".into());
+    }
+    let mut depth = 0usize;
+    for (kind, text, closed) in tokens(sql) {
+        if !closed {
+            let inside = match text.as_bytes().first() {
+                Some(b'-') => "a -- comment that runs to its end (end the comment with a new line, or remove it)",
+                Some(b'/') => "an unterminated /* comment",
+                Some(b'[') | Some(b'"') | Some(b'`') => "an unterminated quoted name",
+                _ => "an unterminated string",
+            };
+            return Err(format!("it ends inside {inside}"));
+        }
+        match kind {
+            Kind::Punct(';') => {
+                return Err("it holds a `;`: it must be one SQL condition, not statements".into())
+            }
+            Kind::Punct('(') => depth += 1,
+            Kind::Punct(')') => {
+                depth = depth.checked_sub(1).ok_or_else(|| {
+                    "it closes a parenthesis it did not open: it must be one SQL condition"
+                        .to_string()
+                })?;
+            }
+            _ => {}
+        }
+    }
+    if depth > 0 {
+        return Err("a parenthesis it opens is never closed".into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -185,8 +236,36 @@ mod tests {
             "é.x",
             "",
         ] {
-            let joined: String = tokens(s).iter().map(|(_, t)| *t).collect();
+            let joined: String = tokens(s).iter().map(|(_, t, _)| *t).collect();
             assert_eq!(joined, s);
+        }
+    }
+
+    #[test]
+    fn an_expression_cannot_reach_outside_its_parentheses() {
+        for ok in [
+            "NEW.status = 'published'",
+            "NEW.a IN (SELECT x FROM t WHERE y = ';')",
+            "\"NEW\".\"a;b\" = 1 /* ; ) */ AND [x)] -- note\n AND 1",
+            "CASE WHEN (1) THEN ')' END",
+        ] {
+            check_expression(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+        for bad in [
+            "1) BEGIN SELECT 1; END; DROP TABLE victim; --",
+            "1); DROP TABLE victim",
+            "1; DROP TABLE victim",
+            "1) OR (1",
+            "(1",
+            "1 -- comment",
+            "1 /* comment",
+            "'unterminated",
+            "\"unterminated",
+            "[unterminated",
+            "x'00",
+            "1\0",
+        ] {
+            assert!(check_expression(bad).is_err(), "{bad:?} passed");
         }
     }
 }

@@ -426,6 +426,25 @@ impl StreamAdmin {
         count
     }
 
+    /// Replaces a stream's subjects (`nats stream edit --subjects`).
+    pub fn set_subjects(&self, name: &str, subjects: &[&str]) {
+        self.rt.block_on(async {
+            let mut config = self
+                .js
+                .get_stream(name)
+                .await
+                .unwrap()
+                .cached_info()
+                .config
+                .clone();
+            config.subjects = subjects.iter().map(|s| s.to_string()).collect();
+            self.js
+                .update_stream(config)
+                .await
+                .unwrap_or_else(|e| panic!("cannot change the subjects of {name}: {e}"));
+        });
+    }
+
     /// Deletes a stream, if it exists.
     pub fn delete(&self, name: &str) {
         self.rt.block_on(async {

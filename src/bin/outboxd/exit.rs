@@ -128,6 +128,10 @@ fn library(e: &outboxd::Error) -> Exit {
         | E::NotFound { .. }
         | E::UnknownConsumer { .. } => Exit::Input,
         E::Spawn { .. } | E::Panicked { .. } | E::Invariant { .. } => Exit::Internal,
+        // A capture that cannot be installed as defined is a config
+        // problem; its unreadable record in the database is not.
+        E::Capture(outboxd::capture::CaptureError::Record { .. }) => Exit::Database,
+        E::Capture(_) => Exit::Config,
         _ => Exit::Database,
     }
 }
@@ -204,6 +208,19 @@ mod tests {
             known: vec!["search".into()],
         });
         assert_eq!(classify(&e), Exit::Input);
+        let e = anyhow::Error::new(outboxd::Error::from(
+            outboxd::capture::CaptureError::NoSuchTable {
+                table: "pages".into(),
+            },
+        ));
+        assert_eq!(classify(&e), Exit::Config);
+        let e = anyhow::Error::new(outboxd::Error::from(
+            outboxd::capture::CaptureError::Record {
+                table: "pages".into(),
+                reason: "edited by hand".into(),
+            },
+        ));
+        assert_eq!(classify(&e), Exit::Database);
     }
 
     #[test]

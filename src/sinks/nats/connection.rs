@@ -8,8 +8,8 @@
 //! reason.
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use async_nats::connection::State;
 use async_nats::jetstream::context::{
@@ -35,6 +35,11 @@ const RECHECK_REFUSED: Duration = Duration::from_secs(10);
 /// How often the check is tried again while the JetStream API does not
 /// answer.
 const RECHECK_UNANSWERED: Duration = Duration::from_secs(1);
+
+/// The most often the stream's info is fetched again for subjects missing
+/// from the cached list (a burst of such events makes one request, not one
+/// each).
+const REFRESH_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 
 /// JetStream's "stream not found".
 const STREAM_NOT_FOUND: u64 = 10059;
@@ -398,8 +403,9 @@ async fn check_stream(js: &Context, plan: &Plan, create: bool) -> Result<StreamS
                 stream = %plan.stream,
                 stream_subjects = ?subjects,
                 subject = %plan.template,
-                "the stream takes only some of the template's subjects; events whose subject \
-                 it does not take are dead-lettered"
+                "the stream takes only some of the template's subjects; an event whose subject \
+                 it does not take is dead-lettered once the stream's info, fetched again for it, \
+                 confirms that (widen the stream's subjects: no restart needed)"
             );
         } else {
             return Err(Check::Refused(NatsError::StreamSubjects {
@@ -410,9 +416,14 @@ async fn check_stream(js: &Context, plan: &Plan, create: bool) -> Result<StreamS
             }));
         }
     }
-    Ok(StreamSummary {
+    Ok(summary(&info, created))
+}
+
+/// What the sink keeps of a stream's info.
+fn summary(info: &stream::Info, created: bool) -> StreamSummary {
+    StreamSummary {
         name: info.config.name.clone(),
-        subjects,
+        subjects: info.config.subjects.clone(),
         duplicate_window: info.config.duplicate_window,
         replicas: info.config.num_replicas,
         storage: match info.config.storage {
@@ -421,7 +432,7 @@ async fn check_stream(js: &Context, plan: &Plan, create: bool) -> Result<StreamS
         },
         messages: info.state.messages,
         created,
-    })
+    }
 }
 
 async fn create_stream(
@@ -517,6 +528,10 @@ pub(super) struct Shared {
     client: Client,
     js: Context,
     state: RwLock<StreamState>,
+    /// When the stream's info was last fetched again because a subject was
+    /// not in its cached subjects (None: never). Held while fetching, so
+    /// workers that miss at once share one fetch.
+    refreshed: Mutex<Option<Instant>>,
 }
 
 /// Starts the runtime and connects; see the module docs.
@@ -576,6 +591,7 @@ pub(super) fn start(plan: Plan) -> Result<(Runtime, Arc<Shared>), NatsError> {
         js: plan.context(client.clone(), plan.ack_timeout),
         client,
         state: RwLock::new(state),
+        refreshed: Mutex::new(None),
     });
     if waiting {
         rt.spawn(keep_checking(shared.clone(), plan, connected));
@@ -630,19 +646,16 @@ impl Shared {
             Ok(s) => s,
             Err(why) => return Outcome::poison(why),
         };
-        match &*self.state.read().unwrap_or_else(|p| p.into_inner()) {
-            StreamState::Ready(s) => {
-                if !s.subjects.iter().any(|f| filter_covers(f, &subject)) {
-                    return Outcome::poison(format!(
-                        "subject {subject} is not taken by stream {} (its subjects: {}), so \
-                         no stream would store the event",
-                        self.stream,
-                        s.subjects.join(", ")
-                    ));
-                }
-            }
+        let started = Instant::now();
+        let taken = match &*self.state.read().unwrap_or_else(|p| p.into_inner()) {
+            StreamState::Ready(s) => s.subjects.iter().any(|f| filter_covers(f, &subject)),
             StreamState::Waiting(why) | StreamState::Refused(why) => {
                 return Outcome::retry(why.clone())
+            }
+        };
+        if !taken {
+            if let Some(not_taken) = self.check_subject_again(handle, &subject, started) {
+                return not_taken;
             }
         }
         if self.client.connection_state() != State::Connected {
@@ -668,5 +681,82 @@ impl Shared {
                 .unwrap_or_else(|_| Err(PublishError::new(PublishErrorKind::TimedOut)))
         });
         message::outcome(result, &subject, &self.stream, self.ack_timeout)
+    }
+
+    /// A subject missing from the stream's cached subjects: the operator
+    /// may have widened them since the sink looked. Decides with the
+    /// stream's info fetched again, at most every
+    /// [`REFRESH_AT_MOST_EVERY`]: None when the fresh info takes the subject
+    /// (publish it), poison when info fetched after this delivery began
+    /// confirms that the stream does not take it, and a retry otherwise
+    /// (the info is from before this delivery and was fetched too recently
+    /// to ask again, or the stream did not answer): a subject is never
+    /// refused on a cached list alone.
+    fn check_subject_again(
+        &self,
+        handle: &Handle,
+        subject: &str,
+        started: Instant,
+    ) -> Option<Outcome> {
+        let mut refreshed = self.refreshed.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh = refreshed.is_some_and(|at| at >= started);
+        let recent = refreshed.is_some_and(|at| at.elapsed() < REFRESH_AT_MOST_EVERY);
+        if !fresh && !recent {
+            let info = handle.block_on(async {
+                let lookup = async {
+                    self.js
+                        .get_stream(&self.stream)
+                        .await
+                        .map(|s| s.cached_info().clone())
+                };
+                tokio::time::timeout(self.ack_timeout, lookup).await
+            });
+            match info {
+                Ok(Ok(info)) => {
+                    let created = self.summary().is_some_and(|s| s.created);
+                    let fetched = summary(&info, created);
+                    if fetched.subjects != self.summary().map(|s| s.subjects).unwrap_or_default() {
+                        tracing::info!(stream = %self.stream, subjects = ?fetched.subjects, "the NATS stream's subjects changed");
+                    }
+                    self.set(StreamState::Ready(fetched));
+                    *refreshed = Some(Instant::now());
+                }
+                Ok(Err(e)) => {
+                    return Some(Outcome::retry(format!(
+                        "subject {subject} is not among the subjects stream {} took when last \
+                         checked, and checking again failed: {e}",
+                        self.stream
+                    )))
+                }
+                Err(_) => {
+                    return Some(Outcome::retry(format!(
+                        "subject {subject} is not among the subjects stream {} took when last \
+                         checked, and checking again got no answer within {:?}",
+                        self.stream, self.ack_timeout
+                    )))
+                }
+            }
+        }
+        let fresh = refreshed.is_some_and(|at| at >= started);
+        let subjects = self.summary().map(|s| s.subjects).unwrap_or_default();
+        if subjects.iter().any(|f| filter_covers(f, subject)) {
+            return None;
+        }
+        Some(if fresh {
+            Outcome::poison(format!(
+                "subject {subject} is not taken by stream {} (its subjects, checked as this event \
+                 was delivered: {}), so no stream would store it; add a subject matching it to \
+                 the stream, then requeue the event",
+                self.stream,
+                subjects.join(", ")
+            ))
+        } else {
+            Outcome::retry(format!(
+                "subject {subject} is not taken by stream {} as checked under {REFRESH_AT_MOST_EVERY:?} \
+                 ago (its subjects: {}); checking again on the next attempt",
+                self.stream,
+                subjects.join(", ")
+            ))
+        })
     }
 }

@@ -24,7 +24,16 @@
 //! |---|---|
 //! | delivered | JetStream acknowledged the message (stored on the stream's replicas), duplicate or not |
 //! | retry | no acknowledgement within `ack_timeout`, not connected, connection lost, no responders (the stream is down), a JetStream error such as storage full |
-//! | poison | the subject is not valid, no stream takes it, the message is larger than the server's max payload or the stream's max message size, a header value holds a line break |
+//! | poison | the subject is not valid, the stream does not take it (confirmed by its info fetched after the delivery began, see below), the message is larger than the server's max payload or the stream's max message size, a header value holds a line break |
+//!
+//! The stream's subjects are read at start-up and cached. A subject missing
+//! from the cached list is not refused on it: the sink fetches the stream's
+//! info again (at most once a second, one fetch shared by the workers that
+//! miss at once) and publishes if the stream takes the subject now, so an
+//! operator can widen a stream's subjects while outboxd runs. It is poison
+//! only when info fetched after that delivery began confirms the stream
+//! does not take it; a delivery that finds only older info (fetched under a
+//! second ago for another event) or no answer is retried.
 //!
 //! ## Threads
 //!
@@ -77,9 +86,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use subject::{
-    check_subject, filter_covers, SubjectTemplate, SubjectTemplateError, DEFAULT_SUBJECT, NO_TENANT,
-};
+pub use subject::{SubjectTemplate, SubjectTemplateError, DEFAULT_SUBJECT};
 pub use window::{DuplicateWindowCheck, DEFAULT_DUPLICATE_WINDOW};
 
 use crate::consumer::{Consumer, Delivery, Outcome};

@@ -13,7 +13,7 @@ use crate::consumer::Delivery;
 pub const DEFAULT_SUBJECT: &str = "events.{event_type}";
 
 /// What `{tenant}` renders to for an event without a tenant.
-pub const NO_TENANT: &str = "_";
+pub(crate) const NO_TENANT: &str = "_";
 
 /// A subject template: literal text and the placeholders `{event_type}`
 /// (`article.created.v1`, three or more tokens), `{domain}` (the event
@@ -176,7 +176,7 @@ impl fmt::Display for SubjectTemplate {
 
 /// Checks a subject to publish to: non-empty tokens without whitespace,
 /// and no wildcard token.
-pub fn check_subject(subject: &str) -> Result<(), String> {
+pub(crate) fn check_subject(subject: &str) -> Result<(), String> {
     if subject.is_empty() {
         return Err("it is empty".into());
     }
@@ -204,7 +204,7 @@ fn check_token(token: &str) -> Result<(), String> {
 
 /// True when `filter` (a stream subject, with `*` and `>` wildcards) takes
 /// `subject` (literal tokens, or a filter: then every subject it takes).
-pub fn filter_covers(filter: &str, subject: &str) -> bool {
+pub(crate) fn filter_covers(filter: &str, subject: &str) -> bool {
     let mut f = filter.split('.');
     let mut s = subject.split('.');
     loop {
@@ -219,7 +219,7 @@ pub fn filter_covers(filter: &str, subject: &str) -> bool {
 }
 
 /// True when some subject is taken by both filters.
-pub fn filters_overlap(a: &str, b: &str) -> bool {
+pub(crate) fn filters_overlap(a: &str, b: &str) -> bool {
     let mut x = a.split('.');
     let mut y = b.split('.');
     loop {

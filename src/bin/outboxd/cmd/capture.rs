@@ -13,6 +13,7 @@ use outboxd::Timestamp;
 use rusqlite::Connection;
 use serde::Serialize;
 
+use super::support::not_found;
 use super::{database, Global};
 use crate::config::capture::{self as capture_config, CaptureConfig};
 use crate::exit::{Exit, Failure};
@@ -126,14 +127,6 @@ fn load(file: &Path) -> Result<CaptureConfig> {
     Ok(capture_config::load(file).map_err(|e| Failure::config(e.to_string()))?)
 }
 
-/// A capture that cannot be installed as defined is a config problem.
-fn config_error(e: outboxd::Error) -> anyhow::Error {
-    match e {
-        outboxd::Error::Capture(c) => Failure::config(c.to_string()).into(),
-        other => other.into(),
-    }
-}
-
 fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
     let config = load(&args.config)?;
     let db = global.db_with_config(config.database.as_deref());
@@ -146,8 +139,7 @@ fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
     }
     database::migrate(&db)?;
     let mut conn = database::for_writing(&db)?;
-    let report =
-        capture::apply(&mut conn, &config.captures, Timestamp::now()).map_err(config_error)?;
+    let report = capture::apply(&mut conn, &config.captures, Timestamp::now())?;
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer(&mut out, &report)?;
@@ -279,12 +271,8 @@ fn drop_captures(global: &Global, args: &DropArgs) -> Result<Exit> {
         Some(t) => Removal::Table(t.clone()),
         None => Removal::All,
     };
-    let report = capture::remove(&mut conn, &which).map_err(|e| match e {
-        outboxd::Error::NotFound { .. } => {
-            Failure::input(format!("{e}; see the captures with `outboxd capture list`")).into()
-        }
-        other => anyhow::Error::from(other),
-    })?;
+    let report = capture::remove(&mut conn, &which)
+        .map_err(not_found("see the captures with `outboxd capture list`"))?;
     let mut out = std::io::stdout().lock();
     for t in &report.tables {
         writeln!(out, "dropped the capture of {t}")?;
@@ -306,18 +294,36 @@ pub fn problems(conn: &Connection, now: Timestamp) -> Result<Vec<String>> {
 /// How often `run` repeats a warning about a problem that has not changed.
 const REMIND_EVERY: Duration = Duration::from_secs(600);
 
+/// How often `run` records that intact captures are still intact
+/// (`verified_at`). Between these writes the watch only reads: every write
+/// is a WAL commit that wakes the relay (data_version) and costs an idle
+/// machine CPU. A capture that breaks is recorded at once, with the time of
+/// the last check that saw it intact, so the warning's "missing since" is
+/// as precise as the check interval; only across a restart of `run` is it
+/// as coarse as this.
+const RECORD_INTACT_EVERY: Duration = Duration::from_secs(600);
+
 /// `run`'s watch over the captures: at start and at every housekeeping
-/// interval it checks every recorded capture, warns about drift (once when
-/// it appears or changes, then every ten minutes), reinstalls the captures
-/// whose config entry sets `auto_repair`, and records the check
-/// (`verified_at`) so a later warning can say since when a trigger has been
-/// missing. It uses a connection of its own; the relay is not involved.
+/// interval it checks every recorded capture (one [`capture::inspect`],
+/// reading only), warns about drift (once when it appears or changes, then
+/// every ten minutes), reinstalls the captures whose config entry sets
+/// `auto_repair`, and records when captures were seen intact
+/// ([`capture::mark_verified`], rarely: see [`RECORD_INTACT_EVERY`]), so a
+/// later warning can say since when a trigger has been missing. It keeps one
+/// connection of its own (reopened after an error); the relay is not
+/// involved.
 pub struct Watch {
     db: PathBuf,
+    conn: Option<Connection>,
     /// The config's captures, by table (lower case).
     config: BTreeMap<String, CaptureSpec>,
     interval: Duration,
     last: Option<Instant>,
+    /// When `verified_at` was last written for the intact captures.
+    recorded: Option<Instant>,
+    /// Per table (lower case): the last check that saw it intact, not yet
+    /// written.
+    seen_intact: BTreeMap<String, Timestamp>,
     /// What was last said about each table, and when.
     said: BTreeMap<String, (String, Instant)>,
 }
@@ -325,19 +331,26 @@ pub struct Watch {
 impl Watch {
     /// A watch of `db` with the config's captures; checks once at once.
     pub fn start(db: &Path, captures: &[CaptureSpec], interval: Duration) -> Watch {
-        let mut w = Watch {
+        let mut w = Watch::new(db, captures, interval);
+        w.compare_config();
+        w.tick();
+        w
+    }
+
+    fn new(db: &Path, captures: &[CaptureSpec], interval: Duration) -> Watch {
+        Watch {
             db: db.to_path_buf(),
+            conn: None,
             config: captures
                 .iter()
                 .map(|s| (s.table.to_ascii_lowercase(), s.clone()))
                 .collect(),
             interval,
             last: None,
+            recorded: None,
+            seen_intact: BTreeMap::new(),
             said: BTreeMap::new(),
-        };
-        w.compare_config();
-        w.tick();
-        w
+        }
     }
 
     /// Checks when an interval has passed since the last check.
@@ -346,26 +359,55 @@ impl Watch {
             return;
         }
         self.last = Some(Instant::now());
-        if let Err(e) = self.check() {
+        if let Err(e) = self.check(Timestamp::now()) {
+            // Open afresh next time: the file may have been replaced.
+            self.conn = None;
             tracing::warn!(error = %format!("{e:#}"), "cannot check the capture triggers");
         }
     }
 
-    fn check(&mut self) -> Result<()> {
-        let mut conn = outboxd::connection::open(&self.db)
-            .with_context(|| format!("cannot open {}", self.db.display()))?;
-        let now = Timestamp::now();
-        for s in capture::inspect(&conn)? {
+    /// One check, as of `now`.
+    fn check(&mut self, now: Timestamp) -> Result<()> {
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => outboxd::connection::open(&self.db)
+                .with_context(|| format!("cannot open {}", self.db.display()))?,
+        };
+        let result = self.check_on(&mut conn, now);
+        self.conn = Some(conn);
+        result
+    }
+
+    fn check_on(&mut self, conn: &mut Connection, now: Timestamp) -> Result<()> {
+        let record_intact = self
+            .recorded
+            .is_none_or(|t| t.elapsed() >= RECORD_INTACT_EVERY);
+        let mut record: Vec<(String, Timestamp)> = Vec::new();
+        for mut s in capture::inspect(conn)? {
             let key = s.table.to_ascii_lowercase();
+            if !s.is_intact() {
+                // Broken now: record when it was last seen intact, which
+                // the database does not know yet, and say so.
+                if let Some(at) = self.seen_intact.remove(&key) {
+                    record.push((s.table.clone(), at));
+                    s.verified_at = s.verified_at.max(at);
+                }
+            }
             let Some(problem) = s.problem(now) else {
                 if self.said.remove(&key).is_some() {
                     tracing::info!(table = %s.table, "capture triggers are intact again");
+                }
+                if record_intact {
+                    record.push((s.table.clone(), now));
+                    self.seen_intact.remove(&key);
+                } else {
+                    self.seen_intact.insert(key, now);
                 }
                 continue;
             };
             let repair = self.config.get(&key).filter(|c| c.auto_repair);
             if let Some(spec) = repair {
-                match capture::apply(&mut conn, std::slice::from_ref(spec), now) {
+                match capture::apply(conn, std::slice::from_ref(spec), now) {
                     Ok(_) => {
                         tracing::warn!(table = %s.table, was = %problem, "capture triggers reinstalled (capture.auto_repair)");
                         self.said.remove(&key);
@@ -385,7 +427,10 @@ impl Watch {
                 self.said.insert(key, (problem, Instant::now()));
             }
         }
-        capture::mark_verified(&conn, now)?;
+        capture::mark_verified(conn, &record)?;
+        if record_intact {
+            self.recorded = Some(Instant::now());
+        }
         Ok(())
     }
 
@@ -450,7 +495,7 @@ mod tests {
 
     fn drop_trigger(db: &Path) {
         let conn = outboxd::connection::open(db).unwrap();
-        conn.execute_batch("DROP TRIGGER outboxd_capture_pages_insert")
+        conn.execute_batch("DROP TRIGGER outboxd_capture_insert_pages")
             .unwrap();
     }
 
@@ -470,6 +515,55 @@ mod tests {
         watch.tick();
         assert!(intact(&db), "repaired at the next check");
         assert!(watch.said.is_empty());
+    }
+
+    fn verified_at(db: &Path) -> Timestamp {
+        let conn = outboxd::connection::open_read_only(db).unwrap();
+        capture::inspect(&conn).unwrap()[0].verified_at
+    }
+
+    /// Regression (review of issue 14): every check wrote `verified_at`,
+    /// one commit per table every 10 s, which woke the relay through
+    /// data_version and kept an idle machine busy.
+    #[test]
+    fn checks_between_records_write_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, spec) = captured(dir.path());
+        let mut watch = Watch::start(&db, &[spec], Duration::ZERO);
+        let other = outboxd::connection::open_read_only(&db).unwrap();
+        let version = || -> i64 {
+            other
+                .query_row("PRAGMA data_version", [], |r| r.get(0))
+                .unwrap()
+        };
+        let before = version();
+        for _ in 0..3 {
+            watch.tick();
+        }
+        assert!(watch.said.is_empty());
+        assert_eq!(version(), before, "a check committed a write");
+    }
+
+    #[test]
+    fn a_capture_that_breaks_is_recorded_with_the_last_check_that_saw_it_intact() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, spec) = captured(dir.path());
+        let hour = Duration::from_secs(3600);
+        let (t0, t1, t2) = (
+            Timestamp::now().plus(hour),
+            Timestamp::now().plus(2 * hour),
+            Timestamp::now().plus(3 * hour),
+        );
+        let mut watch = Watch::new(&db, &[spec], Duration::ZERO);
+        watch.check(t0).unwrap();
+        assert_eq!(verified_at(&db), t0, "the first check records");
+        watch.check(t1).unwrap();
+        assert_eq!(verified_at(&db), t0, "a later one only reads");
+        drop_trigger(&db);
+        watch.check(t2).unwrap();
+        assert_eq!(verified_at(&db), t1, "the last check that saw it intact");
+        let (said, _) = &watch.said["pages"];
+        assert!(said.contains(&format!("after {t1}")), "{said}");
     }
 
     #[test]

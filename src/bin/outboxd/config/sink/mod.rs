@@ -388,6 +388,26 @@ fn env_secret(c: &Checker<'_>, field: &str, var: &str, what: &str) -> Result<Str
     Ok(value)
 }
 
+/// At most one of `keys` (each with whether it is set): the second one set
+/// is an error at `{at}.{second}` saying that the first is set too, then
+/// `one_of`, which lists the choices. Which would win, or whether both
+/// apply, is nothing a reader of the file should have to guess.
+fn at_most_one(
+    c: &Checker<'_>,
+    at: &str,
+    keys: &[(&str, bool)],
+    one_of: &str,
+) -> Result<(), ConfigError> {
+    let mut set = keys.iter().filter(|(_, on)| *on).map(|(key, _)| key);
+    match (set.next(), set.next()) {
+        (Some(first), Some(second)) => Err(c.err(
+            format!("{at}.{second}"),
+            format!("{first} is set too; {one_of}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A duration key that must be longer than zero, if set.
 fn positive(
     c: &Checker<'_>,
@@ -413,5 +433,22 @@ mod tests {
         let e = parse(&format!("{STDOUT}url = \"http://x\"\n")).unwrap_err();
         assert_eq!(e.field, "consumer[0].sink.url");
         assert!(e.message.contains("path, fsync"), "{e}");
+    }
+
+    #[test]
+    fn a_second_choice_of_one_at_most_is_named_with_the_first() {
+        let hook =
+            "[[consumer]]\nname = \"h\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"webhook\"\n\
+                    url = \"https://example.com/hook\"\n";
+        let e = parse(&format!(
+            "{hook}secret_env = \"A\"\nsecret_file = \"s\"\nsecrets_env = [\"B\"]\n"
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "consumer[0].sink.secrets_env");
+        assert!(
+            e.message
+                .starts_with("secret_env is set too; give exactly one of"),
+            "{e}"
+        );
     }
 }

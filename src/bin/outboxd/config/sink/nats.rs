@@ -76,7 +76,7 @@ mod with_nats {
     use outboxd::RetryPolicy;
 
     use super::{RawCreateStream, RawStorage};
-    use crate::config::sink::{env_secret, positive, RawSink, Sink, SinkFinding};
+    use crate::config::sink::{at_most_one, env_secret, positive, RawSink, Sink, SinkFinding};
     use crate::config::{Checker, ConfigError};
 
     /// Builds a nats sink: every key checked, credentials read, nothing
@@ -162,24 +162,18 @@ mod with_nats {
     /// The credentials: at most one way, secrets from the environment or
     /// files.
     fn auth(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<NatsAuth, ConfigError> {
-        let set: Vec<&str> = [
-            ("creds_file", s.creds_file.is_some()),
-            ("token_env", s.token_env.is_some()),
-            ("user", s.user.is_some() || s.password_env.is_some()),
-            ("nkey_seed_file", s.nkey_seed_file.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(k, on)| on.then_some(k))
-        .collect();
-        if let [first, second, ..] = set[..] {
-            return Err(c.err(
-                format!("{at}.{second}"),
-                format!(
-                    "{first} is set already; use one way to authenticate: creds_file, \
-                     token_env, user + password_env, or nkey_seed_file"
-                ),
-            ));
-        }
+        at_most_one(
+            c,
+            at,
+            &[
+                ("creds_file", s.creds_file.is_some()),
+                ("token_env", s.token_env.is_some()),
+                ("user", s.user.is_some() || s.password_env.is_some()),
+                ("nkey_seed_file", s.nkey_seed_file.is_some()),
+            ],
+            "use one way to authenticate: creds_file, token_env, user + password_env, or \
+             nkey_seed_file",
+        )?;
         if let Some(p) = &s.creds_file {
             return Ok(NatsAuth::CredsFile(c.resolve(p)));
         }

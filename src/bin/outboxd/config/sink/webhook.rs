@@ -2,7 +2,7 @@
 
 use outboxd::sinks::WebhookSink;
 
-use super::{env_secret, positive, RawSink, Sink};
+use super::{at_most_one, env_secret, positive, RawSink, Sink};
 use crate::cmd::support::human;
 use crate::config::{Checker, ConfigError};
 
@@ -29,25 +29,17 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
             "is missing; a webhook sink needs url = \"https://...\"",
         )
     })?;
-    // One source of secrets: which would win, or whether both sign, is
-    // nothing a reader of the file should have to guess.
-    let given: Vec<&str> = [
-        ("secret_env", s.secret_env.is_some()),
-        ("secrets_env", s.secrets_env.is_some()),
-        ("secret_file", s.secret_file.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(key, set)| set.then_some(key))
-    .collect();
-    if let [first, second, ..] = given[..] {
-        return Err(c.err(
-            format!("{at}.{second}"),
-            format!(
-                "{first} is set too; give exactly one of secret_env, secrets_env (several \
-                 secrets while rotating) and secret_file"
-            ),
-        ));
-    }
+    at_most_one(
+        c,
+        at,
+        &[
+            ("secret_env", s.secret_env.is_some()),
+            ("secrets_env", s.secrets_env.is_some()),
+            ("secret_file", s.secret_file.is_some()),
+        ],
+        "give exactly one of secret_env, secrets_env (several secrets while rotating) and \
+         secret_file",
+    )?;
     let mut b = WebhookSink::builder(url.clone());
     // Where each secret came from, in the order given to the builder,
     // so a malformed one is reported by its source, never its value.
