@@ -25,6 +25,8 @@ pub(crate) struct ClaimedRow {
     pub attempts: u32,
     /// The consumers that already succeeded for this event (the ledger).
     pub delivered_to: Vec<String>,
+    /// The consumers a replay asked for (None: every routed consumer).
+    pub replay_consumers: Option<Vec<String>>,
 }
 
 /// Claims up to `limit` due rows: pending, `available_at <= now`, and not
@@ -57,7 +59,8 @@ pub(crate) fn claim(
         ", tenant_id, ordering_key, attempts, ",
         crate::dedup::event_key_sql!(),
         ", ",
-        crate::dedup::delivered_to_sql!()
+        crate::dedup::delivered_to_sql!(),
+        ", replay_consumers"
     ))?;
     let mut rows = stmt.query(params![
         token,
@@ -84,6 +87,7 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
         ordering_key: lenient_text(r.get_ref(10)?),
         attempts: lenient_count(r.get_ref(11)?),
         delivered_to: crate::dedup::read_delivered_to(r.get_ref(13)?),
+        replay_consumers: crate::dedup::read_names(r.get_ref(14)?),
     })
 }
 
@@ -163,7 +167,9 @@ fn lenient_text(v: ValueRef<'_>) -> Option<String> {
     }
 }
 
-/// Marks a row delivered. False if the claim was lost.
+/// Marks a row delivered: its consumers have it. A replayed row returns to
+/// the status it had before the replay (a dead letter stays one). False if
+/// the claim was lost.
 pub(crate) fn finish_delivered(
     conn: &Connection,
     row_id: i64,
@@ -173,7 +179,9 @@ pub(crate) fn finish_delivered(
     fenced(
         conn,
         "UPDATE event_outbox
-            SET status = 'delivered', finished_at = ?3, claim_token = NULL, lease_until = NULL
+            SET status = coalesce(status_before_replay, 'delivered'), finished_at = ?3,
+                claim_token = NULL, lease_until = NULL,
+                replay_consumers = NULL, status_before_replay = NULL
           WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
         params![row_id, token, now.as_millis()],
     )
@@ -213,7 +221,8 @@ pub(crate) fn dead_letter(
         conn,
         "UPDATE event_outbox
             SET status = 'dead', finished_at = ?3, last_error = ?4,
-                attempts = attempts + ?5, claim_token = NULL, lease_until = NULL
+                attempts = attempts + ?5, claim_token = NULL, lease_until = NULL,
+                replay_consumers = NULL, status_before_replay = NULL
           WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
         params![
             row_id,

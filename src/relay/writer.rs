@@ -128,6 +128,11 @@ enum Note {
         row_id: i64,
         event_id: EventId,
     },
+    ReplayedToNobody {
+        row_id: i64,
+        event_id: EventId,
+        consumers: String,
+    },
     Retry {
         row_id: i64,
         event_id: EventId,
@@ -175,6 +180,15 @@ impl Note {
             Note::AlreadyDelivered { row_id, event_id } => {
                 tracing::debug!(row_id, %event_id, "every consumer has this event already")
             }
+            Note::ReplayedToNobody {
+                row_id,
+                event_id,
+                consumers,
+            } => tracing::warn!(
+                row_id, %event_id, %consumers,
+                "replay not delivered: no consumer of this relay by that name takes the event; \
+                 the row keeps the status it had"
+            ),
             Note::Retry {
                 row_id,
                 event_id,
@@ -615,7 +629,10 @@ fn dispatch_claimed(
         }
     };
     let event_id = envelope.event_id;
-    match routes.dispatch(&envelope, &row.delivered_to, |i| consumers[i].name.as_str()) {
+    let replay = row.replay_consumers.as_deref();
+    match routes.dispatch(&envelope, &row.delivered_to, replay, |i| {
+        consumers[i].name.as_str()
+    }) {
         Dispatch::Deliver(missing) => {
             let flight = InFlight {
                 token: token.clone(),
@@ -644,6 +661,11 @@ fn dispatch_claimed(
                 Finish::SkippedUnrouted => Note::Skipped {
                     row_id,
                     event_type: envelope.event_type.to_string(),
+                },
+                Finish::NoReplayedConsumer => Note::ReplayedToNobody {
+                    row_id,
+                    event_id,
+                    consumers: row.replay_consumers.unwrap_or_default().join(","),
                 },
             });
         }

@@ -41,6 +41,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "intent_leases",
         sql: include_str!("../../migrations/0002_intent_leases.sql"),
     },
+    Migration {
+        version: 3,
+        name: "replay_scope_and_units",
+        sql: include_str!("../../migrations/0003_replay_scope_and_units.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.
