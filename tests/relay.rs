@@ -787,3 +787,108 @@ fn dedup_holds_for_an_event_id_written_in_lower_case() {
     stop(relay);
     assert_eq!(rec.len(), 1, "the consumer saw the event once");
 }
+
+/// Deliveries per (consumer, event id) of a recorder.
+fn per_id(rec: &Recorder) -> std::collections::HashMap<outboxd::EventId, usize> {
+    let mut n = std::collections::HashMap::new();
+    for id in rec.ids() {
+        *n.entry(id).or_default() += 1;
+    }
+    n
+}
+
+/// Regression (issue 11.4): two rows carrying one event id, both committed
+/// before either was claimed, were claimed in one batch and both delivered
+/// to every consumer (the ledger had no entry yet for either). Now the
+/// second waits until the first is finished, and then finds its consumers
+/// in the ledger. The second spells the id in lower case, as a foreign
+/// producer may.
+#[test]
+fn two_rows_of_one_event_in_one_batch_reach_each_consumer_once() {
+    let db = TestDb::new();
+    let (a, b) = (Recorder::default(), Recorder::default());
+    let first = event("a.b.v1", 1);
+    let id = first.id();
+    db.enqueue(&[first, event("a.b.v1", 2)]);
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload) VALUES (?1, 'a.b.v1', '{}')",
+            [id.to_string().to_lowercase()],
+        )
+        .unwrap();
+    let relay = db
+        .relay()
+        .consumer("a", ["*"], a.consumer())
+        .consumer("b", ["*"], b.consumer())
+        .batch_size(16)
+        .started();
+    wait_until("all three rows finished", LONG, || {
+        db.count("status = 'delivered'") == 3
+    });
+    stop(relay);
+    for (name, rec) in [("a", &a), ("b", &b)] {
+        assert_eq!(per_id(rec)[&id], 1, "consumer {name} got the event twice");
+        assert_eq!(rec.len(), 2, "consumer {name}");
+    }
+}
+
+/// Issue 11.4, the same with two relays: the first claims its batch and
+/// holds it in delivery; the second relay's batch may not take the twin
+/// rows meanwhile.
+#[test]
+fn two_rows_of_one_event_in_two_relays_batches_reach_each_consumer_once() {
+    const EVENTS: usize = 8;
+    let db = TestDb::new();
+    let originals: Vec<_> = (0..EVENTS as u64).map(|n| event("a.b.v1", n)).collect();
+    let twins: Vec<_> = originals
+        .iter()
+        .map(|e| event("a.b.v1", 0).event_id(e.id()))
+        .collect();
+    db.enqueue(&originals);
+    db.enqueue(&twins);
+    // Relay 1 claims the first batch (the originals) and its consumer
+    // waits until the test lets every delivery go at once.
+    let (go_tx, go) = crossbeam_channel::bounded::<()>(0);
+    let (a1, a2) = (Recorder::default(), Recorder::default());
+    let record_a1 = a1.consumer();
+    let first = db
+        .relay()
+        .consumer("a", ["*"], move |d: &Delivery| {
+            let _ = go.recv(); // returns once the sender is dropped
+            record_a1(d)
+        })
+        .batch_size(EVENTS)
+        .workers(EVENTS)
+        .started();
+    wait_until("relay 1 to claim its batch", LONG, || {
+        db.count("claim_token IS NOT NULL") >= EVENTS as i64
+    });
+    let second = db
+        .relay()
+        .consumer("a", ["*"], a2.consumer())
+        .batch_size(EVENTS)
+        .started();
+    wait_until("relay 2 to make its first claim", LONG, || {
+        second.metrics().commits > 0
+    });
+    let leased_while_both_ran = db.count("claim_token IS NOT NULL");
+    drop(go_tx);
+    wait_until("every row finished", LONG, || {
+        db.count("status = 'delivered'") == 2 * EVENTS as i64
+    });
+    stop(first);
+    stop(second);
+    let mut all = per_id(&a1);
+    for (id, n) in per_id(&a2) {
+        *all.entry(id).or_default() += n;
+    }
+    assert_eq!(
+        leased_while_both_ran, EVENTS as i64,
+        "relay 2 claimed twins while relay 1 held their originals"
+    );
+    assert_eq!(all.len(), EVENTS);
+    assert!(
+        all.values().all(|n| *n == 1),
+        "an event reached consumer a twice: {all:?}"
+    );
+}

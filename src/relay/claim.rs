@@ -29,12 +29,20 @@ pub(crate) struct ClaimedRow {
     pub replay_consumers: Option<Vec<String>>,
 }
 
-/// Claims up to `limit` due rows: pending, `available_at <= now`, and not
-/// held back by an earlier pending row with the same ordering key. One
+/// Claims up to `limit` due rows: pending, `available_at <= now`, not held
+/// back by an earlier pending row with the same ordering key, nor by another
+/// pending row with the same event id that is earlier or leased. One
 /// statement stamps the token and moves `available_at` to the end of the
 /// lease, so a leased row is simply not due; it also returns each row's
 /// ledger key and the consumers that already have its event, rather than
 /// one more statement per row. Rows come back in id order.
+///
+/// The event-id rule keeps two rows of one event (a foreign producer that
+/// wrote it twice) out of delivery at the same time, in one batch or in
+/// two relays' batches: the second is claimed only once the first is
+/// finished, and then finds the first's consumers in the ledger. Ids are
+/// matched as written, in upper and in lower case (the forms producers
+/// write; a ULID in mixed case is not matched).
 pub(crate) fn claim(
     conn: &Connection,
     token: &str,
@@ -42,26 +50,7 @@ pub(crate) fn claim(
     lease_until: Timestamp,
     limit: usize,
 ) -> rusqlite::Result<Vec<ClaimedRow>> {
-    let mut stmt = conn.prepare_cached(concat!(
-        "UPDATE event_outbox
-            SET claim_token = ?1, lease_until = ?2, available_at = ?2
-          WHERE id IN (
-                SELECT o.id FROM event_outbox o
-                 WHERE o.status = 'pending' AND o.available_at <= ?3
-                   AND (o.ordering_key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM event_outbox p
-                         WHERE p.ordering_key = o.ordering_key
-                           AND p.status = 'pending' AND p.id < o.id))
-                 ORDER BY o.available_at, o.id
-                 LIMIT ?4)
-        RETURNING id, ",
-        envelope_columns!(),
-        ", tenant_id, ordering_key, attempts, ",
-        crate::dedup::event_key_sql!(),
-        ", ",
-        crate::dedup::delivered_to_sql!(),
-        ", replay_consumers"
-    ))?;
+    let mut stmt = conn.prepare_cached(CLAIM)?;
     let mut rows = stmt.query(params![
         token,
         lease_until.as_millis(),
@@ -75,6 +64,33 @@ pub(crate) fn claim(
     claimed.sort_by_key(|c| c.row_id);
     Ok(claimed)
 }
+
+/// The claim statement: ?1 token, ?2 lease end, ?3 now, ?4 limit.
+const CLAIM: &str = concat!(
+    "UPDATE event_outbox
+            SET claim_token = ?1, lease_until = ?2, available_at = ?2
+          WHERE id IN (
+                SELECT o.id FROM event_outbox o
+                 WHERE o.status = 'pending' AND o.available_at <= ?3
+                   AND (o.ordering_key IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM event_outbox p
+                         WHERE p.ordering_key = o.ordering_key
+                           AND p.status = 'pending' AND p.id < o.id))
+                   AND (o.event_id IS NULL OR NOT EXISTS (
+                        SELECT 1 FROM event_outbox p
+                         WHERE p.event_id IN (o.event_id, upper(o.event_id), lower(o.event_id))
+                           AND p.status = 'pending' AND p.id <> o.id
+                           AND (p.id < o.id OR p.claim_token IS NOT NULL)))
+                 ORDER BY o.available_at, o.id
+                 LIMIT ?4)
+        RETURNING id, ",
+    envelope_columns!(),
+    ", tenant_id, ordering_key, attempts, ",
+    crate::dedup::event_key_sql!(),
+    ", ",
+    crate::dedup::delivered_to_sql!(),
+    ", replay_consumers"
+);
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let row_id: i64 = r.get(0)?;
@@ -399,6 +415,70 @@ mod tests {
         assert!(e.to_string().contains("occurred_at"), "{e}");
         let env = got[1].envelope.as_ref().unwrap();
         assert_eq!(env.occurred_at.to_string(), "9999-12-31T23:59:59.999Z");
+    }
+
+    /// Issue 11.4: a row is not claimed while another pending row with its
+    /// event id is earlier or leased (a dead twin requeued while the later
+    /// one is in flight waits too).
+    #[test]
+    fn a_row_waits_while_a_twin_is_earlier_or_leased() {
+        let (_d, conn) = db();
+        let id = crate::EventId::new().to_string();
+        conn.execute(
+            "INSERT INTO event_outbox (id, event_id, event_type, status, finished_at)
+             VALUES (1, ?1, 'a.b.v1', 'dead', 1)",
+            [&id],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO event_outbox (id, event_id, event_type) VALUES (2, lower(?1), 'a.b.v1'),
+                    (3, ?1, 'a.b.v1')",
+            [&id],
+        )
+        .unwrap();
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let later = now.plus(std::time::Duration::from_secs(30));
+        let got = claim(&conn, "T", now, later, 10).unwrap();
+        assert_eq!(got.iter().map(|c| c.row_id).collect::<Vec<_>>(), [2]);
+        // Row 1 is requeued while row 2 is leased: neither 1 nor 3 goes.
+        conn.execute_batch(
+            "UPDATE event_outbox SET status = 'pending', finished_at = NULL WHERE id = 1",
+        )
+        .unwrap();
+        assert!(claim(&conn, "U", now, later, 10).unwrap().is_empty());
+        assert!(finish_delivered(&conn, 2, "T", now).unwrap());
+        let got = claim(&conn, "U", now, later, 10).unwrap();
+        assert_eq!(got.iter().map(|c| c.row_id).collect::<Vec<_>>(), [1]);
+    }
+
+    /// The claim is a range search of the due index with index look-ups per
+    /// row, never a scan or a sort, however many rows the table holds.
+    #[test]
+    fn the_claim_searches_indexes_only() {
+        let (_d, conn) = db();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {CLAIM}"))
+            .unwrap()
+            .query_map(params!["T", 2, 1, 10], |r| r.get(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        for needed in [
+            "INDEX event_outbox_due",
+            "INDEX event_outbox_ordering",
+            "INDEX event_outbox_event_id",
+        ] {
+            assert!(
+                plan.iter().any(|l| l.contains(needed)),
+                "{needed}: {plan:?}"
+            );
+        }
+        assert!(
+            !plan
+                .iter()
+                .any(|l| l.starts_with("SCAN") || l.contains("TEMP B-TREE")),
+            "{plan:?}"
+        );
     }
 
     #[test]
