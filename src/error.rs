@@ -194,6 +194,10 @@ pub enum Setting {
     Workers,
     /// `RelayBuilder::batch_size`.
     BatchSize,
+    /// `RelayBuilder::batch_bytes`.
+    BatchBytes,
+    /// `RelayBuilder::max_payload_bytes`.
+    MaxPayloadBytes,
     /// `RelayBuilder::lease`.
     Lease,
     /// `RelayBuilder::poll_interval`.
@@ -234,7 +238,8 @@ pub enum Setting {
 }
 
 impl Setting {
-    /// The stable identifier: `workers`, `batch_size`, `lease`,
+    /// The stable identifier: `workers`, `batch_size`, `batch_bytes`,
+    /// `max_payload_bytes`, `lease`,
     /// `poll_interval`, `flush_interval`, `housekeeping_interval`,
     /// `stale_after`, `consumers`, `consumer.name`, `consumer.types`,
     /// `retry_policy_for`, `retry.initial`, `retry.max_delay`,
@@ -245,6 +250,8 @@ impl Setting {
         match self {
             Setting::Workers => "workers",
             Setting::BatchSize => "batch_size",
+            Setting::BatchBytes => "batch_bytes",
+            Setting::MaxPayloadBytes => "max_payload_bytes",
             Setting::Lease => "lease",
             Setting::PollInterval => "poll_interval",
             Setting::FlushInterval => "flush_interval",

@@ -227,6 +227,19 @@ fn build_rejects_bad_settings_naming_the_setting_and_the_consumer() {
             None,
             None,
         ),
+        (one().batch_bytes(0), Setting::BatchBytes, None, None),
+        (
+            one().max_payload_bytes(0),
+            Setting::MaxPayloadBytes,
+            None,
+            None,
+        ),
+        (
+            one().max_payload_bytes(outboxd::relay::MAX_PAYLOAD_BYTES + 1),
+            Setting::MaxPayloadBytes,
+            None,
+            None,
+        ),
         (
             one().lease(Duration::from_millis(10)),
             Setting::Lease,

@@ -1,11 +1,12 @@
 //! The relay's housekeeping, run by the writer between its transactions:
-//! one batch of TTL purge, a passive WAL checkpoint, and the stale check.
-//! Each in its own short transaction; a failure is logged and tried again
-//! at the next tick, never allowed to stop deliveries.
+//! one batch of TTL purge, the dead letters of payloads over the maximum, a
+//! passive WAL checkpoint, and the stale check. Each in its own short
+//! transaction; a failure is logged and tried again at the next tick, never
+//! allowed to stop deliveries.
 
 use std::time::{Duration, Instant};
 
-use rusqlite::Connection;
+use rusqlite::{Connection, TransactionBehavior};
 
 use super::metrics::Metrics;
 use crate::clock::Timestamp;
@@ -15,12 +16,25 @@ use crate::purge::{PurgePolicy, PurgeReport};
 /// left, and small batches between claims keep each write short.
 const PURGE_AGAIN: Duration = Duration::from_millis(100);
 
+/// How many of the oldest due rows a tick looks at for payloads over the
+/// maximum. The claim passes those over, so they gather at the head of the
+/// due order, where this finds them.
+const OVERSIZED_WINDOW: usize = 1000;
+
 /// The housekeeping schedule and settings.
 pub(crate) struct Housekeeping {
     interval: Duration,
     stale_after: Duration,
     purge: Option<PurgePolicy>,
+    max_payload: u64,
     next: Instant,
+}
+
+/// What one tick changed that the writer must know.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Tick {
+    /// Rows dead-lettered for a payload over the maximum.
+    pub dead_lettered: u64,
 }
 
 /// What one stale check found.
@@ -38,12 +52,14 @@ impl Housekeeping {
         interval: Duration,
         stale_after: Duration,
         purge: Option<PurgePolicy>,
+        max_payload: u64,
         at: Instant,
     ) -> Housekeeping {
         Housekeeping {
             interval,
             stale_after,
             purge,
+            max_payload,
             next: at,
         }
     }
@@ -54,7 +70,8 @@ impl Housekeeping {
     }
 
     /// Runs one tick and schedules the next.
-    pub(crate) fn run(&mut self, conn: &mut Connection, now: Timestamp, metrics: &Metrics) {
+    pub(crate) fn run(&mut self, conn: &mut Connection, now: Timestamp, metrics: &Metrics) -> Tick {
+        let mut tick = Tick::default();
         let mut purged = PurgeReport::default();
         if let Some(policy) = &self.purge {
             match crate::purge::purge_batch(conn, policy, now) {
@@ -73,6 +90,8 @@ impl Housekeeping {
                 Err(e) => tracing::warn!(error = %e, "purge failed; will retry"),
             }
         }
+        tick.dead_lettered = dead_letter_oversized(conn, now, self.max_payload);
+        Metrics::add(&metrics.dead_lettered, tick.dead_lettered);
         if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
             tracing::debug!(error = %e, "checkpoint failed");
         }
@@ -95,7 +114,58 @@ impl Housekeeping {
             Err(e) => tracing::debug!(error = %e, "stale check failed"),
         }
         self.next = Instant::now() + next_tick(self.interval, &purged);
+        tick
     }
+}
+
+/// Dead-letters the due rows whose payload is over `max_payload` (the claim
+/// passes them over), each in its own transaction, so one that SQLite has
+/// not the memory to rewrite does not hold the others back. Returns how
+/// many were dead-lettered.
+fn dead_letter_oversized(conn: &mut Connection, now: Timestamp, max_payload: u64) -> u64 {
+    let found = match super::claim::oversized(conn, now, max_payload, OVERSIZED_WINDOW) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot look for payloads over max_payload_bytes; will retry");
+            return 0;
+        }
+    };
+    let mut done = 0;
+    for (row_id, bytes) in found {
+        let reason = format!(
+            "payload is {bytes} bytes, larger than this relay's max_payload_bytes \
+             ({max_payload}); it was not loaded. Raise max_payload_bytes (a delivery needs a \
+             few times the payload's size in memory) or shrink the payload, then requeue it"
+        );
+        let ended = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .and_then(|tx| {
+                let ended = super::claim::dead_letter_oversized(&tx, row_id, now, &reason)?;
+                tx.commit()?;
+                Ok(ended)
+            });
+        match ended {
+            Ok(true) => {
+                done += 1;
+                tracing::warn!(
+                    row_id,
+                    payload_bytes = bytes,
+                    max_payload_bytes = max_payload,
+                    "dead-lettered an event whose payload is larger than max_payload_bytes, unread"
+                );
+            }
+            Ok(false) => {}
+            Err(e) => tracing::error!(
+                row_id,
+                payload_bytes = bytes,
+                error = %e,
+                "cannot dead-letter an event whose payload is larger than max_payload_bytes \
+                 (SQLite needs a few times its size in memory to rewrite the row); it stays \
+                 pending and is passed over; will retry"
+            ),
+        }
+    }
+    done
 }
 
 /// The wait until the next tick: soon while a purge still deletes rows,
@@ -157,6 +227,7 @@ mod tests {
             Duration::from_secs(3600),
             Duration::from_secs(5),
             Some(policy),
+            1 << 20,
             at,
         );
         assert!(h.due(at));

@@ -106,6 +106,16 @@ use crate::router::{Pattern, Routes};
 
 /// Rows claimed per transaction by default.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
+/// The payload bytes a relay holds in its deliveries at most, by default
+/// (see [`RelayBuilder::batch_bytes`]): 8 MiB.
+pub const DEFAULT_BATCH_BYTES: u64 = 8 << 20;
+/// The largest payload a relay loads by default (see
+/// [`RelayBuilder::max_payload_bytes`]): 16 MiB, sixteen times what
+/// [`Enqueuer`](crate::Enqueuer) accepts by default.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: u64 = 16 << 20;
+/// The largest [`RelayBuilder::max_payload_bytes`]: SQLite's own limit on
+/// a value (`SQLITE_MAX_LENGTH`).
+pub const MAX_PAYLOAD_BYTES: u64 = 1_000_000_000;
 /// The largest [`RelayBuilder::batch_size`].
 pub const MAX_BATCH_SIZE: usize = 10_000;
 /// The most [`RelayBuilder::workers`].
@@ -151,6 +161,8 @@ pub(crate) struct Settings {
     pub path: PathBuf,
     pub workers: usize,
     pub batch_size: usize,
+    pub batch_bytes: u64,
+    pub max_payload_bytes: u64,
     pub lease: Duration,
     pub poll_interval: Duration,
     pub flush_interval: Duration,
@@ -171,6 +183,8 @@ pub struct RelayBuilder {
     retry_overrides: Vec<(String, RetryPolicy)>,
     workers: Option<usize>,
     batch_size: usize,
+    batch_bytes: u64,
+    max_payload_bytes: u64,
     lease: Duration,
     poll_interval: Duration,
     flush_interval: Duration,
@@ -217,6 +231,28 @@ impl RelayBuilder {
     /// (default [`DEFAULT_BATCH_SIZE`]).
     pub fn batch_size(mut self, n: usize) -> Self {
         self.batch_size = n;
+        self
+    }
+
+    /// The most payload bytes the relay holds in deliveries at once
+    /// (default [`DEFAULT_BATCH_BYTES`]): a claim takes rows only while
+    /// their payloads fit in what is left, so a batch of large foreign
+    /// payloads cannot exhaust memory. A relay with nothing in flight still
+    /// takes one row, whatever its size (up to
+    /// [`max_payload_bytes`](Self::max_payload_bytes)), so no row is stuck.
+    /// Sizes are measured in SQL, without loading the payloads.
+    pub fn batch_bytes(mut self, n: u64) -> Self {
+        self.batch_bytes = n;
+        self
+    }
+
+    /// The largest payload the relay loads (default
+    /// [`DEFAULT_MAX_PAYLOAD_BYTES`]). A row whose payload is larger is
+    /// dead-lettered without being loaded, its size in the reason. Keep it
+    /// a few times below the memory the relay may use: a delivery holds the
+    /// payload, its envelope and the sink's copy.
+    pub fn max_payload_bytes(mut self, n: u64) -> Self {
+        self.max_payload_bytes = n;
         self
     }
 
@@ -285,6 +321,19 @@ impl RelayBuilder {
         });
         check_range(Setting::Workers, workers, 1, MAX_WORKERS)?;
         check_range(Setting::BatchSize, self.batch_size, 1, MAX_BATCH_SIZE)?;
+        if self.batch_bytes == 0 {
+            return Err(SettingError::new(
+                Setting::BatchBytes,
+                "must be at least 1 byte, such as 8388608 (8 MiB)",
+            )
+            .into());
+        }
+        check_range(
+            Setting::MaxPayloadBytes,
+            self.max_payload_bytes,
+            1,
+            MAX_PAYLOAD_BYTES,
+        )?;
         if self.lease < MIN_LEASE {
             return Err(SettingError::new(
                 Setting::Lease,
@@ -397,6 +446,8 @@ impl RelayBuilder {
                 path: self.path,
                 workers,
                 batch_size: self.batch_size,
+                batch_bytes: self.batch_bytes,
+                max_payload_bytes: self.max_payload_bytes,
                 lease: self.lease,
                 poll_interval: self.poll_interval,
                 flush_interval: self.flush_interval,
@@ -433,7 +484,12 @@ pub fn validate_consumer_name(name: &str) -> std::result::Result<(), SettingErro
     Ok(())
 }
 
-fn check_range(setting: Setting, n: usize, lo: usize, hi: usize) -> Result<()> {
+fn check_range<T: PartialOrd + std::fmt::Display>(
+    setting: Setting,
+    n: T,
+    lo: T,
+    hi: T,
+) -> Result<()> {
     if n < lo || n > hi {
         return Err(SettingError::new(
             setting,
@@ -474,6 +530,8 @@ impl Relay {
             retry_overrides: Vec::new(),
             workers: None,
             batch_size: DEFAULT_BATCH_SIZE,
+            batch_bytes: DEFAULT_BATCH_BYTES,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             lease: DEFAULT_LEASE,
             poll_interval: DEFAULT_POLL_INTERVAL,
             flush_interval: DEFAULT_FLUSH_INTERVAL,

@@ -43,6 +43,8 @@ struct InFlight {
     event_key: String,
     event_id: EventId,
     attempts: u32,
+    /// Its payload's size while its delivery runs; 0 once its outcome is in.
+    bytes: u64,
 }
 
 /// The channels and threads the writer works with (made by `Relay::start`).
@@ -80,6 +82,8 @@ pub(crate) struct Writer {
     data_version: i64,
     /// The earliest lease among `in_flight`, to know when to heartbeat.
     earliest_lease: Option<Timestamp>,
+    /// The sum of `in_flight`'s `bytes`: payloads held by deliveries.
+    bytes_in_flight: u64,
     shutdown_at: Option<Instant>,
 }
 
@@ -115,6 +119,7 @@ enum Note {
         row_id: i64,
         reason: String,
     },
+
     Unrouted {
         row_id: i64,
         event_id: EventId,
@@ -167,6 +172,7 @@ impl Note {
             Note::Invalid { row_id, reason } => {
                 tracing::warn!(row_id, %reason, "dead-lettering a malformed row")
             }
+
             Note::Unrouted {
                 row_id,
                 event_id,
@@ -254,11 +260,13 @@ impl Writer {
             capacity,
             flush_interval: settings.flush_interval,
             lease: settings.lease,
+            batch_bytes: settings.batch_bytes,
         });
         let housekeeping = Housekeeping::new(
             settings.housekeeping_interval,
             settings.stale_after,
             settings.purge.clone(),
+            settings.max_payload_bytes,
             Instant::now(),
         );
         Ok(Writer {
@@ -278,6 +286,7 @@ impl Writer {
             next_due: None,
             data_version,
             earliest_lease: None,
+            bytes_in_flight: 0,
             shutdown_at: None,
             settings,
         })
@@ -319,8 +328,11 @@ impl Writer {
                     break;
                 }
             } else if self.housekeeping.due(Instant::now()) {
-                self.housekeeping
+                let tick = self
+                    .housekeeping
                     .run(&mut self.conn, self.clock.now(), &self.metrics);
+                // A row dead-lettered there may have held back its ordering key.
+                self.want_claim |= tick.dead_lettered > 0;
             }
 
             let wait = self.planner.wait(
@@ -379,6 +391,14 @@ impl Writer {
 
     fn push_outcomes(&mut self, group: Vec<JobOutcome>) {
         self.planner.outcomes_waiting(Instant::now());
+        // A reported delivery holds its payload no longer.
+        for o in &group {
+            if let Some(f) = self.in_flight.get_mut(&o.row_id) {
+                self.bytes_in_flight = self
+                    .bytes_in_flight
+                    .saturating_sub(std::mem::take(&mut f.bytes));
+            }
+        }
         self.pending.extend(group);
     }
 
@@ -434,6 +454,7 @@ impl Writer {
             earliest_lease: self.earliest_lease,
             accepting: self.shutdown_at.is_none() && jobs.is_some(),
             shutting_down: self.shutdown_at.is_some(),
+            bytes_in_flight: self.bytes_in_flight,
         };
         let Some(plan) = self.planner.plan(&load, now, Instant::now()) else {
             return;
@@ -526,7 +547,12 @@ impl Writer {
         if plan.claim > 0 {
             let token: Arc<str> = ulid::Ulid::generate().to_string().into();
             let started = Instant::now();
-            let rows = claim::claim(&tx, &token, now, lease_until, plan.claim)?;
+            let budget = claim::Budget {
+                bytes: plan.claim_bytes,
+                one_anyway: plan.claim_one_anyway,
+                max_payload: settings.max_payload_bytes,
+            };
+            let rows = claim::claim(&tx, &token, now, lease_until, plan.claim, budget)?;
             step.counts.claim_micros = started.elapsed().as_micros() as u64;
             step.counts.claimed = rows.len() as u64;
             step.claim_full = rows.len() == plan.claim;
@@ -556,7 +582,9 @@ impl Writer {
             note.log();
         }
         for id in step.finished_rows.iter().chain(&step.released) {
-            self.in_flight.remove(id);
+            if let Some(f) = self.in_flight.remove(id) {
+                self.bytes_in_flight = self.bytes_in_flight.saturating_sub(f.bytes);
+            }
         }
         for (id, until) in step.extended {
             if let Some(f) = self.in_flight.get_mut(&id) {
@@ -576,6 +604,7 @@ impl Writer {
         for (job, flight) in step.claimed {
             let id = job.row_id;
             let token = flight.token.clone();
+            self.bytes_in_flight += flight.bytes;
             self.in_flight.insert(id, flight);
             let sent = jobs.is_some_and(|tx| tx.try_send(job).is_ok());
             if !sent {
@@ -640,6 +669,7 @@ fn dispatch_claimed(
                 event_key: row.event_key,
                 event_id,
                 attempts: row.attempts,
+                bytes: row.payload_bytes,
             };
             let job = Job {
                 row_id,

@@ -478,6 +478,12 @@ impl RelayWide<'_> {
         if let Some(n) = self.relay.batch_size {
             b = b.batch_size(n);
         }
+        if let Some(n) = self.relay.batch_bytes {
+            b = b.batch_bytes(n);
+        }
+        if let Some(n) = self.relay.max_payload_bytes {
+            b = b.max_payload_bytes(n);
+        }
         if let Some(d) = self.relay.poll_interval {
             b = b.poll_interval(d);
         }
@@ -514,9 +520,12 @@ fn setting_error(c: &Checker<'_>, e: &SettingError) -> ConfigError {
     let consumer = e.consumer_position().map(|p| format!("consumer[{p}]"));
     let name = e.setting().as_str();
     let field = match e.setting() {
-        Setting::Workers | Setting::BatchSize | Setting::Lease | Setting::PollInterval => {
-            format!("relay.{name}")
-        }
+        Setting::Workers
+        | Setting::BatchSize
+        | Setting::BatchBytes
+        | Setting::MaxPayloadBytes
+        | Setting::Lease
+        | Setting::PollInterval => format!("relay.{name}"),
         Setting::StaleAfter => format!("alerts.{name}"),
         Setting::Consumers => {
             return c.err(
