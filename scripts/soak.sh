@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then
-    suites=(process_faults storage_faults host_contention model fuzz)
+    suites=(process_faults storage_faults host_contention model nats_e2e fuzz)
 fi
 logs="${SOAK_LOG_DIR:-target/soak}"
 mkdir -p "$logs"

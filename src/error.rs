@@ -140,6 +140,9 @@ pub enum Error {
         /// The panic's message.
         message: String,
     },
+    /// A capture cannot be installed as defined (see [`crate::capture`]).
+    #[error(transparent)]
+    Capture(#[from] crate::capture::CaptureError),
 }
 
 impl Error {

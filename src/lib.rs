@@ -38,9 +38,12 @@
 //! - [`intents`]: publish intents, outside writes that are never posted twice.
 //! - [`repair`]: fixing a malformed dead letter's columns, checked as the relay would.
 //! - [`text`]: clipping text others wrote before it goes into a message or a dead letter.
-//! - [`sinks`] (feature `sinks`): ready-made consumers: JSON lines, a child program, a webhook.
+//! - [`capture`]: triggers that turn a host's own writes into events (change capture).
+//! - [`sinks`] (feature `sinks`): ready-made consumers: JSON lines, a child program, a webhook;
+//!   and a NATS JetStream stream (feature `nats`).
 #![warn(missing_docs)]
 
+pub mod capture;
 pub mod clock;
 pub mod connection;
 pub mod consumer;

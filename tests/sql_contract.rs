@@ -7,6 +7,8 @@
 //! php. Outside CI (CI != "true") a missing interpreter skips its test with
 //! a message; in CI it fails.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -15,6 +17,8 @@ use outboxd::{Envelope, EventId, Timestamp};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
+
+use common::available;
 
 /// A migrated database with the host's business table.
 struct Host {
@@ -129,22 +133,6 @@ fn str_field<'a>(v: &'a Value, key: &str) -> &'a str {
     v[key]
         .as_str()
         .unwrap_or_else(|| panic!("{key} missing in {v}"))
-}
-
-/// Whether an interpreter can run here; outside CI a missing one skips.
-fn available(program: &str) -> bool {
-    let found = Command::new(program)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !found {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{program} is not installed, and CI=true requires this test to run (.ci/run installs it)");
-        }
-        eprintln!("SKIPPED: {program} is not installed (apt-get install python3 php-cli php-sqlite3); set CI=true to make this a failure");
-    }
-    found
 }
 
 /// Runs a producer on the database and returns the JSON report it prints.

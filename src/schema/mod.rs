@@ -43,8 +43,13 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 3,
+        name: "capture",
+        sql: include_str!("../../migrations/0003_capture.sql"),
+    },
+    Migration {
+        version: 4,
         name: "replay_scope_and_units",
-        sql: include_str!("../../migrations/0003_replay_scope_and_units.sql"),
+        sql: include_str!("../../migrations/0004_replay_scope_and_units.sql"),
     },
 ];
 

@@ -10,6 +10,7 @@
 //! | [`JsonlSink`] | the line is written and flushed (and synced, if asked) | a write fails | never |
 //! | [`CommandSink`] | the program exits 0 | any other exit, a signal, the timeout | the program exits with the poison code (65) |
 //! | [`WebhookSink`] | the receiver answers 2xx | 408, 425, 429, 5xx, network errors, timeouts | 410, other 4xx, redirects, refused addresses |
+//! | [`NatsSink`](nats::NatsSink) (feature `nats`) | JetStream acknowledges the message (a duplicate too) | no ack within the timeout, not connected, no responders | invalid subject, no stream takes it, over the max payload |
 //!
 //! Every construction error is found before the first delivery: a missing
 //! program, a bad URL, a malformed secret.
@@ -28,6 +29,8 @@
 
 pub mod command;
 pub mod jsonl;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod webhook;
 
 pub use command::{CommandError, CommandSink};

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outboxd::{Delivery, Event, EventId, Outcome};
+use outboxd::envelope::RawRow;
+use outboxd::{Delivery, Envelope, Event, EventId, Outcome, Timestamp};
 use rusqlite::Connection;
 
 /// A migrated database, `app.db`, in a temp dir that lives as long as the
@@ -117,6 +118,88 @@ impl Recorder {
     pub fn len(&self) -> usize {
         self.seen.lock().unwrap().len()
     }
+}
+
+/// Whether an interpreter (python3, php) can run here. Outside CI a missing
+/// one skips the test with a message; in CI (CI=true) it fails it.
+pub fn available(program: &str) -> bool {
+    let found = std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !found {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{program} is not installed, and CI=true requires this test to run (.ci/run installs it)");
+        }
+        eprintln!("SKIPPED: {program} is not installed (apt-get install python3 php-cli php-sqlite3); set CI=true to make this a failure");
+    }
+    found
+}
+
+/// One `event_outbox` row, validated the way the relay validates a row it
+/// claims (`Envelope::from_row`), with its routing columns.
+#[derive(Debug, Clone)]
+pub struct StoredEvent {
+    pub row_id: i64,
+    pub envelope: Envelope,
+    pub tenant_id: Option<String>,
+    pub ordering_key: Option<String>,
+    /// The payload, parsed.
+    pub payload: serde_json::Value,
+}
+
+/// Every row of the outbox in id order, each validated as the relay would;
+/// a row the relay would dead-letter fails the test with the reason.
+pub fn stored_events(conn: &Connection) -> Vec<StoredEvent> {
+    use rusqlite::types::ValueRef;
+    let mut stmt = conn
+        .prepare(
+            "SELECT id, event_id, event_type, event_version, causation_id, correlation_id,
+                    payload, occurred_at, created_at, tenant_id, ordering_key, last_error
+             FROM event_outbox ORDER BY id",
+        )
+        .unwrap();
+    let mut rows = stmt.query([]).unwrap();
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().unwrap() {
+        let row_id: i64 = r.get(0).unwrap();
+        let int = |i: usize| match r.get_ref(i).unwrap() {
+            ValueRef::Integer(v) => v,
+            other => panic!("row {row_id}: column {i} is {other:?}, not INTEGER ms"),
+        };
+        let raw = RawRow {
+            row_id,
+            event_id: r.get_ref(1).unwrap(),
+            event_type: r.get_ref(2).unwrap(),
+            event_version: r.get_ref(3).unwrap(),
+            causation_id: r.get_ref(4).unwrap(),
+            correlation_id: r.get_ref(5).unwrap(),
+            payload: r.get_ref(6).unwrap(),
+            occurred_at: Timestamp::from_millis(int(7)),
+            created_at: Timestamp::from_millis(int(8)),
+        };
+        let envelope = Envelope::from_row(raw)
+            .unwrap_or_else(|e| panic!("row {row_id} would be dead-lettered: {e}"));
+        let last_error: Option<String> = r.get(11).unwrap();
+        assert_eq!(last_error, None, "row {row_id} keeps a last_error");
+        let payload = serde_json::from_str(envelope.payload.get()).unwrap();
+        // The relay reads these two leniently (bytes that are not UTF-8
+        // become U+FFFD); so does this.
+        let lenient = |i: usize| match r.get_ref(i).unwrap() {
+            ValueRef::Null => None,
+            ValueRef::Text(b) | ValueRef::Blob(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            other => panic!("row {row_id}: column {i} is {other:?}"),
+        };
+        out.push(StoredEvent {
+            row_id,
+            envelope,
+            tenant_id: lenient(9),
+            ordering_key: lenient(10),
+            payload,
+        });
+    }
+    out
 }
 
 /// Starting relays in tests: `db.relay()…started()`, `stop`, `Gate`.

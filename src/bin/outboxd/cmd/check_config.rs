@@ -14,7 +14,10 @@ use crate::exit::{Exit, Failure};
 pub const EXAMPLES: &str = "\
 Parses the file, checks every field, and builds every sink: a command's
 program must exist and be executable, a webhook's URL must be http(s) and its
-secret variables or files must be present. Prints a summary and exits 0, or
+secret variables or files must be present. A nats sink's servers are asked
+about its stream (bounded by connect_timeout): a missing stream or refused
+credentials are errors; an unreachable server, and a duplicate window that a
+retry of the consumer can outlast, are warnings. Prints a summary and exits 0, or
 prints the first problem (file, field path, what is allowed) and exits 6.
 Nothing is claimed and the database is not opened (a JSONL sink's file is
 created if missing). The metrics address is not bound, so this works while
@@ -34,6 +37,12 @@ pub struct Args {
 /// Validates the config and prints what it configures.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let c = Config::load(&args.config).map_err(|e| Failure::config(e.to_string()))?;
+    let probes = c
+        .consumers
+        .iter()
+        .map(|k| k.sink.probe(&k.name, &k.retry, c.relay.lease))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Failure::config(e.to_string()))?;
     let db = global.db_with_config(c.database.as_deref());
     let mut out = std::io::stdout().lock();
     writeln!(out, "config {}: ok", args.config.display())?;
@@ -75,7 +84,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     if let Some(addr) = c.metrics {
         writeln!(out, "metrics:   http://{addr}/metrics")?;
     }
-    for consumer in &c.consumers {
+    for (consumer, found) in c.consumers.iter().zip(probes) {
         writeln!(
             out,
             "consumer {} <- {}: {}; {} attempts",
@@ -84,6 +93,10 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             consumer.sink.describe(),
             consumer.retry.attempts()
         )?;
+        for f in found {
+            let label = if f.warning { "warning" } else { "note" };
+            writeln!(out, "  {label}: {}", f.message)?;
+        }
     }
     Ok(Exit::Ok)
 }

@@ -24,14 +24,19 @@ pub const EXAMPLES: &str = "\
 Checks: file integrity (PRAGMA integrity_check, or quick_check with --quick),
 the schema version against this binary, the journal mode (must be WAL), the
 WAL file's size, the synchronous setting, expired leases, stale due events,
-dead letters and open publish intents. Every finding says what to do.
+dead letters, open publish intents and capture triggers (missing or changed).
+Every finding says what to do.
 
 Opens the database read-only and changes nothing, so it is safe on a file
 that is in use, damaged, or not yours to write. Exits 0 when no finding is
 an error (warnings and notes allowed), 1 otherwise.
 
+With --config, the sinks that can be asked are checked too: a nats sink's
+stream, and its duplicate window against the consumer's retry schedule.
+
 Examples:
   outboxd --db app.db doctor
+  outboxd --db app.db doctor --config /etc/outboxd/outboxd.toml
   outboxd --db app.db doctor --json | jq '.findings[] | select(.severity != \"ok\")'";
 
 /// Above this the WAL file is reported: a reader holding a snapshot keeps
@@ -52,6 +57,10 @@ pub struct Args {
     /// Warn when the oldest due event has waited longer than this.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5m")]
     stale_after: Duration,
+    /// Also check the sinks of this config that can be asked (a nats sink:
+    /// its stream, and its duplicate window against the retry schedule).
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
 }
 
 /// How bad a finding is.
@@ -127,6 +136,9 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     if let Some(note) = database::read_mode_note(mode) {
         findings.push(Finding::new("read-mode", Severity::Note, note));
     }
+    if let Some(file) = &args.config {
+        findings.extend(sinks(file));
+    }
     let healthy = findings.iter().all(|f| f.severity < Severity::Error);
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -162,8 +174,55 @@ fn examine(
     if current {
         findings.extend(outbox(conn, args.stale_after, now));
         findings.push(open_intents(conn, now));
+        findings.extend(captures(conn, now));
     }
     findings
+}
+
+/// What the config's sinks say about their destinations (see
+/// `Sink::probe`).
+fn sinks(file: &Path) -> Vec<Finding> {
+    const CHECK: &str = "sink";
+    let config = match crate::config::Config::load(file) {
+        Ok(c) => c,
+        Err(e) => return vec![Finding::new(CHECK, Severity::Error, e.to_string())],
+    };
+    let lease = config.relay.lease;
+    let mut findings = Vec::new();
+    for c in &config.consumers {
+        match c.sink.probe(&c.name, &c.retry, lease) {
+            Err(e) => findings.push(Finding::new(CHECK, Severity::Error, e.to_string())),
+            Ok(found) => findings.extend(found.into_iter().map(|f| {
+                let severity = if f.warning {
+                    Severity::Warning
+                } else {
+                    Severity::Ok
+                };
+                Finding::new(
+                    CHECK,
+                    severity,
+                    format!("consumer {}: {}", c.name, f.message),
+                )
+            })),
+        }
+    }
+    findings
+}
+
+/// Capture triggers missing or changed (a host migration rebuilt a table).
+fn captures(conn: &Connection, now: Timestamp) -> Vec<Finding> {
+    const CHECK: &str = "capture";
+    match super::capture::problems(conn, now) {
+        Ok(found) if found.is_empty() => vec![Finding::ok(
+            CHECK,
+            "no capture trigger is missing or changed",
+        )],
+        Ok(found) => found
+            .into_iter()
+            .map(|m| Finding::new(CHECK, Severity::Error, m))
+            .collect(),
+        Err(e) => vec![Finding::failed(CHECK, "check the capture triggers", e)],
+    }
 }
 
 fn integrity(conn: &Connection, quick: bool, db: &Path) -> Finding {

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use crate::exit::Exit;
 use anyhow::Result;
 
+pub mod capture;
 pub mod check_config;
 pub mod console;
 pub mod database;
@@ -83,6 +84,10 @@ pub enum Command {
     /// running a relay.
     #[command(after_help = console::EXAMPLES)]
     Console(console::Args),
+    /// Turn a table's own inserts, updates and deletes into events, with
+    /// triggers: install, list and drop them.
+    #[command(subcommand, after_help = capture::EXAMPLES)]
+    Capture(capture::Args),
     /// Check a config file (sinks included) without running anything.
     #[command(after_help = check_config::EXAMPLES)]
     CheckConfig(check_config::Args),
@@ -102,6 +107,7 @@ impl Command {
             Command::Intents(args) => intents::exec(global, args),
             Command::Run(args) => run::exec(global, args),
             Command::Console(args) => console::exec(global, args),
+            Command::Capture(args) => capture::exec(global, args),
             Command::CheckConfig(args) => check_config::exec(global, args),
         }
     }

@@ -76,12 +76,20 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     };
     let http = super::console::Plan::bind(&config, args.http.as_deref(), metrics_addr)?;
     let signals = install_signal_handler()?;
+    // Sinks that connect somewhere (nats) do it now, before the database is
+    // touched: refused credentials or a missing stream are config errors.
+    for c in &config.consumers {
+        c.sink
+            .start(&c.name, &c.retry, config.relay.lease)
+            .map_err(|e| Failure::config(e.to_string()))?;
+    }
 
     let report = database::migrate(&db)?;
     if !report.was_current() {
         tracing::info!(from = report.from, to = report.to, "migrated the database");
     }
     let alerts = config.alerts;
+    let captures = config.captures.clone();
     let config_file = config
         .file
         .as_ref()
@@ -112,6 +120,11 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     tracing::info!(database = %db.display(), config = %config_file, "outboxd running; SIGINT or SIGTERM stops it");
 
+    let mut captures = super::capture::Watch::start(
+        &db,
+        &captures,
+        outboxd::relay::DEFAULT_HOUSEKEEPING_INTERVAL,
+    );
     // The dead-letter alert is checked at once, then every ALERT_INTERVAL.
     let mut last_alert_check: Option<Instant> = None;
     let mut dead_alert = false;
@@ -124,6 +137,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             relay.join().context("the relay stopped")?;
             anyhow::bail!("the relay stopped without being asked to");
         }
+        captures.tick();
         if alerts.max_dead.is_some()
             && last_alert_check.is_none_or(|t| t.elapsed() >= ALERT_INTERVAL)
         {

@@ -29,7 +29,8 @@ purpose) has waited: the measure of a stuck relay.
 
 Exits 0 when healthy and 1 when a threshold is crossed: the oldest due event
 has waited longer than --stale-after, or there are more dead letters than
---max-dead. With --config (or OUTBOXD_CONFIG), the thresholds and the
+--max-dead; or when a capture trigger is missing or changed (`outboxd capture
+list` says more). With --config (or OUTBOXD_CONFIG), the thresholds and the
 database are the config's ([alerts] stale_after and max_dead; no max_dead
 there: dead letters alone are no problem); the flags win over it. The output
 names the threshold crossed, so the command fits cron jobs and monitoring
@@ -78,7 +79,13 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     let (conn, mode) = database::for_inspection(&db)?;
     let status = outboxd::status::status(&conn, Timestamp::now())?;
-    let problems = problems(&status, &alerts);
+    let mut problems = problems(&status, &alerts);
+    for message in super::capture::problems(&conn, status.now)? {
+        problems.push(alerts::Problem {
+            threshold: "capture",
+            message,
+        });
+    }
     let note = database::read_mode_note(mode);
     let mut out = std::io::stdout().lock();
     if args.json {

@@ -64,7 +64,7 @@ pub fn build(
         if let Some(limit) = sink.time_limit() {
             if lease < limit {
                 return Err(c.err(
-                    format!("{at}.sink.timeout"),
+                    format!("{at}.sink.{}", sink.time_limit_key()),
                     format!(
                         "{} is longer than relay.lease ({}); a delivery could outlive its \
                          claim: set relay.lease to at least {} or shorten the timeout",

@@ -19,7 +19,8 @@
 //! One file per section of the config, each holding the section's raw form
 //! (as written, `Raw*`), its validated form, and the `check` that turns one
 //! into the other: [`relay`], [`retry`], [`purge`], [`alerts`], [`log`],
-//! [`metrics`], [`http`], [`consumer`] and, one file per kind, [`sink`].
+//! [`metrics`], [`http`], [`consumer`], [`capture`] and, one file per kind,
+//! [`sink`].
 //!
 //! To add a section (`[http]`, `[[capture]]`): a file here with its raw
 //! struct (`#[serde(deny_unknown_fields)]`) and a `check(&Checker, &Raw…)`,
@@ -42,6 +43,7 @@ use serde::Deserialize;
 use crate::args::parse_duration;
 
 pub mod alerts;
+pub mod capture;
 pub mod consumer;
 pub mod http;
 pub mod log;
@@ -111,6 +113,8 @@ pub struct Config {
     pub http: HttpSettings,
     /// The consumers, at least one.
     pub consumers: Vec<ConsumerSpec>,
+    /// The tables whose writes become events (`[[capture]]`).
+    pub captures: Vec<outboxd::capture::CaptureSpec>,
 }
 
 impl Config {
@@ -133,6 +137,7 @@ impl Config {
                 retry: RetryPolicy::default(),
                 sink: sink::jsonl::stdout(false),
             }],
+            captures: Vec::new(),
         }
     }
 
@@ -219,6 +224,8 @@ pub struct RawConfig {
     http: http::RawHttp,
     #[serde(default)]
     consumer: Vec<consumer::RawConsumer>,
+    #[serde(default)]
+    capture: Vec<capture::RawCapture>,
 }
 
 fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
@@ -355,6 +362,7 @@ impl Checker<'_> {
 fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
     let c = Checker::new(file);
     let s = check_settings(&c, &raw)?;
+    let captures = capture::check(&c, raw.capture)?;
     let consumers = consumer::build(&c, raw.consumer, s.relay.lease, &s.retry)?;
     Ok(Config {
         file: Some(file.to_path_buf()),
@@ -367,6 +375,7 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
         metrics: s.metrics,
         http: s.http,
         consumers,
+        captures,
     })
 }
 
@@ -419,14 +428,19 @@ struct Settings {
     http: HttpSettings,
 }
 
-fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigError> {
-    let database = match &raw.database {
+/// Checks `database`: a path, resolved against the config's directory.
+fn database(c: &Checker<'_>, raw: &Option<PathBuf>) -> Result<Option<PathBuf>, ConfigError> {
+    match raw {
         Some(p) if p.as_os_str().is_empty() => {
-            return Err(c.err("database", "is empty; give the SQLite file's path"))
+            Err(c.err("database", "is empty; give the SQLite file's path"))
         }
-        Some(p) => Some(c.resolve(p)),
-        None => None,
-    };
+        Some(p) => Ok(Some(c.resolve(p))),
+        None => Ok(None),
+    }
+}
+
+fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigError> {
+    let database = database(c, &raw.database)?;
     let relay = relay::check(c, &raw.relay)?;
     let retry = raw.retry.as_ref().map_or_else(RetryPolicy::default, |t| {
         retry::apply(t, RetryPolicy::default())

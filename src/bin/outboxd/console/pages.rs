@@ -658,12 +658,33 @@ pub fn intents(ctx: &Ctx<'_>, open: &[Intent]) -> Markup {
     }
 }
 
-/// `/capture`, while capture is not part of this build.
-pub fn capture_unavailable() -> Markup {
+/// `/capture`: every installed capture and whether its triggers are intact
+/// (`outboxd::capture::inspect`).
+pub fn capture(ctx: &Ctx<'_>, captures: &[outboxd::capture::CaptureStatus]) -> Markup {
+    let now = ctx.now;
     html! {
         h1 { "Capture" }
-        div.notice id="capture-unavailable" {
-            "Capture (events written by SQLite triggers on a host's tables) is not available in this build of outboxd."
+        p.muted { "Tables whose own writes become events through triggers (docs/capture.md). A missing trigger captures nothing: writes made meanwhile are lost." }
+        @if captures.is_empty() {
+            p.muted { "No capture installed." }
+        } @else {
+            table id="captures" {
+                thead { tr { th { "table" } th { "operations" } th { "event type" } th { "state" } th { "last seen intact" } } }
+                tbody {
+                    @for c in captures {
+                        tr {
+                            td.mono { (c.table) }
+                            td { (c.spec.operations().iter().map(|o| o.name()).collect::<Vec<_>>().join(", ")) }
+                            td.mono { (c.spec.event_type) }
+                            @match c.problem(now) {
+                                None => td { "intact" },
+                                Some(p) => td.err { (p) },
+                            }
+                            td { (time(c.verified_at.as_millis(), ctx.now)) }
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -94,7 +94,7 @@ pub fn handle(app: &App, req: &Request) -> Response {
         (Method::Get, "/replay") => replay(app, req),
         (Method::Post, "/replay") => post(app, req, replay_apply),
         (Method::Get, "/intents") => intents(app),
-        (Method::Get, "/capture") => Ok(page(app, 200, "Capture", Nav::Capture, capture())),
+        (Method::Get, "/capture") => capture(app),
         (Method::Get, "/login") => Ok(login_page(app, 200, None)),
         (Method::Post, "/login") => Ok(login(app, req)),
         (Method::Post, "/logout") => Ok(logout(app, req)),
@@ -709,10 +709,16 @@ fn intents(app: &App) -> Result<Response> {
     ))
 }
 
-/// CAPTURE HOOK: once the library's capture module lands, list its
-/// definitions and their drift here (a read on the pool, like the others).
-fn capture() -> maud::Markup {
-    pages::capture_unavailable()
+fn capture(app: &App) -> Result<Response> {
+    let conn = app.pool.get()?;
+    let captures = outboxd::capture::inspect(&conn)?;
+    Ok(page(
+        app,
+        200,
+        "Capture",
+        Nav::Capture,
+        pages::capture(&ctx(app), &captures),
+    ))
 }
 
 fn login_page(app: &App, status: u16, error: Option<&str>) -> Response {

@@ -1,5 +1,5 @@
 //! `[consumer.sink]`: the sink a consumer delivers through, one file per
-//! kind ([`jsonl`], [`command`], [`webhook`]).
+//! kind ([`jsonl`], [`command`], [`webhook`], [`nats`]).
 //!
 //! Every kind's keys live in one table, [`RawSink`], so serde reports the
 //! field path and line of a wrong value whatever the kind; each kind lists
@@ -23,7 +23,30 @@ use super::{Checker, ConfigError, Dur};
 
 pub mod command;
 pub mod jsonl;
+pub mod nats;
 pub mod webhook;
+
+/// A kind's connection step, run by `outboxd run` before the relay starts,
+/// with the consumer's name, its retry policy and the lease: an error stops
+/// the start-up.
+pub type StartHook =
+    Box<dyn Fn(&str, &RetryPolicy, Duration) -> Result<(), ConfigError> + Send + Sync>;
+
+/// A kind's look at its destination (reachable, set up to take the events),
+/// for check-config and doctor, with the same arguments: an error is a
+/// config error; the findings are notes and warnings.
+pub type ProbeHook = Box<
+    dyn Fn(&str, &RetryPolicy, Duration) -> Result<Vec<SinkFinding>, ConfigError> + Send + Sync,
+>;
+
+/// What a [`ProbeHook`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkFinding {
+    /// A warning (something to change), or else a note.
+    pub warning: bool,
+    /// What was found, with the numbers, and what to do.
+    pub message: String,
+}
 
 /// A constructed sink: the library consumer, and what the rest of the
 /// binary needs to know about it.
@@ -31,6 +54,9 @@ pub struct Sink {
     consumer: Box<dyn Consumer>,
     description: String,
     time_limit: Option<Duration>,
+    time_limit_key: &'static str,
+    start: Option<StartHook>,
+    probe: Option<ProbeHook>,
 }
 
 impl Sink {
@@ -41,7 +67,61 @@ impl Sink {
             consumer: Box::new(consumer),
             description: description.into(),
             time_limit: None,
+            time_limit_key: "timeout",
+            start: None,
+            probe: None,
         }
+    }
+
+    /// The key that sets the time limit, when it is not `timeout`.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // only nats uses it so far
+    pub fn with_time_limit_key(mut self, key: &'static str) -> Sink {
+        self.time_limit_key = key;
+        self
+    }
+
+    /// A connection step for `outboxd run` (see [`StartHook`]).
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // only nats uses it so far
+    pub fn with_start(mut self, hook: StartHook) -> Sink {
+        self.start = Some(hook);
+        self
+    }
+
+    /// A look at the destination for check-config and doctor.
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // only nats uses it so far
+    pub fn with_probe(mut self, hook: ProbeHook) -> Sink {
+        self.probe = Some(hook);
+        self
+    }
+
+    /// The key that sets the time limit (`timeout`, `ack_timeout`).
+    pub fn time_limit_key(&self) -> &'static str {
+        self.time_limit_key
+    }
+
+    /// Runs the kind's connection step for `consumer`, if it has one.
+    pub fn start(
+        &self,
+        consumer: &str,
+        retry: &RetryPolicy,
+        lease: Duration,
+    ) -> Result<(), ConfigError> {
+        self.start
+            .as_ref()
+            .map_or(Ok(()), |f| f(consumer, retry, lease))
+    }
+
+    /// Looks at the destination of `consumer`, if the kind can (nothing
+    /// otherwise).
+    pub fn probe(
+        &self,
+        consumer: &str,
+        retry: &RetryPolicy,
+        lease: Duration,
+    ) -> Result<Vec<SinkFinding>, ConfigError> {
+        self.probe
+            .as_ref()
+            .map_or(Ok(Vec::new()), |f| f(consumer, retry, lease))
     }
 
     /// The longest one delivery may take; the lease must cover it.
@@ -85,6 +165,8 @@ pub enum SinkKind {
     Command,
     /// A signed HTTP POST per event.
     Webhook,
+    /// A message per event on a NATS JetStream stream.
+    Nats,
 }
 
 /// Declares [`RawSink`] with every kind's keys (all optional) and
@@ -152,6 +234,31 @@ raw_sink! {
     headers: BTreeMap<String, String>,
     /// The most response bytes read.
     max_response_bytes: u64,
+    // nats
+    /// The NATS server URLs.
+    servers: Vec<String>,
+    /// The subject template.
+    subject: String,
+    /// The JetStream stream.
+    stream: String,
+    /// A NATS credentials (.creds) file.
+    creds_file: PathBuf,
+    /// The variable holding a NATS token.
+    token_env: String,
+    /// The NATS user name.
+    user: String,
+    /// The variable holding the NATS user's password.
+    password_env: String,
+    /// A file holding an NKey seed.
+    nkey_seed_file: PathBuf,
+    /// The CA certificates that sign the NATS servers' certificates.
+    tls_ca_file: PathBuf,
+    /// Refuse a NATS connection without TLS.
+    require_tls: bool,
+    /// How long a publish waits for JetStream's acknowledgement.
+    ack_timeout: Dur,
+    /// Create the stream when it is missing.
+    create_stream: nats::RawCreateStream,
 }
 
 /// A kind's own retry schedule, used instead of `[retry]` (a consumer's
@@ -160,7 +267,7 @@ raw_sink! {
 pub fn default_retry(kind: SinkKind) -> Option<RetryPolicy> {
     match kind {
         SinkKind::Webhook => Some(RetryPolicy::webhook()),
-        SinkKind::Jsonl | SinkKind::Command => None,
+        SinkKind::Jsonl | SinkKind::Command | SinkKind::Nats => None,
     }
 }
 
@@ -169,7 +276,13 @@ pub fn default_retry(kind: SinkKind) -> Option<RetryPolicy> {
 /// secret key lists it here.
 pub fn secret_env_vars<'a>(sinks: impl Iterator<Item = &'a RawSink>) -> Vec<String> {
     sinks
-        .flat_map(|s| s.secret_env.iter().chain(s.secrets_env.iter().flatten()))
+        .flat_map(|s| {
+            s.secret_env
+                .iter()
+                .chain(s.secrets_env.iter().flatten())
+                .chain(s.token_env.iter())
+                .chain(s.password_env.iter())
+        })
         .cloned()
         .collect()
 }
@@ -186,6 +299,7 @@ pub fn build(
         SinkKind::Jsonl => (jsonl::KEYS, "jsonl"),
         SinkKind::Command => (command::KEYS, "command"),
         SinkKind::Webhook => (webhook::KEYS, "webhook"),
+        SinkKind::Nats => (nats::KEYS, "nats"),
     };
     if let Some(extra) = s.keys().into_iter().find(|k| !allowed.contains(k)) {
         return Err(c.err(
@@ -200,7 +314,31 @@ pub fn build(
         SinkKind::Jsonl => jsonl::build(c, at, s),
         SinkKind::Command => command::build(c, at, s, secret_vars),
         SinkKind::Webhook => webhook::build(c, at, s),
+        SinkKind::Nats => nats::build(c, at, s),
     }
+}
+
+/// A secret from the environment variable `var`, which the key at `field`
+/// names; unset, non-UTF-8 and empty values are refused, saying the
+/// variable should hold `what`. The value never appears in an error.
+fn env_secret(c: &Checker<'_>, field: &str, var: &str, what: &str) -> Result<String, ConfigError> {
+    let value = std::env::var(var).map_err(|e| {
+        let why = match e {
+            std::env::VarError::NotPresent => "is not set",
+            std::env::VarError::NotUnicode(_) => "is not valid UTF-8",
+        };
+        c.err(
+            field,
+            format!("environment variable {var} {why}; set it to {what}"),
+        )
+    })?;
+    if value.trim().is_empty() {
+        return Err(c.err(
+            field,
+            format!("environment variable {var} is empty; set it to {what}"),
+        ));
+    }
+    Ok(value)
 }
 
 /// A duration key that must be longer than zero, if set.

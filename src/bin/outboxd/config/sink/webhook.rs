@@ -2,7 +2,7 @@
 
 use outboxd::sinks::WebhookSink;
 
-use super::{positive, RawSink, Sink};
+use super::{env_secret, positive, RawSink, Sink};
 use crate::cmd::support::human;
 use crate::config::{Checker, ConfigError};
 
@@ -60,27 +60,12 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
         vars.push((format!("{at}.secrets_env[{i}]"), v));
     }
     for (field, var) in vars {
-        let value = std::env::var(var).map_err(|e| {
-            let why = match e {
-                std::env::VarError::NotPresent => "is not set",
-                std::env::VarError::NotUnicode(_) => "is not valid UTF-8",
-            };
-            c.err(
-                &field,
-                format!(
-                    "environment variable {var} {why}; set it to the signing secret \
-                     (whsec_ followed by base64)"
-                ),
-            )
-        })?;
-        if value.trim().is_empty() {
-            return Err(c.err(
-                &field,
-                format!(
-                    "environment variable {var} is empty; set it to the signing secret (whsec_…)"
-                ),
-            ));
-        }
+        let value = env_secret(
+            c,
+            &field,
+            var,
+            "the signing secret (whsec_ followed by base64)",
+        )?;
         b = b.secret(value);
         sources.push((field, format!("environment variable {var}")));
     }

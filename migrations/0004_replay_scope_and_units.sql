@@ -1,4 +1,4 @@
--- outboxd schema, version 3: a replay runs only the consumers it names, and
+-- outboxd schema, version 4: a replay runs only the consumers it names, and
 -- a time in the wrong unit is refused when it is written.
 --
 -- Replay scope. Version 2 put a replayed row back to pending and let the

@@ -1,0 +1,489 @@
+//! `outboxd capture`: install, list and drop the triggers that turn a
+//! host's own writes into events (docs/capture.md). Also the capture checks
+//! `status`, `doctor` and `run` make.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use outboxd::capture::{self, CaptureSpec, CaptureStatus, ConfigMatch, Removal};
+use outboxd::Timestamp;
+use rusqlite::Connection;
+use serde::Serialize;
+
+use super::{database, Global};
+use crate::config::capture::{self as capture_config, CaptureConfig};
+use crate::exit::{Exit, Failure};
+
+/// Shown under `outboxd capture --help`.
+pub const EXAMPLES: &str = "\
+A capture turns the inserts, updates and deletes of a table into events,
+with triggers that run inside the host's own statements: no change to the
+host's code. Define captures in the config ([[capture]] entries), install
+them with `capture apply`, check them with `capture list` (and `status`,
+`doctor`, `run`): a host migration that rebuilds a table drops its
+triggers, and writes made while they are missing are not captured.
+
+Examples:
+  outboxd capture apply --config /etc/outboxd/outboxd.toml
+  outboxd capture list --config /etc/outboxd/outboxd.toml || page-someone
+  outboxd --db cms.db capture drop --table pages";
+
+/// The `capture` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Args {
+    /// Install or update the triggers of every [[capture]] in the config, in
+    /// one transaction; a capture already installed as defined is left alone.
+    #[command(after_help = APPLY_HELP)]
+    Apply(ApplyArgs),
+    /// Show what is installed, whether its triggers are intact and whether it
+    /// matches the config; exit 1 when something is wrong.
+    #[command(after_help = LIST_HELP)]
+    List(ListArgs),
+    /// Remove the triggers of one captured table, or of all.
+    #[command(after_help = DROP_HELP)]
+    Drop(DropArgs),
+}
+
+const APPLY_HELP: &str = "\
+Creates or upgrades outboxd's tables first (as `outboxd migrate`). Every
+capture is checked against its table before anything changes: a table or
+column that does not exist, a key that is not unique, or a `when` that does
+not compile is an error naming it (exit 6), and nothing is installed.
+Captures installed earlier but no longer in the config are kept; remove
+them with `capture drop`. The database is --db, OUTBOXD_DB, else the
+config's `database`.
+
+Examples:
+  outboxd capture apply --config outboxd.toml
+  outboxd --db cms.db capture apply --config capture.toml --json";
+
+const LIST_HELP: &str = "\
+Reads only. For each capture: its operations and event type, whether its
+triggers are installed as outboxd installed them, since when they have not
+been, and (with --config) whether the config would install the same. Exits 0
+when all is well and 1 otherwise.
+
+Examples:
+  outboxd --db cms.db capture list
+  outboxd capture list --config outboxd.toml --json | jq '.problems'";
+
+const DROP_HELP: &str = "\
+Drops the triggers and forgets the capture; writes to the table are no
+longer captured. Dropping the last capture also drops the shared view the
+triggers write through. Exit code 5 when the table is not captured.
+
+Examples:
+  outboxd --db cms.db capture drop --table pages
+  outboxd --db cms.db capture drop --all";
+
+/// Options of `capture apply`.
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    /// The config file whose [[capture]] entries to install.
+    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
+    config: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Options of `capture list`.
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// Compare with the [[capture]] entries of this config.
+    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Options of `capture drop`.
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct DropArgs {
+    /// The captured table.
+    #[arg(long, value_name = "TABLE")]
+    table: Option<String>,
+    /// Every capture.
+    #[arg(long)]
+    all: bool,
+}
+
+/// Runs a `capture` subcommand.
+pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+    match args {
+        Args::Apply(a) => apply(global, a),
+        Args::List(a) => list(global, a),
+        Args::Drop(a) => drop_captures(global, a),
+    }
+}
+
+fn load(file: &Path) -> Result<CaptureConfig> {
+    Ok(capture_config::load(file).map_err(|e| Failure::config(e.to_string()))?)
+}
+
+/// A capture that cannot be installed as defined is a config problem.
+fn config_error(e: outboxd::Error) -> anyhow::Error {
+    match e {
+        outboxd::Error::Capture(c) => Failure::config(c.to_string()).into(),
+        other => other.into(),
+    }
+}
+
+fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
+    let config = load(&args.config)?;
+    let db = global.db_with_config(config.database.as_deref());
+    if config.captures.is_empty() {
+        return Err(Failure::config(format!(
+            "config {}: no [[capture]] entry; nothing to apply",
+            config.file.display()
+        ))
+        .into());
+    }
+    database::migrate(&db)?;
+    let mut conn = database::for_writing(&db)?;
+    let report =
+        capture::apply(&mut conn, &config.captures, Timestamp::now()).map_err(config_error)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        for t in &report.tables {
+            let what = match t.change {
+                capture::Change::Installed => "installed",
+                capture::Change::Updated => "updated",
+                capture::Change::Unchanged => "unchanged",
+            };
+            writeln!(out, "{}: {what} ({} triggers)", t.table, t.triggers.len())?;
+        }
+        for w in &report.warnings {
+            writeln!(out, "warning: {w}")?;
+        }
+    }
+    Ok(Exit::Ok)
+}
+
+/// One capture as `capture list --json` shows it.
+#[derive(Debug, Serialize)]
+struct Listed {
+    #[serde(flatten)]
+    status: CaptureStatus,
+    intact: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    config: Option<ConfigMatch>,
+}
+
+fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
+    let config = args.config.as_deref().map(load).transpose()?;
+    let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));
+    let conn = database::for_reading(&db)?;
+    let now = Timestamp::now();
+    let statuses = capture::inspect(&conn)?;
+    let mut problems: Vec<String> = statuses.iter().filter_map(|s| s.problem(now)).collect();
+    let mut by_table: BTreeMap<String, ConfigMatch> = BTreeMap::new();
+    let mut not_installed = Vec::new();
+    if let Some(config) = &config {
+        for c in capture::compare(&conn, &config.captures)? {
+            match &c.state {
+                ConfigMatch::NotInstalled => {
+                    problems.push(format!(
+                        "capture of {} is in the config but not installed; run `outboxd capture apply`",
+                        c.table
+                    ));
+                    not_installed.push(c.table.clone());
+                }
+                ConfigMatch::Differs { reason } => problems.push(format!(
+                    "capture of {} differs from the config ({reason}); run `outboxd capture apply`",
+                    c.table
+                )),
+                ConfigMatch::Invalid { error } => problems.push(format!(
+                    "capture of {} cannot be installed as configured: {error}",
+                    c.table
+                )),
+                ConfigMatch::NotInConfig => problems.push(format!(
+                    "capture of {} is installed but not in the config; remove it with `outboxd capture drop --table {}`",
+                    c.table, c.table
+                )),
+                ConfigMatch::Matches => {}
+            }
+            by_table.insert(c.table.to_ascii_lowercase(), c.state);
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let listed: Vec<Listed> = statuses
+            .into_iter()
+            .map(|s| Listed {
+                intact: s.is_intact(),
+                config: by_table.get(&s.table.to_ascii_lowercase()).cloned(),
+                status: s,
+            })
+            .collect();
+        let value = serde_json::json!({
+            "database": db.display().to_string(),
+            "captures": listed,
+            "not_installed": not_installed,
+            "healthy": problems.is_empty(),
+            "problems": problems,
+        });
+        serde_json::to_writer(&mut out, &value)?;
+        writeln!(out)?;
+    } else {
+        if statuses.is_empty() {
+            writeln!(out, "no capture installed in {}", db.display())?;
+        }
+        for s in &statuses {
+            let state = if s.is_intact() { "intact" } else { "PROBLEM" };
+            let config = match by_table.get(&s.table.to_ascii_lowercase()) {
+                Some(ConfigMatch::Matches) => "; matches the config",
+                Some(ConfigMatch::NotInConfig) => "; not in the config",
+                Some(_) => "; differs from the config",
+                None => "",
+            };
+            let ops: Vec<&str> = s.spec.operations().iter().map(|o| o.name()).collect();
+            writeln!(out, "{}: {state}{config}", s.table)?;
+            writeln!(
+                out,
+                "  {} -> {}; installed {}, last seen intact {}",
+                ops.join(", "),
+                s.spec.event_type,
+                s.installed_at,
+                s.verified_at
+            )?;
+        }
+        for t in &not_installed {
+            writeln!(out, "{t}: NOT INSTALLED; in the config")?;
+        }
+        if !problems.is_empty() {
+            writeln!(out, "problems:")?;
+            for p in &problems {
+                writeln!(out, "  {p}")?;
+            }
+        }
+    }
+    Ok(if problems.is_empty() {
+        Exit::Ok
+    } else {
+        Exit::Problems
+    })
+}
+
+fn drop_captures(global: &Global, args: &DropArgs) -> Result<Exit> {
+    let mut conn = database::for_writing(&global.db)?;
+    let which = match &args.table {
+        Some(t) => Removal::Table(t.clone()),
+        None => Removal::All,
+    };
+    let report = capture::remove(&mut conn, &which).map_err(|e| match e {
+        outboxd::Error::NotFound { .. } => {
+            Failure::input(format!("{e}; see the captures with `outboxd capture list`")).into()
+        }
+        other => anyhow::Error::from(other),
+    })?;
+    let mut out = std::io::stdout().lock();
+    for t in &report.tables {
+        writeln!(out, "dropped the capture of {t}")?;
+    }
+    writeln!(out, "{} triggers and views dropped", report.triggers.len())?;
+    Ok(Exit::Ok)
+}
+
+/// The capture problems of a database, one line each, for `status` and
+/// `doctor`: missing or changed triggers. Empty when nothing is captured.
+pub fn problems(conn: &Connection, now: Timestamp) -> Result<Vec<String>> {
+    Ok(capture::inspect(conn)?
+        .iter()
+        .filter_map(|s| s.problem(now))
+        .map(|p| format!("{p}; reinstall with `outboxd capture apply`"))
+        .collect())
+}
+
+/// How often `run` repeats a warning about a problem that has not changed.
+const REMIND_EVERY: Duration = Duration::from_secs(600);
+
+/// `run`'s watch over the captures: at start and at every housekeeping
+/// interval it checks every recorded capture, warns about drift (once when
+/// it appears or changes, then every ten minutes), reinstalls the captures
+/// whose config entry sets `auto_repair`, and records the check
+/// (`verified_at`) so a later warning can say since when a trigger has been
+/// missing. It uses a connection of its own; the relay is not involved.
+pub struct Watch {
+    db: PathBuf,
+    /// The config's captures, by table (lower case).
+    config: BTreeMap<String, CaptureSpec>,
+    interval: Duration,
+    last: Option<Instant>,
+    /// What was last said about each table, and when.
+    said: BTreeMap<String, (String, Instant)>,
+}
+
+impl Watch {
+    /// A watch of `db` with the config's captures; checks once at once.
+    pub fn start(db: &Path, captures: &[CaptureSpec], interval: Duration) -> Watch {
+        let mut w = Watch {
+            db: db.to_path_buf(),
+            config: captures
+                .iter()
+                .map(|s| (s.table.to_ascii_lowercase(), s.clone()))
+                .collect(),
+            interval,
+            last: None,
+            said: BTreeMap::new(),
+        };
+        w.compare_config();
+        w.tick();
+        w
+    }
+
+    /// Checks when an interval has passed since the last check.
+    pub fn tick(&mut self) {
+        if self.last.is_some_and(|t| t.elapsed() < self.interval) {
+            return;
+        }
+        self.last = Some(Instant::now());
+        if let Err(e) = self.check() {
+            tracing::warn!(error = %format!("{e:#}"), "cannot check the capture triggers");
+        }
+    }
+
+    fn check(&mut self) -> Result<()> {
+        let mut conn = outboxd::connection::open(&self.db)
+            .with_context(|| format!("cannot open {}", self.db.display()))?;
+        let now = Timestamp::now();
+        for s in capture::inspect(&conn)? {
+            let key = s.table.to_ascii_lowercase();
+            let Some(problem) = s.problem(now) else {
+                if self.said.remove(&key).is_some() {
+                    tracing::info!(table = %s.table, "capture triggers are intact again");
+                }
+                continue;
+            };
+            let repair = self.config.get(&key).filter(|c| c.auto_repair);
+            if let Some(spec) = repair {
+                match capture::apply(&mut conn, std::slice::from_ref(spec), now) {
+                    Ok(_) => {
+                        tracing::warn!(table = %s.table, was = %problem, "capture triggers reinstalled (capture.auto_repair)");
+                        self.said.remove(&key);
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::error!(table = %s.table, error = %e, "cannot reinstall the capture triggers (capture.auto_repair)")
+                    }
+                }
+            }
+            let repeat = match self.said.get(&key) {
+                Some((said, at)) => *said != problem || at.elapsed() >= REMIND_EVERY,
+                None => true,
+            };
+            if repeat {
+                tracing::warn!(table = %s.table, "{problem}; reinstall with `outboxd capture apply`, or set auto_repair = true in its [[capture]]");
+                self.said.insert(key, (problem, Instant::now()));
+            }
+        }
+        capture::mark_verified(&conn, now)?;
+        Ok(())
+    }
+
+    /// Warns at start about config captures that are not installed as
+    /// configured (run does not install them: `capture apply` does).
+    fn compare_config(&self) {
+        if self.config.is_empty() {
+            return;
+        }
+        let specs: Vec<CaptureSpec> = self.config.values().cloned().collect();
+        let compared = outboxd::connection::open_read_only(&self.db)
+            .map_err(anyhow::Error::from)
+            .and_then(|conn| Ok(capture::compare(&conn, &specs)?));
+        match compared {
+            Ok(list) => {
+                for c in list {
+                    match c.state {
+                        ConfigMatch::Matches => {}
+                        ConfigMatch::NotInstalled => {
+                            tracing::warn!(table = %c.table, "capture is in the config but not installed: run `outboxd capture apply`")
+                        }
+                        ConfigMatch::Differs { reason } => {
+                            tracing::warn!(table = %c.table, %reason, "capture differs from the config: run `outboxd capture apply`")
+                        }
+                        ConfigMatch::Invalid { error } => {
+                            tracing::warn!(table = %c.table, %error, "capture in the config cannot be installed")
+                        }
+                        ConfigMatch::NotInConfig => {}
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot compare the captures with the config")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outboxd::capture::Columns;
+
+    fn captured(dir: &Path) -> (PathBuf, CaptureSpec) {
+        let db = dir.join("cms.db");
+        let mut conn = outboxd::connection::open(&db).unwrap();
+        outboxd::schema::migrate(&mut conn).unwrap();
+        conn.execute_batch("CREATE TABLE pages (id INTEGER PRIMARY KEY, title TEXT)")
+            .unwrap();
+        let spec = CaptureSpec::new("pages", "page.{op}.v1", Columns::All);
+        capture::apply(&mut conn, std::slice::from_ref(&spec), Timestamp::now()).unwrap();
+        (db, spec)
+    }
+
+    fn intact(db: &Path) -> bool {
+        let conn = outboxd::connection::open_read_only(db).unwrap();
+        capture::inspect(&conn)
+            .unwrap()
+            .iter()
+            .all(CaptureStatus::is_intact)
+    }
+
+    fn drop_trigger(db: &Path) {
+        let conn = outboxd::connection::open(db).unwrap();
+        conn.execute_batch("DROP TRIGGER outboxd_capture_pages_insert")
+            .unwrap();
+    }
+
+    #[test]
+    fn run_repairs_at_start_and_at_every_check_only_with_auto_repair() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, mut spec) = captured(dir.path());
+        drop_trigger(&db);
+        let watch = Watch::start(&db, std::slice::from_ref(&spec), Duration::ZERO);
+        assert!(!intact(&db), "without auto_repair run only warns");
+        assert!(watch.said.contains_key("pages"));
+
+        spec.auto_repair = true;
+        let mut watch = Watch::start(&db, std::slice::from_ref(&spec), Duration::ZERO);
+        assert!(intact(&db), "repaired at start");
+        drop_trigger(&db);
+        watch.tick();
+        assert!(intact(&db), "repaired at the next check");
+        assert!(watch.said.is_empty());
+    }
+
+    #[test]
+    fn each_check_records_that_the_triggers_were_intact() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, spec) = captured(dir.path());
+        outboxd::connection::open(&db)
+            .unwrap()
+            .execute_batch("UPDATE outboxd_capture SET verified_at = 0")
+            .unwrap();
+        let before = Timestamp::now();
+        let mut watch = Watch::start(&db, &[spec], Duration::from_secs(3600));
+        watch.tick(); // within the interval: no second check
+        let conn = outboxd::connection::open_read_only(&db).unwrap();
+        assert!(capture::inspect(&conn).unwrap()[0].verified_at >= before);
+    }
+}

@@ -1,0 +1,450 @@
+//! Drift: whether the triggers outboxd recorded are still installed as it
+//! installed them, and whether they match a config.
+//!
+//! A host's migration tool often rebuilds a table to alter it (create a new
+//! table, copy the rows, drop the old one, rename), and dropping the old
+//! table drops its triggers; `ALTER TABLE … RENAME` rewrites them. SQLite
+//! keeps no history, so the best outboxd can say about *when* a trigger went
+//! missing is: after it last saw it installed ([`CaptureStatus::verified_at`],
+//! moved forward by every `outboxd run` check), and around the newest event
+//! the capture wrote that is still in the outbox.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{params, Connection};
+use serde::Serialize;
+
+use super::generate::EVENT_VIEW;
+use super::install::{installed_objects, recorded_objects};
+use super::resolve::resolve;
+use super::spec::CaptureSpec;
+use crate::clock::Timestamp;
+use crate::error::{Error, Result};
+use crate::schema;
+
+/// The state of one recorded trigger or view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum TriggerState {
+    /// Installed exactly as outboxd installed it.
+    Installed,
+    /// Gone: dropped with its table (a migration that rebuilt it), or by hand.
+    Missing,
+    /// Present, but its SQL is not what outboxd installed (an `ALTER TABLE`
+    /// renamed a column or the table, or someone replaced it).
+    Changed {
+        /// The table it is on now (a renamed table takes its triggers).
+        table: String,
+        /// The SQL it has now.
+        sql: String,
+    },
+}
+
+/// One recorded trigger or view and its state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ObjectStatus {
+    /// Its name.
+    pub name: String,
+    /// `trigger` or `view`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// True for the shared event view and its trigger: while either is
+    /// missing, the host's writes to every captured table fail.
+    pub shared: bool,
+    /// Installed, missing or changed.
+    #[serde(flatten)]
+    pub state: TriggerState,
+}
+
+/// A recorded capture and whether its triggers are intact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CaptureStatus {
+    /// The captured table.
+    pub table: String,
+    /// The definition as it was applied.
+    pub spec: CaptureSpec,
+    /// When its triggers were last installed.
+    pub installed_at: Timestamp,
+    /// The last time outboxd saw every trigger installed as recorded (by
+    /// `capture apply`, `capture list` or an `outboxd run` check).
+    pub verified_at: Timestamp,
+    /// Whether the table exists.
+    pub table_exists: bool,
+    /// Its triggers, then the shared event view and its trigger.
+    pub objects: Vec<ObjectStatus>,
+    /// When something is wrong: the time of the newest event of this
+    /// capture's types still in the outbox, a hint to when it stopped.
+    pub newest_event_at: Option<Timestamp>,
+}
+
+impl CaptureStatus {
+    /// True when every trigger is installed as recorded.
+    pub fn is_intact(&self) -> bool {
+        self.table_exists
+            && self
+                .objects
+                .iter()
+                .all(|t| t.state == TriggerState::Installed)
+    }
+
+    /// The triggers (and view) that are missing.
+    pub fn missing(&self) -> Vec<&str> {
+        self.objects
+            .iter()
+            .filter(|t| t.state == TriggerState::Missing)
+            .map(|t| t.name.as_str())
+            .collect()
+    }
+
+    /// The triggers (and view) whose SQL changed.
+    pub fn changed(&self) -> Vec<&str> {
+        self.objects
+            .iter()
+            .filter(|t| matches!(t.state, TriggerState::Changed { .. }))
+            .map(|t| t.name.as_str())
+            .collect()
+    }
+
+    /// True when the shared event view or its trigger is not as installed:
+    /// the host's writes to captured tables then fail, not only go
+    /// uncaptured.
+    pub fn breaks_writes(&self) -> bool {
+        self.table_exists
+            && self
+                .objects
+                .iter()
+                .any(|t| t.shared && t.state != TriggerState::Installed)
+    }
+
+    /// What is wrong and since when, in one line for a log or a status
+    /// report; None when intact. Says plainly that writes made while a
+    /// trigger was missing are lost: a trigger that is not there captures
+    /// nothing, and nothing can find those writes afterwards.
+    pub fn problem(&self, now: Timestamp) -> Option<String> {
+        if self.is_intact() {
+            return None;
+        }
+        let mut since = format!(
+            "since some time after {} ({} ago), when outboxd last saw the capture intact",
+            self.verified_at,
+            ago(now.since(self.verified_at))
+        );
+        if let Some(t) = self.newest_event_at {
+            since.push_str(&format!(
+                "; the newest event it wrote that is still in the outbox is from {t}"
+            ));
+        }
+        let own = |f: &dyn Fn(&TriggerState) -> bool| -> Vec<&ObjectStatus> {
+            self.objects
+                .iter()
+                .filter(|o| !o.shared && f(&o.state))
+                .collect()
+        };
+        let missing = own(&|s| *s == TriggerState::Missing);
+        let changed = own(&|s| matches!(s, TriggerState::Changed { .. }));
+        let names = |v: &[&ObjectStatus]| {
+            v.iter()
+                .map(|o| o.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut parts = Vec::new();
+        if !self.table_exists && changed.is_empty() {
+            parts.push(format!(
+                "table {} no longer exists (dropped, and its capture triggers with it) {since}",
+                self.table
+            ));
+        } else if !missing.is_empty() {
+            parts.push(format!(
+                "capture of {}: trigger{} {} missing {since}: writes to {} made since then were \
+                 not captured and cannot be recovered",
+                self.table,
+                plural(missing.len()),
+                names(&missing),
+                self.table
+            ));
+        }
+        let moved_to = changed.iter().find_map(|o| match &o.state {
+            TriggerState::Changed { table, .. } if !table.eq_ignore_ascii_case(&self.table) => {
+                Some(table.clone())
+            }
+            _ => None,
+        });
+        match (moved_to, changed.is_empty()) {
+            (Some(to), _) => parts.push(format!(
+                "table {} was renamed to {to}: its triggers moved with it and still capture, under \
+                 the old name; capture {to} instead",
+                self.table
+            )),
+            (None, false) => parts.push(format!(
+                "capture of {}: trigger{} {} rewritten since outboxd installed {} (an ALTER TABLE \
+                 renamed a column?): {} still capture, but not as the capture says",
+                self.table,
+                plural(changed.len()),
+                names(&changed),
+                if changed.len() == 1 { "it" } else { "them" },
+                if changed.len() == 1 { "it" } else { "they" },
+            )),
+            (None, true) => {}
+        }
+        if self.breaks_writes() {
+            parts.push(format!(
+                "the shared view {EVENT_VIEW} or a trigger of it is missing or changed: the host's \
+                 writes to {} FAIL until `outboxd capture apply` reinstalls it",
+                self.table
+            ));
+        }
+        Some(parts.join("; "))
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+fn ago(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+/// Every recorded capture with the state of its triggers. Reads only, so it
+/// works on a read-only connection (status, doctor, the console).
+pub fn inspect(conn: &Connection) -> Result<Vec<CaptureStatus>> {
+    schema::ensure_current(conn)?;
+    let installed = installed_objects(conn)?;
+    let recorded: Vec<(String, String, String, String)> = {
+        let mut stmt = conn
+            .prepare(
+                "SELECT name, type, table_name, sql FROM outboxd_capture_object ORDER BY rowid",
+            )
+            .map_err(Error::db("read the recorded capture triggers"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .map_err(Error::db("read the recorded capture triggers"))?;
+        rows.collect::<rusqlite::Result<_>>()
+            .map_err(Error::db("read the recorded capture triggers"))?
+    };
+    let status = |(name, kind, owner, sql): &(String, String, String, String)| ObjectStatus {
+        name: name.clone(),
+        kind: kind.clone(),
+        shared: owner.is_empty(),
+        state: match installed.get(name) {
+            Some(o) if o.kind == *kind && o.sql == *sql => TriggerState::Installed,
+            Some(o) => TriggerState::Changed {
+                table: o.on.clone(),
+                sql: o.sql.clone(),
+            },
+            None => TriggerState::Missing,
+        },
+    };
+    let shared: Vec<ObjectStatus> = recorded
+        .iter()
+        .filter(|r| r.2.is_empty())
+        .map(status)
+        .collect();
+    let captures: Vec<(String, String, i64, i64)> = {
+        let mut stmt = conn
+            .prepare(
+                "SELECT table_name, spec, installed_at, verified_at FROM outboxd_capture ORDER BY table_name",
+            )
+            .map_err(Error::db("read the recorded captures"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .map_err(Error::db("read the recorded captures"))?;
+        rows.collect::<rusqlite::Result<_>>()
+            .map_err(Error::db("read the recorded captures"))?
+    };
+    let mut out = Vec::new();
+    for (table, spec, installed_at, verified_at) in captures {
+        let spec: CaptureSpec = serde_json::from_str(&spec).map_err(|e| {
+            Error::from(super::CaptureError::Record {
+                table: table.clone(),
+                reason: e.to_string(),
+            })
+        })?;
+        let table_exists: bool = conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1 COLLATE NOCASE)",
+                [&table],
+                |r| r.get(0),
+            )
+            .map_err(Error::db("look for a captured table"))?;
+        let mut objects: Vec<ObjectStatus> = recorded
+            .iter()
+            .filter(|r| r.2 == table)
+            .map(status)
+            .collect();
+        objects.extend(shared.iter().cloned());
+        let mut status = CaptureStatus {
+            table,
+            spec,
+            installed_at: Timestamp::from_millis(installed_at),
+            verified_at: Timestamp::from_millis(verified_at),
+            table_exists,
+            objects,
+            newest_event_at: None,
+        };
+        if !status.is_intact() {
+            status.newest_event_at = newest_event(conn, &status.spec)?;
+        }
+        out.push(status);
+    }
+    Ok(out)
+}
+
+/// The newest event of a capture's types still in the outbox. Scans the
+/// outbox (event types are not indexed), so it runs only on drift.
+fn newest_event(conn: &Connection, spec: &CaptureSpec) -> Result<Option<Timestamp>> {
+    let types: Vec<String> = spec
+        .operations()
+        .into_iter()
+        .filter_map(|op| spec.event_type_for(op).ok())
+        .map(|t| t.to_string())
+        .collect();
+    let marks = vec!["?"; types.len()].join(",");
+    conn.query_row(
+        &format!("SELECT max(occurred_at) FROM event_outbox WHERE event_type IN ({marks})"),
+        rusqlite::params_from_iter(&types),
+        |r| r.get::<_, Option<i64>>(0),
+    )
+    .map(|t| t.map(Timestamp::from_millis))
+    .map_err(Error::db("find the newest captured event"))
+}
+
+/// Moves `verified_at` to `now` for every capture whose triggers are all
+/// installed as recorded; returns how many. `outboxd run` calls it at every
+/// check, which is what lets a later warning say since when a trigger has
+/// been missing.
+pub fn mark_verified(conn: &Connection, now: Timestamp) -> Result<usize> {
+    let intact: Vec<String> = inspect(conn)?
+        .into_iter()
+        .filter(CaptureStatus::is_intact)
+        .map(|s| s.table)
+        .collect();
+    for table in &intact {
+        conn.execute(
+            "UPDATE outboxd_capture SET verified_at = max(verified_at, ?2) WHERE table_name = ?1",
+            params![table, now.as_millis()],
+        )
+        .map_err(Error::db("record a capture check"))?;
+    }
+    Ok(intact.len())
+}
+
+/// How a capture in a config compares with what is installed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ConfigMatch {
+    /// Installed exactly as the config would install it now.
+    Matches,
+    /// Installed, but the config would install something else.
+    Differs {
+        /// Why: the config's definition changed, or the table did (a column
+        /// added that `"*"` would now include), or this outboxd generates
+        /// different SQL than the one that installed it.
+        reason: String,
+    },
+    /// In the config, not installed.
+    NotInstalled,
+    /// In the config, but it cannot be installed as written (the table or a
+    /// column is gone).
+    Invalid {
+        /// The error `capture apply` would report.
+        error: String,
+    },
+    /// Installed, but not in the config.
+    NotInConfig,
+}
+
+/// One table's comparison.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Comparison {
+    /// The table, as the config or the record spells it.
+    pub table: String,
+    /// How they compare.
+    #[serde(flatten)]
+    pub state: ConfigMatch,
+}
+
+/// Compares the captures of a config with what is recorded. Reads only.
+pub fn compare(conn: &Connection, specs: &[CaptureSpec]) -> Result<Vec<Comparison>> {
+    schema::ensure_current(conn)?;
+    let mut recorded: BTreeMap<String, (String, BTreeMap<String, String>)> = BTreeMap::new();
+    {
+        let mut stmt = conn
+            .prepare("SELECT table_name, spec FROM outboxd_capture")
+            .map_err(Error::db("read the recorded captures"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(Error::db("read the recorded captures"))?;
+        for row in rows {
+            let (t, s) = row.map_err(Error::db("read the recorded captures"))?;
+            let objects = recorded_objects(conn, &t)?;
+            recorded.insert(t.to_ascii_lowercase(), (s, objects));
+        }
+    }
+    let mut out = Vec::new();
+    let mut seen = Vec::new();
+    for spec in specs {
+        let lower = spec.table.to_ascii_lowercase();
+        seen.push(lower.clone());
+        let state = match (resolve(conn, spec), recorded.get(&lower)) {
+            (Err(e), _) => ConfigMatch::Invalid {
+                error: e.to_string(),
+            },
+            (Ok(_), None) => ConfigMatch::NotInstalled,
+            (Ok(plan), Some((recorded_spec, triggers))) => {
+                let wanted: BTreeMap<String, String> = plan
+                    .triggers()
+                    .into_iter()
+                    .map(|t| (t.name, t.sql))
+                    .collect();
+                let spec_json = serde_json::to_string(&plan.spec).expect("a spec serializes");
+                if wanted == *triggers && spec_json == *recorded_spec {
+                    ConfigMatch::Matches
+                } else if wanted == *triggers {
+                    ConfigMatch::Differs {
+                        reason: "the definition changed (a setting that does not change the \
+                                 triggers, such as auto_repair)"
+                            .into(),
+                    }
+                } else if spec_json != *recorded_spec {
+                    ConfigMatch::Differs {
+                        reason: "the config's definition is not the one installed".into(),
+                    }
+                } else {
+                    ConfigMatch::Differs {
+                        reason: "the table changed since the capture was applied (a column added \
+                                 or removed), or this outboxd writes different triggers"
+                            .into(),
+                    }
+                }
+            }
+        };
+        out.push(Comparison {
+            table: spec.table.clone(),
+            state,
+        });
+    }
+    for (lower, (spec, _)) in &recorded {
+        if !seen.contains(lower) {
+            let table = serde_json::from_str::<CaptureSpec>(spec)
+                .map(|s| s.table)
+                .unwrap_or_else(|_| lower.clone());
+            out.push(Comparison {
+                table,
+                state: ConfigMatch::NotInConfig,
+            });
+        }
+    }
+    Ok(out)
+}
