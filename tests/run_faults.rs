@@ -1,9 +1,10 @@
 //! `outboxd run` facing a hostile machine, black-box on the real binary: a
 //! memory limit with large foreign payloads among small events (issue
-//! 11.3).
+//! 11.3), a full disk when SIGTERM comes (11.5), a file with corrupt pages
+//! (11.6).
 //!
-//! Each test skips itself, with a message, when the tool it needs is
-//! missing (`prlimit`). Synchronisation is by bounded polling of the
+//! Each test skips itself, with a message, when the tool or the privilege
+//! it needs is missing (`prlimit`; root to mount a tmpfs). Synchronisation is by bounded polling of the
 //! database; `OUTBOXD_FULL=1` selects the long forms.
 
 mod common;
@@ -12,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::bin::{Running, Sandbox, WAIT};
+use common::bin::{code, Running, Sandbox, WAIT};
 use common::event;
 use outboxd::EventId;
 
@@ -167,5 +168,215 @@ fn large_payloads_among_small_ones_never_abort_a_relay_under_a_memory_limit() {
         limits[0],
         small.len(),
         limits[1]
+    );
+}
+
+/// Fills the file system holding `dir` with a file there, until it refuses
+/// to take more.
+fn fill(dir: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(dir.join("filler")).unwrap();
+    let block = vec![0u8; 64 * 1024];
+    while f.write_all(&block).and_then(|()| f.sync_all()).is_ok() {}
+}
+
+/// Issue 11.5: SIGTERM while the outcomes of finished deliveries could not
+/// be written (a full disk) exited 0, silently, leaving the rows leased;
+/// after a restart every one was delivered again. Now shutdown keeps trying
+/// within the grace period, then says at ERROR how many outcomes it could
+/// not record, and `run` exits 3.
+#[test]
+fn sigterm_on_a_full_disk_says_how_many_outcomes_were_not_recorded_and_exits_3() {
+    let sb = Sandbox::new();
+    let mnt = sb.file("small");
+    std::fs::create_dir_all(&mnt).unwrap();
+    if !common::mount_tmpfs(&mnt, "4m", false) {
+        println!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    }
+    let _unmount = common::Mounted(mnt.clone());
+    let db = mnt.join("app.db");
+    let mut conn = outboxd::connection::open(&db).unwrap();
+    outboxd::schema::migrate(&mut conn).unwrap();
+    let tx = conn.transaction().unwrap();
+    let events: Vec<_> = (0..3).map(|n| event("disk.full.v1", n)).collect();
+    outboxd::enqueue_many(&tx, &events).unwrap();
+    tx.commit().unwrap();
+    // The consumer says it started, then waits for the gate (outside the
+    // tmpfs, so it can be created on a full disk).
+    let (started, gate) = (sb.file("started"), sb.file("gate"));
+    let consumer = sb.script(
+        "slow.sh",
+        &format!(
+            "cat >/dev/null\necho x >> {}\nwhile [ ! -e {} ]; do sleep 0.02; done",
+            started.display(),
+            gate.display()
+        ),
+    );
+    let config = sb.write(
+        "full.toml",
+        &format!(
+            "database = \"{}\"\n[relay]\nworkers = 3\n\
+             [[consumer]]\nname = \"slow\"\ntypes = [\"*\"]\n\
+             [consumer.sink]\nkind = \"command\"\nprogram = \"{}\"\n",
+            db.display(),
+            consumer.display()
+        ),
+    );
+    let mut relay = sb.outboxd().without_db().spawn(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--shutdown-grace",
+        "2s",
+    ]);
+    common::wait_until("three deliveries to start", WAIT, || {
+        relay.assert_alive();
+        std::fs::read_to_string(&started).is_ok_and(|s| s.lines().count() == 3)
+    });
+    // Empty the WAL, so recording outcomes needs new space, and fill the disk.
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    drop(conn);
+    fill(&mnt);
+    std::fs::write(&gate, "").unwrap();
+    common::wait_until("the outcome writes to fail", WAIT, || {
+        relay.assert_alive();
+        relay.stderr().contains("cannot write to the database")
+    });
+    let status = relay.stop();
+    let log = relay.stderr();
+    assert_eq!(status.code(), Some(code::DATABASE), "{log}");
+    let error = log
+        .lines()
+        .find(|l| l.contains("ERROR") && l.contains("could not record the outcomes"))
+        .unwrap_or_else(|| panic!("no ERROR line counting the outcomes:\n{log}"));
+    assert!(error.contains("outcomes=3"), "{error}");
+    assert!(
+        log.contains("outboxd: error:") && log.contains("will be delivered again"),
+        "{log}"
+    );
+    // The rows are left leased, as the log says: nothing is lost.
+    std::fs::remove_file(mnt.join("filler")).unwrap();
+    assert_eq!(
+        outboxd::connection::open(&db)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM event_outbox WHERE status = 'pending' AND claim_token IS NOT NULL",
+                [],
+                |r| r.get::<_, i64>(0)
+            )
+            .unwrap(),
+        3
+    );
+}
+
+/// The leaf pages of a table, in page order (SQLite's dbstat table).
+fn leaf_pages(conn: &rusqlite::Connection, table: &str) -> Vec<i64> {
+    let mut stmt = conn
+        .prepare("SELECT pageno FROM dbstat WHERE name = ?1 AND pagetype = 'leaf' ORDER BY pageno")
+        .unwrap();
+    let pages = stmt
+        .query_map([table], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    pages
+}
+
+/// Issue 11.6: on a database with corrupt pages `outboxd run` retried
+/// forever ("database disk image is malformed" every 5 s), exited 0 on
+/// SIGTERM, and recorded the outcomes of the deliveries that did succeed
+/// only at shutdown. Now it stops claiming, records what it can, logs what
+/// `outboxd doctor` says, and exits 3 by itself; `status` and `doctor`
+/// report the damage after it.
+#[test]
+fn a_relay_on_corrupt_pages_stops_records_what_it_can_and_exits_3() {
+    let sb = Sandbox::migrated();
+    let payload = "x".repeat(200);
+    for chunk in 0..6 {
+        let events: Vec<_> = (0..500)
+            .map(|n| {
+                outboxd::Event::new(
+                    "corrupt.page.v1",
+                    &serde_json::json!({ "n": chunk * 500 + n, "pad": payload }),
+                )
+                .unwrap()
+            })
+            .collect();
+        sb.enqueue(&events);
+    }
+    let (pages, page_size) = {
+        let conn = sb.conn();
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        let size: i64 = conn
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .unwrap();
+        (leaf_pages(&conn, "event_outbox"), size)
+    };
+    // Two leaf pages two thirds of the way through the table: the rows
+    // before them can be delivered, the claim that reaches them cannot.
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(sb.db())
+            .unwrap();
+        for page in &pages[pages.len() * 2 / 3..][..2] {
+            f.seek(SeekFrom::Start(((page - 1) * page_size) as u64))
+                .unwrap();
+            f.write_all(&vec![0x55; page_size as usize]).unwrap();
+        }
+    }
+    let config = jsonl_config(&sb, "c.toml", "");
+    let mut relay = sb
+        .outboxd()
+        .without_db()
+        .spawn(&["run", "--config", &config]);
+    let status = relay.wait(WAIT);
+    let log = relay.stderr();
+    assert_eq!(status.code(), Some(code::DATABASE), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
+    let finding = log
+        .lines()
+        .find(|l| l.contains("ERROR") && l.contains("the database file is damaged"))
+        .unwrap_or_else(|| panic!("no ERROR line with the damage:\n{log}"));
+    assert!(finding.contains(".recover"), "{finding}");
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with("outboxd: error:") && l.contains("outboxd doctor")),
+        "{log}"
+    );
+    // Every delivery made was recorded (those rows are on sound pages).
+    let got = delivered(&sb);
+    assert!(!got.is_empty(), "nothing was delivered before the damage");
+    let conn = sb.conn();
+    let unrecorded = got
+        .iter()
+        .filter(|id| {
+            conn.query_row(
+                "SELECT status FROM event_outbox WHERE event_id = ?1",
+                [id],
+                |r| r.get::<_, String>(0),
+            )
+            .map_or(true, |s| s != "delivered")
+        })
+        .count();
+    assert_eq!(unrecorded, 0, "deliveries not recorded as such");
+    // status and doctor keep saying so.
+    let out = sb.run(&["status"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code::DATABASE), "{stderr}");
+    assert!(stderr.contains("outboxd doctor"), "{stderr}");
+    let doctor = sb.expect(&["doctor"], code::PROBLEMS);
+    assert!(
+        doctor.contains("ERROR") && doctor.contains("the database file is damaged"),
+        "{doctor}"
+    );
+    println!(
+        "# corrupt pages: {} events delivered and recorded before the damage; exit 3; \
+         status exit 3, doctor exit 1",
+        got.len()
     );
 }

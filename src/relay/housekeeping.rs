@@ -31,10 +31,12 @@ pub(crate) struct Housekeeping {
 }
 
 /// What one tick changed that the writer must know.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub(crate) struct Tick {
     /// Rows dead-lettered for a payload over the maximum.
     pub dead_lettered: u64,
+    /// SQLite said the file is damaged (the writer stops).
+    pub damage: Option<rusqlite::Error>,
 }
 
 /// What one stale check found.
@@ -87,10 +89,13 @@ impl Housekeeping {
                     }
                     purged = r;
                 }
-                Err(e) => tracing::warn!(error = %e, "purge failed; will retry"),
+                Err(e) => match e.into_damage() {
+                    Ok(damage) => tick.damage = Some(damage),
+                    Err(e) => tracing::warn!(error = %e, "purge failed; will retry"),
+                },
             }
         }
-        tick.dead_lettered = dead_letter_oversized(conn, now, self.max_payload);
+        dead_letter_oversized(conn, now, self.max_payload, &mut tick);
         Metrics::add(&metrics.dead_lettered, tick.dead_lettered);
         if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
             tracing::debug!(error = %e, "checkpoint failed");
@@ -111,7 +116,10 @@ impl Housekeeping {
                     );
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "stale check failed"),
+            Err(e) => match e.into_damage() {
+                Ok(damage) => tick.damage = Some(damage),
+                Err(e) => tracing::debug!(error = %e, "stale check failed"),
+            },
         }
         self.next = Instant::now() + next_tick(self.interval, &purged);
         tick
@@ -120,17 +128,20 @@ impl Housekeeping {
 
 /// Dead-letters the due rows whose payload is over `max_payload` (the claim
 /// passes them over), each in its own transaction, so one that SQLite has
-/// not the memory to rewrite does not hold the others back. Returns how
-/// many were dead-lettered.
-fn dead_letter_oversized(conn: &mut Connection, now: Timestamp, max_payload: u64) -> u64 {
+/// not the memory to rewrite does not hold the others back; counts them in
+/// `tick`.
+fn dead_letter_oversized(conn: &mut Connection, now: Timestamp, max_payload: u64, tick: &mut Tick) {
     let found = match super::claim::oversized(conn, now, max_payload, OVERSIZED_WINDOW) {
         Ok(found) => found,
+        Err(e) if crate::integrity::is_damage(&e) => {
+            tick.damage = Some(e);
+            return;
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot look for payloads over max_payload_bytes; will retry");
-            return 0;
+            return;
         }
     };
-    let mut done = 0;
     for (row_id, bytes) in found {
         let reason = format!(
             "payload is {bytes} bytes, larger than this relay's max_payload_bytes \
@@ -146,7 +157,7 @@ fn dead_letter_oversized(conn: &mut Connection, now: Timestamp, max_payload: u64
             });
         match ended {
             Ok(true) => {
-                done += 1;
+                tick.dead_lettered += 1;
                 tracing::warn!(
                     row_id,
                     payload_bytes = bytes,
@@ -165,7 +176,6 @@ fn dead_letter_oversized(conn: &mut Connection, now: Timestamp, max_payload: u64
             ),
         }
     }
-    done
 }
 
 /// The wait until the next tick: soon while a purge still deletes rows,

@@ -106,6 +106,22 @@ pub(crate) struct Plan {
     pub contended: bool,
 }
 
+impl Plan {
+    /// A transaction that records `n` outcomes (and releases what it is
+    /// given) and nothing else: no claim, no heartbeat.
+    pub(crate) fn record_only(n: usize) -> Plan {
+        Plan {
+            claim: 0,
+            claim_bytes: 0,
+            claim_one_anyway: false,
+            record: n,
+            heartbeat: false,
+            group: n.max(1),
+            contended: false,
+        }
+    }
+}
+
 /// True when a lease ending at `lease_until` needs its heartbeat: half of
 /// a `lease` has run out by `now`.
 pub(crate) fn heartbeat_due(lease_until: Timestamp, now: Timestamp, lease: Duration) -> bool {

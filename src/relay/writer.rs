@@ -27,6 +27,7 @@ use crate::clock::{Clock, Timestamp};
 use crate::consumer::Outcome;
 use crate::envelope::EventId;
 use crate::error::{is_busy, Error, Result};
+use crate::integrity::Depth;
 use crate::router::{Dispatch, Finish, Routes};
 use crate::text::{clip, Keep};
 
@@ -84,6 +85,13 @@ pub(crate) struct Writer {
     earliest_lease: Option<Timestamp>,
     /// The sum of `in_flight`'s `bytes`: payloads held by deliveries.
     bytes_in_flight: u64,
+    /// Set when SQLite said the file is damaged: the writer stops claiming,
+    /// records what it can, and ends with this error.
+    damaged: Option<Error>,
+    /// The last error a write transaction met, for the shutdown's report.
+    last_error: Option<rusqlite::Error>,
+    /// Outcomes and releases given up on (one at a time, on a damaged file).
+    given_up: Unwritten,
     shutdown_at: Option<Instant>,
 }
 
@@ -287,6 +295,9 @@ impl Writer {
             data_version,
             earliest_lease: None,
             bytes_in_flight: 0,
+            damaged: None,
+            last_error: None,
+            given_up: Unwritten::default(),
             shutdown_at: None,
             settings,
         })
@@ -319,7 +330,14 @@ impl Writer {
             if self.shutdown_at.is_some_and(|d| Instant::now() >= d) {
                 self.abandon_in_flight();
             }
-            self.write_if_needed(jobs.as_ref());
+            if self.damaged.is_some() {
+                // Stop claiming; let the deliveries in flight finish and
+                // record what the file still takes.
+                self.begin_shutdown(DEFAULT_DROP_GRACE, &mut jobs, &unstarted);
+                self.salvage();
+            } else {
+                self.write_if_needed(jobs.as_ref());
+            }
             if let Some(deadline) = self.shutdown_at {
                 let idle = self.in_flight.is_empty() && self.pending.is_empty();
                 if (idle && self.to_release.is_empty())
@@ -333,6 +351,9 @@ impl Writer {
                     .run(&mut self.conn, self.clock.now(), &self.metrics);
                 // A row dead-lettered there may have held back its ordering key.
                 self.want_claim |= tick.dead_lettered > 0;
+                if let Some(e) = tick.damage {
+                    self.stop_on_damage(e);
+                }
             }
 
             let wait = self.planner.wait(
@@ -385,8 +406,106 @@ impl Writer {
                 tracing::warn!("a consumer is still running after the grace period; leaving it");
             }
         }
+        self.finish()
+    }
+
+    /// The relay's end: what it could not write is said at ERROR and in the
+    /// error returned (the binary exits non-zero), since those deliveries
+    /// will be made again.
+    fn finish(mut self) -> Result<()> {
+        let unwritten = Unwritten {
+            outcomes: self.given_up.outcomes + self.pending.len(),
+            releases: self.given_up.releases + self.to_release.len(),
+        };
+        if unwritten.any() {
+            let error = self.last_error.as_ref().map(ToString::to_string);
+            tracing::error!(
+                outcomes = unwritten.outcomes,
+                leases = unwritten.releases,
+                error = error.as_deref().unwrap_or("none"),
+                "could not record the outcomes of {} finished deliveries nor release {} \
+                 claims before stopping: those events will be delivered again once their \
+                 leases expire",
+                unwritten.outcomes,
+                unwritten.releases
+            );
+        }
+        if let Some(e) = self.damaged.take() {
+            tracing::info!("relay stopped: the database file is damaged");
+            return Err(e);
+        }
+        if unwritten.any() {
+            tracing::info!("relay stopped without recording every outcome");
+            return Err(Error::Unwritten {
+                outcomes: unwritten.outcomes,
+                releases: unwritten.releases,
+                source: self.last_error.take(),
+            });
+        }
         tracing::info!("relay stopped");
         Ok(())
+    }
+
+    /// SQLite said the file is damaged (SQLITE_CORRUPT, SQLITE_NOTADB):
+    /// trying again cannot help. Logs what `outboxd doctor` would say, and
+    /// makes the writer stop claiming and end with the error.
+    fn stop_on_damage(&mut self, source: rusqlite::Error) {
+        if self.damaged.is_some() {
+            return;
+        }
+        let finding = match crate::integrity::check(&self.conn, Depth::Quick) {
+            Ok(found) if !found.is_ok() => found.finding(),
+            Ok(_) => {
+                format!("SQLite reported damage ({source}), although PRAGMA quick_check passes")
+            }
+            Err(e) => format!("the database file is damaged: {e}"),
+        };
+        tracing::error!(
+            error = %source,
+            action = %crate::integrity::advice(&self.settings.path),
+            "{finding}; the relay stops claiming, records the outcomes it still can, and \
+             stops (`outboxd doctor` reports the same)"
+        );
+        self.damaged = Some(Error::Database {
+            op: "write to the database (the file is damaged)",
+            source,
+        });
+    }
+
+    /// On a damaged file: records each outcome and releases each claim in
+    /// a transaction of its own, so the rows on sound pages are recorded;
+    /// one the file refuses is given up on (trying again cannot help).
+    fn salvage(&mut self) {
+        let now = self.clock.now();
+        for o in std::mem::take(&mut self.pending) {
+            let row_id = o.row_id;
+            match self.transact(&Plan::record_only(1), &[o], &[], &[], now) {
+                Ok(step) => self.apply(step, None, 0),
+                Err(e) => {
+                    self.forget_in_flight(row_id);
+                    self.given_up.outcomes += 1;
+                    self.last_error = Some(e);
+                }
+            }
+        }
+        for release in std::mem::take(&mut self.to_release) {
+            let row_id = release.0;
+            match self.transact(&Plan::record_only(0), &[], &[release], &[], now) {
+                Ok(step) => self.apply(step, None, 0),
+                Err(e) => {
+                    self.forget_in_flight(row_id);
+                    self.given_up.releases += 1;
+                    self.last_error = Some(e);
+                }
+            }
+        }
+    }
+
+    /// Stops tracking a row the writer gave up on.
+    fn forget_in_flight(&mut self, row_id: i64) {
+        if let Some(f) = self.in_flight.remove(&row_id) {
+            self.bytes_in_flight = self.bytes_in_flight.saturating_sub(f.bytes);
+        }
     }
 
     fn push_outcomes(&mut self, group: Vec<JobOutcome>) {
@@ -494,11 +613,16 @@ impl Writer {
                 if busy {
                     // SQLITE_BUSY is never an event failure: wait and retry.
                     Metrics::add(&self.metrics.busy_retries, 1);
+                } else if crate::integrity::is_damage(&e) {
+                    Metrics::add(&self.metrics.errors, 1);
+                    self.stop_on_damage(e);
+                    return;
                 } else {
                     Metrics::add(&self.metrics.errors, 1);
                     tracing::error!(error = %e, retry_in_ms = pause.as_millis() as u64,
                         "cannot write to the database; will retry");
                 }
+                self.last_error = Some(e);
             }
         }
     }
@@ -625,6 +749,19 @@ impl Writer {
         for (consumer, result) in c.per_consumer {
             m.count_result(consumer, result);
         }
+    }
+}
+
+/// Outcomes not recorded and claims not released when the writer stopped.
+#[derive(Debug, Default, Clone, Copy)]
+struct Unwritten {
+    outcomes: usize,
+    releases: usize,
+}
+
+impl Unwritten {
+    fn any(&self) -> bool {
+        self.outcomes + self.releases > 0
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use outboxd::connection::ReadMode;
+use outboxd::integrity::{self, Depth};
 use outboxd::intents::{self, IntentStatus};
 use outboxd::schema::LATEST_VERSION;
 use outboxd::status::{Problem, Thresholds};
@@ -227,60 +228,21 @@ fn captures(conn: &Connection, now: Timestamp) -> Vec<Finding> {
 
 fn integrity(conn: &Connection, quick: bool, db: &Path) -> Finding {
     const CHECK: &str = "integrity";
-    let pragma = if quick {
-        "quick_check"
-    } else {
-        "integrity_check"
+    let depth = if quick { Depth::Quick } else { Depth::Full };
+    let damaged = |finding: String| {
+        Finding::new(CHECK, Severity::Error, finding).action(integrity::advice(db))
     };
-    // At most 20 messages: enough to judge the damage, short enough to read.
-    let rows = conn
-        .prepare(&format!("PRAGMA {pragma}(20)"))
-        .and_then(|mut s| {
-            s.query_map([], |r| r.get::<_, String>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()
-        });
-    let damaged = |detail: String| {
-        Finding::new(
+    match integrity::check(conn, depth) {
+        Ok(found) if found.is_ok() => Finding::ok(
             CHECK,
-            Severity::Error,
-            format!("the database file is damaged (PRAGMA {pragma}): {detail}"),
-        )
-        .action(format!(
-            "stop the application and outboxd, keep a copy of the file, then restore the \
-             latest backup, or salvage what is readable with \
-             `sqlite3 {} .recover | sqlite3 recovered.db`",
-            db.display()
-        ))
-    };
-    match rows {
-        Ok(rows) if rows.len() == 1 && rows[0] == "ok" => {
-            Finding::ok(CHECK, format!("no damage found (PRAGMA {pragma})"))
-        }
-        Ok(rows) => damaged(summary(&rows)),
-        Err(e) => damaged(e.to_string()),
+            format!("no damage found (PRAGMA {})", depth.pragma()),
+        ),
+        Ok(found) => damaged(found.finding()),
+        Err(e) => damaged(format!(
+            "the database file is damaged (PRAGMA {}): {e}",
+            depth.pragma()
+        )),
     }
-}
-
-/// The first few of SQLite's integrity messages on one line (a message may
-/// span lines; "*** in database main ***" is only a heading).
-fn summary(rows: &[String]) -> String {
-    const SHOWN: usize = 5;
-    let lines: Vec<&str> = rows
-        .iter()
-        .flat_map(|r| r.lines())
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("***"))
-        .collect();
-    let mut text = lines
-        .iter()
-        .take(SHOWN)
-        .copied()
-        .collect::<Vec<_>>()
-        .join("; ");
-    if lines.len() > SHOWN {
-        text.push_str(&format!("; and {} more", lines.len() - SHOWN));
-    }
-    text
 }
 
 fn schema(conn: &Connection) -> Finding {
@@ -556,18 +518,5 @@ mod tests {
         let action = f.action.unwrap();
         assert!(action.contains("wal_checkpoint(TRUNCATE)"), "{action}");
         assert!(action.contains("app.db"), "{action}");
-    }
-
-    #[test]
-    fn integrity_messages_fit_on_one_line() {
-        let rows: Vec<String> =
-            std::iter::once("*** in database main ***\nTree 3 page 3: bad".into())
-                .chain((0..9).map(|i| format!("Page {i}: never used")))
-                .collect();
-        assert_eq!(
-            summary(&rows),
-            "Tree 3 page 3: bad; Page 0: never used; Page 1: never used; \
-             Page 2: never used; Page 3: never used; and 5 more"
-        );
     }
 }
