@@ -578,18 +578,29 @@ impl Writer {
         let Some(plan) = self.planner.plan(&load, now, Instant::now()) else {
             return;
         };
+        let rest = self.pending.split_off(plan.record);
+        let outcomes = std::mem::replace(&mut self.pending, rest);
+        let releases = std::mem::take(&mut self.to_release);
+        // Only the leases this transaction keeps: the rows whose outcomes
+        // or releases it writes are no longer claimed once it has (their
+        // extension would fail and read as a lease lost to another relay).
+        let ending: HashSet<i64> = outcomes
+            .iter()
+            .map(|o| o.row_id)
+            .chain(releases.iter().map(|(id, _)| *id))
+            .collect();
         let heartbeat: Vec<(i64, Arc<str>)> = if plan.heartbeat {
             self.in_flight
                 .iter()
-                .filter(|(_, f)| plan::heartbeat_due(f.lease_until, now, self.settings.lease))
+                .filter(|(id, f)| {
+                    !ending.contains(id)
+                        && plan::heartbeat_due(f.lease_until, now, self.settings.lease)
+                })
                 .map(|(id, f)| (*id, f.token.clone()))
                 .collect()
         } else {
             Vec::new()
         };
-        let rest = self.pending.split_off(plan.record);
-        let outcomes = std::mem::replace(&mut self.pending, rest);
-        let releases = std::mem::take(&mut self.to_release);
         let started = Instant::now();
         match self.transact(&plan, &outcomes, &releases, &heartbeat, now) {
             Ok(step) => {
