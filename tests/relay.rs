@@ -905,3 +905,48 @@ fn two_rows_of_one_event_in_two_relays_batches_reach_each_consumer_once() {
         "an event reached consumer a twice: {all:?}"
     );
 }
+
+/// Regression (issue 11.10): after a long reader ended, the WAL that had
+/// grown behind it stayed at its peak size until the next write (and then
+/// shrank only to `journal_size_limit`). Now an idle relay truncates it.
+#[test]
+fn an_idle_relay_truncates_a_wal_that_a_long_reader_let_grow() {
+    let db = TestDb::new();
+    let relay = db
+        .relay()
+        .consumer("a", ["*"], |_: &Delivery| Outcome::Delivered)
+        .housekeeping_interval(Duration::from_millis(50))
+        .purge(None)
+        .started();
+    let wal = db.file("app.db-wal");
+    let wal_size = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+    // A reader holds a snapshot while thousands of events go through.
+    let reader = db.conn();
+    let snapshot = reader.unchecked_transaction().unwrap();
+    let _: i64 = snapshot
+        .query_row("SELECT count(*) FROM event_outbox", [], |r| r.get(0))
+        .unwrap();
+    let pad = "x".repeat(1000);
+    for chunk in 0..5u64 {
+        let events: Vec<_> = (0..1000)
+            .map(|n| {
+                outboxd::Event::new(
+                    "a.b.v1",
+                    &serde_json::json!({ "n": chunk * 1000 + n, "pad": pad }),
+                )
+                .unwrap()
+            })
+            .collect();
+        db.enqueue(&events);
+        relay.notify();
+    }
+    wait_until("every event delivered", LONG, || {
+        db.count("status = 'delivered'") == 5000
+    });
+    let peak = wal_size();
+    assert!(peak > 8 << 20, "the WAL grew to {peak} bytes only");
+    snapshot.finish().unwrap();
+    drop(reader);
+    wait_until("the WAL truncated", LONG, || wal_size() == 0);
+    stop(relay);
+}

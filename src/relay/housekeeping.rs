@@ -1,9 +1,11 @@
 //! The relay's housekeeping, run by the writer between its transactions:
 //! one batch of TTL purge, the dead letters of payloads over the maximum, a
-//! passive WAL checkpoint, and the stale check. Each in its own short
-//! transaction; a failure is logged and tried again at the next tick, never
-//! allowed to stop deliveries.
+//! passive WAL checkpoint (a truncating one when the relay is idle and the
+//! WAL has grown), and the stale check. Each in its own short transaction;
+//! a failure is logged and tried again at the next tick, never allowed to
+//! stop deliveries.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, TransactionBehavior};
@@ -16,6 +18,12 @@ use crate::purge::{PurgePolicy, PurgeReport};
 /// left, and small batches between claims keep each write short.
 const PURGE_AGAIN: Duration = Duration::from_millis(100);
 
+/// Above this size, an idle relay truncates the WAL file. SQLite's
+/// auto-checkpoint keeps a WAL near 4 MiB (1000 pages); one this much
+/// larger grew behind a long reader, and stays that size on disk until the
+/// next write otherwise (and then shrinks only to `journal_size_limit`).
+const WAL_TRUNCATE_ABOVE: u64 = 8 << 20;
+
 /// How many of the oldest due rows a tick looks at for payloads over the
 /// maximum. The claim passes those over, so they gather at the head of the
 /// due order, where this finds them.
@@ -27,6 +35,8 @@ pub(crate) struct Housekeeping {
     stale_after: Duration,
     purge: Option<PurgePolicy>,
     max_payload: u64,
+    /// The WAL file (None for a database without one on disk).
+    wal: Option<PathBuf>,
     next: Instant,
 }
 
@@ -55,6 +65,7 @@ impl Housekeeping {
         stale_after: Duration,
         purge: Option<PurgePolicy>,
         max_payload: u64,
+        wal: Option<PathBuf>,
         at: Instant,
     ) -> Housekeeping {
         Housekeeping {
@@ -62,6 +73,7 @@ impl Housekeeping {
             stale_after,
             purge,
             max_payload,
+            wal,
             next: at,
         }
     }
@@ -71,8 +83,15 @@ impl Housekeeping {
         at >= self.next
     }
 
-    /// Runs one tick and schedules the next.
-    pub(crate) fn run(&mut self, conn: &mut Connection, now: Timestamp, metrics: &Metrics) -> Tick {
+    /// Runs one tick and schedules the next. `idle`: the relay holds no
+    /// delivery and has not written for a while.
+    pub(crate) fn run(
+        &mut self,
+        conn: &mut Connection,
+        now: Timestamp,
+        metrics: &Metrics,
+        idle: bool,
+    ) -> Tick {
         let mut tick = Tick::default();
         let mut purged = PurgeReport::default();
         if let Some(policy) = &self.purge {
@@ -100,6 +119,9 @@ impl Housekeeping {
         if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
             tracing::debug!(error = %e, "checkpoint failed");
         }
+        if let Some(wal) = self.wal.as_deref().filter(|_| idle) {
+            truncate_large_wal(conn, wal);
+        }
         match stale(conn, now, self.stale_after) {
             Ok(s) => {
                 Metrics::set(&metrics.stale_events, s.stale);
@@ -123,6 +145,33 @@ impl Housekeeping {
         }
         self.next = Instant::now() + next_tick(self.interval, &purged);
         tick
+    }
+}
+
+/// Truncates the WAL file when it has grown past [`WAL_TRUNCATE_ABOVE`]:
+/// `wal_checkpoint(TRUNCATE)`, which needs every reader to have moved past
+/// the WAL. It never waits for them (the writer thread must not block): a
+/// reader in the way means trying again at the next idle tick.
+fn truncate_large_wal(conn: &Connection, wal: &Path) {
+    let size = std::fs::metadata(wal).map_or(0, |m| m.len());
+    if size <= WAL_TRUNCATE_ABOVE {
+        return;
+    }
+    let busy = conn.busy_timeout(Duration::ZERO).and_then(|()| {
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            r.get::<_, i64>(0)
+        })
+    });
+    if let Err(e) = crate::connection::set_busy_handler(conn) {
+        tracing::warn!(error = %e, "cannot restore the busy handler");
+    }
+    match busy {
+        Ok(0) => tracing::debug!(bytes = size, "truncated the WAL while idle"),
+        Ok(_) => tracing::debug!(
+            bytes = size,
+            "a reader holds the WAL; will truncate it later"
+        ),
+        Err(e) => tracing::debug!(error = %e, "cannot truncate the WAL; will try later"),
     }
 }
 
@@ -238,10 +287,11 @@ mod tests {
             Duration::from_secs(5),
             Some(policy),
             1 << 20,
+            None,
             at,
         );
         assert!(h.due(at));
-        h.run(&mut conn, Timestamp::from_millis(10_000), &metrics);
+        h.run(&mut conn, Timestamp::from_millis(10_000), &metrics, false);
         assert!(!h.due(at + Duration::from_millis(50)));
         assert!(
             h.due(at + Duration::from_secs(1)),

@@ -9,6 +9,7 @@
 //! module doc of `relay` for the thread and channel protocol.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -33,6 +34,9 @@ use crate::text::{clip, Keep};
 
 /// Longest reason text stored in `last_error`.
 const MAX_REASON_BYTES: usize = 4096;
+/// A relay with nothing in flight that has not written for this long is
+/// idle: housekeeping may truncate a WAL that grew.
+const IDLE_AFTER: Duration = Duration::from_secs(1);
 /// How long the writer waits, after it stops, for workers to return.
 const WORKER_EXIT_WAIT: Duration = Duration::from_millis(500);
 
@@ -88,6 +92,8 @@ pub(crate) struct Writer {
     /// Set when SQLite said the file is damaged: the writer stops claiming,
     /// records what it can, and ends with this error.
     damaged: Option<Error>,
+    /// When the last write transaction committed.
+    last_commit: Instant,
     /// The last error a write transaction met, for the shutdown's report.
     last_error: Option<rusqlite::Error>,
     /// Outcomes and releases given up on (one at a time, on a damaged file).
@@ -275,6 +281,9 @@ impl Writer {
             settings.stale_after,
             settings.purge.clone(),
             settings.max_payload_bytes,
+            conn.path()
+                .filter(|p| !p.is_empty())
+                .map(|p| PathBuf::from(format!("{p}-wal"))),
             Instant::now(),
         );
         Ok(Writer {
@@ -296,6 +305,7 @@ impl Writer {
             earliest_lease: None,
             bytes_in_flight: 0,
             damaged: None,
+            last_commit: Instant::now(),
             last_error: None,
             given_up: Unwritten::default(),
             shutdown_at: None,
@@ -346,9 +356,12 @@ impl Writer {
                     break;
                 }
             } else if self.housekeeping.due(Instant::now()) {
-                let tick = self
-                    .housekeeping
-                    .run(&mut self.conn, self.clock.now(), &self.metrics);
+                let idle = self.in_flight.is_empty()
+                    && self.pending.is_empty()
+                    && self.last_commit.elapsed() >= IDLE_AFTER;
+                let tick =
+                    self.housekeeping
+                        .run(&mut self.conn, self.clock.now(), &self.metrics, idle);
                 // A row dead-lettered there may have held back its ordering key.
                 self.want_claim |= tick.dead_lettered > 0;
                 if let Some(e) = tick.damage {
@@ -604,6 +617,7 @@ impl Writer {
         let started = Instant::now();
         match self.transact(&plan, &outcomes, &releases, &heartbeat, now) {
             Ok(step) => {
+                self.last_commit = Instant::now();
                 Metrics::add(&self.metrics.commits, 1);
                 Metrics::add(
                     &self.metrics.commit_micros_total,
