@@ -1,8 +1,10 @@
 //! A model test: random sequences of enqueue, relay runs (each a restart)
 //! with scripted consumers, crashes of a relay that held leases and may
 //! have run a consumer, clock jumps both ways (lease expiry, retry due
-//! times), purge, and replays of one consumer, checked after every step
-//! against a reference model.
+//! times; a relay that starts after the clock stepped back makes due the
+//! retries it finds further ahead than its policy allows), purge, and
+//! replays of one consumer, checked after every step against a reference
+//! model.
 //!
 //! Invariants: every enqueued event is delivered, pending or dead-lettered
 //! (or purged after delivery), exactly as the model says; the ledger holds
@@ -136,9 +138,18 @@ struct Model {
 }
 
 impl Model {
-    /// What one relay run at the current time does.
+    /// What one relay run at the current time does. A relay starts by
+    /// making due the retries further ahead than its longest retry wait
+    /// (the clock stepped back since they were scheduled).
     fn run_relay(&mut self) {
         let now = self.now;
+        for (_, e) in self.events.values_mut() {
+            let slack = outboxd::status::CLOCK_STEP_SLACK.as_millis() as i64;
+            let stepped = e.failures > 0 && e.due > now + RETRY_MS + slack;
+            if e.status == Status::Pending && !e.leased && stepped {
+                e.due = now;
+            }
+        }
         for (_, e) in self.events.values_mut() {
             if e.status != Status::Pending || e.due > now {
                 continue;
@@ -293,16 +304,19 @@ fn start_relay(db: &TestDb, clock: &ManualClock, log: &Log) -> outboxd::RelayHan
 }
 
 /// Starts a relay, waits until nothing due is left and nothing is in its
-/// hands, and stops it: a restart every time.
+/// hands (nor a retry further ahead than its policy allows, which it makes
+/// due), and stops it: a restart every time.
 fn run_relay(db: &TestDb, clock: &ManualClock, log: &Log) -> Result<(), TestCaseError> {
     let relay = start_relay(db, clock, log);
     let now = clock.now().as_millis();
+    let slack = outboxd::status::CLOCK_STEP_SLACK.as_millis() as i64;
     let conn = db.conn();
     let busy = || -> i64 {
         conn.query_row(
             "SELECT count(*) FROM event_outbox WHERE status = 'pending'
-               AND (available_at <= ?1 OR (claim_token IS NOT NULL AND claim_token <> ?2))",
-            rusqlite::params![now, DEAD_TOKEN],
+               AND (available_at <= ?1 OR (claim_token IS NOT NULL AND claim_token <> ?2)
+                    OR (claim_token IS NULL AND attempts > 0 AND available_at > ?3))",
+            rusqlite::params![now, DEAD_TOKEN, now + RETRY_MS + slack],
             |r| r.get(0),
         )
         .unwrap()

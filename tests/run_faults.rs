@@ -1,10 +1,10 @@
 //! `outboxd run` facing a hostile machine, black-box on the real binary: a
 //! memory limit with large foreign payloads among small events (issue
 //! 11.3), a full disk when SIGTERM comes (11.5), a file with corrupt pages
-//! (11.6).
+//! (11.6), the system clock stepping back (11.9, with libfaketime).
 //!
 //! Each test skips itself, with a message, when the tool or the privilege
-//! it needs is missing (`prlimit`; root to mount a tmpfs). Synchronisation is by bounded polling of the
+//! it needs is missing (`prlimit`; root to mount a tmpfs; `faketime`). Synchronisation is by bounded polling of the
 //! database; `OUTBOXD_FULL=1` selects the long forms.
 
 mod common;
@@ -379,4 +379,147 @@ fn a_relay_on_corrupt_pages_stops_records_what_it_can_and_exits_3() {
          status exit 3, doctor exit 1",
         got.len()
     );
+}
+
+/// libfaketime, as Debian installs it (`faketime`; .ci/run installs it).
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// Runs `cmd` with its wall clock offset by what the file `offset` says
+/// (`+0`, `-1h`…), read again at every look: the monotonic clock is left
+/// alone, as a real step of the system clock leaves it.
+fn faked(mut cmd: Command, offset: &Path) -> Command {
+    cmd.env("LD_PRELOAD", LIBFAKETIME)
+        .env("FAKETIME_TIMESTAMP_FILE", offset)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("DONT_FAKE_MONOTONIC", "1");
+    cmd
+}
+
+/// Issue 11.9: after the system clock stepped back, leases and retries
+/// waited for the size of the step, and `status`/`doctor` said healthy while
+/// a lease ended an hour away. Through the binary under libfaketime: a retry
+/// scheduled before a step of an hour is delivered at once; a live relay's
+/// lease, an hour away after a step, is reported by `status` (exit 1,
+/// "clock-step") and by `doctor`, and renewed within half a lease; a
+/// crashed relay's lease left an hour away is taken over by the next relay
+/// after a lease of its monotonic time.
+#[test]
+fn a_step_of_the_clock_back_leaves_no_lease_or_retry_waiting_and_is_reported() {
+    if !Path::new(LIBFAKETIME).exists() {
+        println!("skipped: libfaketime is not installed (apt-get install faketime)");
+        return;
+    }
+    let sb = Sandbox::migrated();
+    let offset = sb.write("offset", "+0\n");
+    let step = |to: &str| std::fs::write(&offset, format!("{to}\n")).unwrap();
+    let (started, gate, flaky_done) = (sb.file("started"), sb.file("gate"), sb.file("flaky.done"));
+    let hold = sb.script(
+        "hold.sh",
+        &format!(
+            "cat >/dev/null\necho x >> {}\nwhile [ ! -e {} ]; do sleep 0.05; done",
+            started.display(),
+            gate.display()
+        ),
+    );
+    let flaky = sb.script(
+        "flaky.sh",
+        &format!(
+            "cat >/dev/null\n[ -e {0} ] && exit 0\ntouch {0}\nexit 1",
+            flaky_done.display()
+        ),
+    );
+    let config = sb.write(
+        "clock.toml",
+        &format!(
+            "database = \"app.db\"\n[relay]\nlease = \"10s\"\n\
+             [retry]\ninitial = \"2s\"\nmax_delay = \"2s\"\njitter = 0.0\n\
+             [[consumer]]\nname = \"hold\"\ntypes = [\"clock.hold.v1\"]\n\
+             [consumer.sink]\nkind = \"command\"\nprogram = \"{}\"\ntimeout = \"10s\"\n\
+             [[consumer]]\nname = \"flaky\"\ntypes = [\"clock.retry.v1\"]\n\
+             [consumer.sink]\nkind = \"command\"\nprogram = \"{}\"\ntimeout = \"10s\"\n",
+            hold.display(),
+            flaky.display()
+        ),
+    );
+    let config = config.to_str().unwrap();
+    let outboxd = |args: &[&str]| faked(sb.command(args), &offset);
+    let relay = || Running::spawn(&mut outboxd(&["run", "--config", config]));
+    let enqueue = |ty: &str| {
+        let out = outboxd(&["enqueue", "--type", ty, "--payload", "{}"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let status = || {
+        let out = outboxd(&["status", "--json", "--config", config])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (out.status.code(), v)
+    };
+    let clock_step = |v: &serde_json::Value| {
+        v["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["threshold"] == "clock-step")
+    };
+
+    // A retry scheduled 2 s ahead; then the clock steps back an hour.
+    let mut a = relay();
+    enqueue("clock.retry.v1");
+    common::wait_until("the first attempt to fail", WAIT, || {
+        a.assert_alive();
+        sb.count("attempts = 1") == 1
+    });
+    step("-1h");
+    common::wait_until("the retry, at once rather than in an hour", WAIT, || {
+        a.assert_alive();
+        sb.count("status = 'delivered'") == 1
+    });
+
+    // A live relay holds a lease; the clock steps back another hour.
+    enqueue("clock.hold.v1");
+    common::wait_until("the delivery to start", WAIT, || {
+        a.assert_alive();
+        std::fs::read_to_string(&started).is_ok_and(|s| s.lines().count() == 1)
+    });
+    step("-2h");
+    let (code, v) = status();
+    assert_eq!(code, Some(code::PROBLEMS), "{v}");
+    assert!(clock_step(&v), "{v}");
+    let doctor = String::from_utf8(outboxd(&["doctor"]).output().unwrap().stdout).unwrap();
+    assert!(
+        doctor
+            .lines()
+            .any(|l| l.contains("warning") && l.contains("clock") && l.contains("stepped back")),
+        "{doctor}"
+    );
+    common::wait_until("the relay to renew its lease", WAIT, || {
+        a.assert_alive();
+        !clock_step(&status().1)
+    });
+
+    // The relay dies holding it, and the clock steps back once more.
+    a.kill9();
+    step("-3h");
+    assert!(clock_step(&status().1));
+    std::fs::write(&gate, "").unwrap();
+    let mut b = relay();
+    common::wait_until("the next relay to take the lease over", WAIT, || {
+        b.assert_alive();
+        sb.count("status = 'delivered'") == 2
+    });
+    assert!(b.stop().success(), "{}", b.stderr());
+    assert!(
+        b.stderr().contains("ended the far leases"),
+        "{}",
+        b.stderr()
+    );
+    let (code, v) = status();
+    assert_eq!(code, Some(code::OK), "{v}");
 }

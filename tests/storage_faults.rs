@@ -110,7 +110,7 @@ fn relay(path: &str, clock: &ManualClock, log: &Log) -> outboxd::Result<RelayHan
         .retry_policy_for("stubborn", quick.max_attempts(2))
         .workers(2)
         .batch_size(8)
-        .lease(Duration::from_secs(86_400))
+        .lease(outboxd::relay::MAX_LEASE)
         .poll_interval(Duration::from_millis(2))
         .flush_interval(Duration::from_millis(1))
         .housekeeping_interval(Duration::from_millis(20))

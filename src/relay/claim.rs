@@ -503,6 +503,42 @@ mod tests {
         }
     }
 
+    /// Regression (issue 11.8): an available_at in microseconds was accepted
+    /// and never delivered. The schema refuses it at INSERT, naming the
+    /// trigger and the unit; milliseconds up to year 9999 go in, and a
+    /// text time still meets the CHECK on types.
+    #[test]
+    fn the_schema_refuses_an_available_at_in_microseconds() {
+        let (_d, conn) = db();
+        let insert = |available_at: &str| {
+            conn.execute(
+                &format!(
+                    "INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', {available_at})"
+                ),
+                [],
+            )
+        };
+        let now_ms = Timestamp::now().as_millis();
+        for wrong in [now_ms * 1000, now_ms * 1_000_000, 253_402_300_800_000] {
+            let e = insert(&wrong.to_string()).unwrap_err();
+            assert!(
+                e.to_string().contains("event_outbox_times_in_milliseconds")
+                    && e.to_string().contains("not microseconds"),
+                "{wrong}: {e}"
+            );
+        }
+        for fine in [now_ms, 0, 253_402_300_799_999] {
+            insert(&fine.to_string()).unwrap();
+        }
+        for not_an_integer in ["'tomorrow'", "1764487080000000.5"] {
+            let e = insert(not_an_integer).unwrap_err();
+            assert!(
+                e.to_string().contains("event_outbox_times_are_integers"),
+                "{not_an_integer}: {e}"
+            );
+        }
+    }
+
     /// Regression (found while writing fuzz/foreign_row): an occurred_at past year
     /// 9999 was delivered as 1970-01-01, silently; now the row is invalid
     /// (and so dead-lettered with the reason).

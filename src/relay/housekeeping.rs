@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, TransactionBehavior};
 
+use super::clock_step::Repair;
 use super::metrics::Metrics;
 use crate::clock::Timestamp;
 use crate::purge::{PurgePolicy, PurgeReport};
@@ -17,6 +18,9 @@ use crate::purge::{PurgePolicy, PurgeReport};
 /// How soon the next tick comes while a purge still finds rows: more may be
 /// left, and small batches between claims keep each write short.
 const PURGE_AGAIN: Duration = Duration::from_millis(100);
+
+/// How soon the next tick comes while far leases are being timed.
+const REPAIR_AGAIN: Duration = Duration::from_secs(1);
 
 /// Above this size, an idle relay truncates the WAL file. SQLite's
 /// auto-checkpoint keeps a WAL near 4 MiB (1000 pages); one this much
@@ -35,6 +39,8 @@ pub(crate) struct Housekeeping {
     stale_after: Duration,
     purge: Option<PurgePolicy>,
     max_payload: u64,
+    /// What a clock step left waiting.
+    repair: Repair,
     /// The WAL file (None for a database without one on disk).
     wal: Option<PathBuf>,
     next: Instant,
@@ -47,6 +53,8 @@ pub(crate) struct Tick {
     pub dead_lettered: u64,
     /// SQLite said the file is damaged (the writer stops).
     pub damage: Option<rusqlite::Error>,
+    /// Rows a clock step left waiting were made due.
+    pub made_due: bool,
 }
 
 /// What one stale check found.
@@ -65,6 +73,7 @@ impl Housekeeping {
         stale_after: Duration,
         purge: Option<PurgePolicy>,
         max_payload: u64,
+        repair: Repair,
         wal: Option<PathBuf>,
         at: Instant,
     ) -> Housekeeping {
@@ -73,9 +82,16 @@ impl Housekeeping {
             stale_after,
             purge,
             max_payload,
+            repair,
             wal,
             next: at,
         }
+    }
+
+    /// The system clock stepped back: repair at a tick due now.
+    pub(crate) fn clock_stepped(&mut self, at: Instant) {
+        self.repair.watch();
+        self.next = at;
     }
 
     /// True when a tick is due.
@@ -84,15 +100,35 @@ impl Housekeeping {
     }
 
     /// Runs one tick and schedules the next. `idle`: the relay holds no
-    /// delivery and has not written for a while.
+    /// delivery and has not written for a while; `held`: the rows of its
+    /// deliveries.
     pub(crate) fn run(
         &mut self,
         conn: &mut Connection,
         now: Timestamp,
         metrics: &Metrics,
         idle: bool,
+        held: impl Fn(i64) -> bool,
     ) -> Tick {
         let mut tick = Tick::default();
+        match self.repair.run(conn, now, Instant::now(), held) {
+            Ok(done) => {
+                if done.any() {
+                    tracing::warn!(
+                        retries = done.retries,
+                        created_ahead = done.created_ahead,
+                        leases = done.leases,
+                        "made due the retries and events a step of the system clock left far \
+                         ahead, and ended the far leases no relay renewed"
+                    );
+                }
+                tick.made_due = done.any();
+            }
+            Err(e) if crate::integrity::is_damage(&e) => tick.damage = Some(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for rows a clock step left waiting; will retry")
+            }
+        }
         let mut purged = PurgeReport::default();
         if let Some(policy) = &self.purge {
             match crate::purge::purge_batch(conn, policy, now) {
@@ -143,7 +179,12 @@ impl Housekeeping {
                 Err(e) => tracing::debug!(error = %e, "stale check failed"),
             },
         }
-        self.next = Instant::now() + next_tick(self.interval, &purged);
+        let mut wait = next_tick(self.interval, &purged);
+        if self.repair.watching() {
+            // Timing far leases: look again within a lease.
+            wait = wait.min(REPAIR_AGAIN);
+        }
+        self.next = Instant::now() + wait;
         tick
     }
 }
@@ -287,11 +328,18 @@ mod tests {
             Duration::from_secs(5),
             Some(policy),
             1 << 20,
+            Repair::new(Duration::from_secs(30), Duration::from_secs(60)),
             None,
             at,
         );
         assert!(h.due(at));
-        h.run(&mut conn, Timestamp::from_millis(10_000), &metrics, false);
+        h.run(
+            &mut conn,
+            Timestamp::from_millis(10_000),
+            &metrics,
+            false,
+            |_| false,
+        );
         assert!(!h.due(at + Duration::from_millis(50)));
         assert!(
             h.due(at + Duration::from_secs(1)),

@@ -71,11 +71,14 @@
 //! - `retry`: [`RetryPolicy`] and the verdict over a row's outcomes
 //!   (delivered, retry when, or dead letter and why).
 //! - `housekeeping`: purge ticks, WAL checkpoint, the stale check.
+//! - `clock_step`: noticing a step of the system clock, and the repair of
+//!   the leases and retry times it left far ahead.
 //! - `claim`: the claim statement and the token-fenced writes.
 //! - `worker`: running consumers.
 //! - `metrics`: the counters behind [`RelayHandle::metrics`].
 
 pub(crate) mod claim;
+mod clock_step;
 mod housekeeping;
 mod metrics;
 mod plan;
@@ -95,7 +98,7 @@ pub use crate::router::UnroutedPolicy;
 pub use metrics::{ConsumerMetrics, Metrics, MetricsSnapshot};
 pub use retry::{
     RetryPolicy, DEFAULT_JITTER, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_INITIAL,
-    DEFAULT_RETRY_MAX_DELAY, MAX_RETRY_ATTEMPTS,
+    DEFAULT_RETRY_MAX_DELAY, MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY,
 };
 
 use crate::clock::{Clock, SystemClock};
@@ -125,6 +128,12 @@ pub const MAX_WORKERS: usize = 1024;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The shortest [`RelayBuilder::lease`].
 pub const MIN_LEASE: Duration = Duration::from_secs(1);
+/// The longest [`RelayBuilder::lease`]: 10 minutes. Deliveries longer than
+/// the lease extend it by heartbeat, so a longer lease buys nothing but a
+/// longer wait after a crash; and the bound lets a relay, `status` and
+/// `doctor` tell a lease the system clock stepped away from (one ending
+/// further ahead than any relay could have set it) from a real one.
+pub const MAX_LEASE: Duration = Duration::from_secs(600);
 /// How often an idle relay checks `PRAGMA data_version` for commits made by
 /// other processes.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(5);
@@ -256,7 +265,10 @@ impl RelayBuilder {
         self
     }
 
-    /// The lease of a claim (default [`DEFAULT_LEASE`]).
+    /// The lease of a claim (default [`DEFAULT_LEASE`]; [`MIN_LEASE`] to
+    /// [`MAX_LEASE`]). The relay renews the leases of its deliveries every
+    /// half lease of its own monotonic clock, so a step of the system clock
+    /// does not leave them ending far away.
     pub fn lease(mut self, d: Duration) -> Self {
         self.lease = d;
         self
@@ -334,16 +346,7 @@ impl RelayBuilder {
             1,
             MAX_PAYLOAD_BYTES,
         )?;
-        if self.lease < MIN_LEASE {
-            return Err(SettingError::new(
-                Setting::Lease,
-                format!(
-                    "{:?} is too short; allowed: {MIN_LEASE:?} or more",
-                    self.lease
-                ),
-            )
-            .into());
-        }
+        check_duration(Setting::Lease, self.lease, MIN_LEASE, MAX_LEASE)?;
         check_duration(
             Setting::PollInterval,
             self.poll_interval,

@@ -20,7 +20,9 @@
 //! - **Record** outcomes when they are many (half a batch), when every
 //!   delivery in flight has finished, when the oldest has waited the flush
 //!   interval, or at shutdown: group commit without holding results back.
-//! - **Heartbeat** a lease once half of it has run out.
+//! - **Heartbeat** a lease once half of it has run out, by the wall clock or
+//!   by the monotonic one (whichever comes first: a step of the wall clock
+//!   back must not leave a lease ending far away).
 //! - **Contention.** SQLite has one writer. While another connection writes
 //!   (seen through `data_version`), transactions carry at most
 //!   [`CONTENDED_GROUP`] claims or outcomes, and after a full-sized one the
@@ -79,6 +81,8 @@ pub(crate) struct Load {
     pub next_due: Option<Timestamp>,
     /// The earliest lease among the rows in flight.
     pub earliest_lease: Option<Timestamp>,
+    /// The earliest monotonic renewal among the rows in flight.
+    pub earliest_renewal: Option<Instant>,
     /// The writer can hand out jobs (not shutting down).
     pub accepting: bool,
     /// The relay is shutting down: record everything at once.
@@ -203,9 +207,12 @@ impl Planner {
             (true, true) => group.min(load.pending),
             (true, false) => load.pending,
         };
+        // Half the lease by the wall clock, or by the monotonic one (a step
+        // of the wall clock back must not leave the lease ending far away).
         let heartbeat = load
             .earliest_lease
-            .is_some_and(|t| heartbeat_due(t, now, l.lease));
+            .is_some_and(|t| heartbeat_due(t, now, l.lease))
+            || load.earliest_renewal.is_some_and(|t| t <= at);
         if claim == 0 && record == 0 && !heartbeat && load.to_release == 0 {
             return None;
         }

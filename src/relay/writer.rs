@@ -18,6 +18,7 @@ use crossbeam_channel::{select, Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior};
 
 use super::claim;
+use super::clock_step::{ClockWatch, Repair};
 use super::housekeeping::Housekeeping;
 use super::metrics::{ConsumerResult, Metrics};
 use super::plan::{self, Limits, Load, Plan, Planner, MAX_ERROR_BACKOFF};
@@ -44,6 +45,9 @@ const WORKER_EXIT_WAIT: Duration = Duration::from_millis(500);
 struct InFlight {
     token: Arc<str>,
     lease_until: Timestamp,
+    /// When to renew the lease by the monotonic clock: half a lease after
+    /// the claim or the last renewal, whatever the wall clock did meanwhile.
+    renew_at: Instant,
     /// The dedup ledger key, as the claim returned it.
     event_key: String,
     event_id: EventId,
@@ -87,6 +91,10 @@ pub(crate) struct Writer {
     data_version: i64,
     /// The earliest lease among `in_flight`, to know when to heartbeat.
     earliest_lease: Option<Timestamp>,
+    /// The earliest monotonic renewal among `in_flight`.
+    earliest_renewal: Option<Instant>,
+    /// Notices steps of the system clock.
+    clock_watch: ClockWatch,
     /// The sum of `in_flight`'s `bytes`: payloads held by deliveries.
     bytes_in_flight: u64,
     /// Set when SQLite said the file is damaged: the writer stops claiming,
@@ -281,6 +289,14 @@ impl Writer {
             settings.stale_after,
             settings.purge.clone(),
             settings.max_payload_bytes,
+            Repair::new(
+                settings.lease,
+                consumers
+                    .iter()
+                    .map(|c| c.retry.longest_wait())
+                    .max()
+                    .unwrap_or_default(),
+            ),
             conn.path()
                 .filter(|p| !p.is_empty())
                 .map(|p| PathBuf::from(format!("{p}-wal"))),
@@ -303,6 +319,8 @@ impl Writer {
             next_due: None,
             data_version,
             earliest_lease: None,
+            earliest_renewal: None,
+            clock_watch: ClockWatch::default(),
             bytes_in_flight: 0,
             damaged: None,
             last_commit: Instant::now(),
@@ -340,6 +358,18 @@ impl Writer {
             if self.shutdown_at.is_some_and(|d| Instant::now() >= d) {
                 self.abandon_in_flight();
             }
+            if let Some(back) = self
+                .clock_watch
+                .stepped_back(self.clock.now(), Instant::now())
+            {
+                tracing::warn!(
+                    stepped_back_ms = u64::try_from(back.as_millis()).unwrap_or(u64::MAX),
+                    "the system clock stepped back; renewing leases by the monotonic clock and \
+                     looking for leases and retries left far ahead"
+                );
+                self.housekeeping.clock_stepped(Instant::now());
+                self.want_claim = true;
+            }
             if self.damaged.is_some() {
                 // Stop claiming; let the deliveries in flight finish and
                 // record what the file still takes.
@@ -359,9 +389,16 @@ impl Writer {
                 let idle = self.in_flight.is_empty()
                     && self.pending.is_empty()
                     && self.last_commit.elapsed() >= IDLE_AFTER;
-                let tick =
-                    self.housekeeping
-                        .run(&mut self.conn, self.clock.now(), &self.metrics, idle);
+                let in_flight = &self.in_flight;
+                let tick = self.housekeeping.run(
+                    &mut self.conn,
+                    self.clock.now(),
+                    &self.metrics,
+                    idle,
+                    |id| in_flight.contains_key(&id),
+                );
+                // Rows a clock step left waiting may be due now.
+                self.want_claim |= tick.made_due;
                 // A row dead-lettered there may have held back its ordering key.
                 self.want_claim |= tick.dead_lettered > 0;
                 if let Some(e) = tick.damage {
@@ -584,6 +621,7 @@ impl Writer {
             want_claim: self.want_claim,
             next_due: self.next_due,
             earliest_lease: self.earliest_lease,
+            earliest_renewal: self.earliest_renewal,
             accepting: self.shutdown_at.is_none() && jobs.is_some(),
             shutting_down: self.shutdown_at.is_some(),
             bytes_in_flight: self.bytes_in_flight,
@@ -607,7 +645,8 @@ impl Writer {
                 .iter()
                 .filter(|(id, f)| {
                     !ending.contains(id)
-                        && plan::heartbeat_due(f.lease_until, now, self.settings.lease)
+                        && (plan::heartbeat_due(f.lease_until, now, self.settings.lease)
+                            || f.renew_at <= Instant::now())
                 })
                 .map(|(id, f)| (*id, f.token.clone()))
                 .collect()
@@ -685,6 +724,7 @@ impl Writer {
             step.released.push(*id);
         }
         let lease_until = now.plus(settings.lease);
+        let renew_at = Instant::now() + settings.lease / 2;
         for (id, token) in heartbeat {
             if claim::extend(&tx, *id, token, lease_until)? {
                 step.extended.push((*id, lease_until));
@@ -712,7 +752,7 @@ impl Writer {
                     routes,
                     row,
                     &token,
-                    lease_until,
+                    (lease_until, renew_at),
                     now,
                     &mut step,
                 )?;
@@ -735,9 +775,16 @@ impl Writer {
                 self.bytes_in_flight = self.bytes_in_flight.saturating_sub(f.bytes);
             }
         }
+        let renew_at = Instant::now() + self.settings.lease / 2;
         for (id, until) in step.extended {
             if let Some(f) = self.in_flight.get_mut(&id) {
                 f.lease_until = until;
+                // A lost lease is not renewed again.
+                f.renew_at = if until == Timestamp::MAX {
+                    Instant::now() + MAX_GRACE
+                } else {
+                    renew_at
+                };
             }
         }
         if !step.finished_rows.is_empty() || !step.released.is_empty() {
@@ -763,6 +810,7 @@ impl Writer {
             }
         }
         self.earliest_lease = self.in_flight.values().map(|f| f.lease_until).min();
+        self.earliest_renewal = self.in_flight.values().map(|f| f.renew_at).min();
         let c = step.counts;
         let m = &self.metrics;
         Metrics::add(&m.delivered, c.delivered);
@@ -804,7 +852,7 @@ fn dispatch_claimed(
     routes: &mut Routes,
     row: claim::ClaimedRow,
     token: &Arc<str>,
-    lease_until: Timestamp,
+    (lease_until, renew_at): (Timestamp, Instant),
     now: Timestamp,
     step: &mut Step,
 ) -> rusqlite::Result<()> {
@@ -828,6 +876,7 @@ fn dispatch_claimed(
             let flight = InFlight {
                 token: token.clone(),
                 lease_until,
+                renew_at,
                 event_key: row.event_key,
                 event_id,
                 attempts: row.attempts,

@@ -25,7 +25,9 @@ pub const EXAMPLES: &str = "\
 Checks: file integrity (PRAGMA integrity_check, or quick_check with --quick),
 the schema version against this binary, the journal mode (must be WAL), the
 WAL file's size, the synchronous setting, expired leases, stale due events,
-dead letters, open publish intents and capture triggers (missing or changed).
+leases and retries further ahead than any setting allows (the clock stepped
+back), events delayed by more than a year (a time in microseconds, say), dead
+letters, open publish intents and capture triggers (missing or changed).
 Every finding says what to do.
 
 Opens the database read-only and changes nothing, so it is safe on a file
@@ -412,6 +414,27 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
         ),
         (None, None) => Finding::ok("stale-events", "no event is waiting"),
     });
+    for (check, kind, ok) in [
+        (
+            "clock",
+            "clock-step",
+            "no lease or retry ends further ahead than any setting allows",
+        ),
+        (
+            "delayed-events",
+            "implausible-delay",
+            "no event is delayed by more than a year",
+        ),
+    ] {
+        let problem = crossed
+            .iter()
+            .map(crate::config::alerts::describe)
+            .find(|p| p.threshold == kind);
+        found.push(match problem {
+            Some(p) => Finding::new(check, Severity::Warning, p.message),
+            None => Finding::ok(check, ok),
+        });
+    }
     found.push(if dead {
         Finding::new(
             "dead-letters",

@@ -446,7 +446,15 @@ fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigEr
         retry::apply(t, RetryPolicy::default())
     });
     let purge = purge::policy(&raw.purge);
-    let alerts = alerts::thresholds(&raw.alerts);
+    // A lease or retry further ahead than these settings put them is a
+    // clock step (status --config judges by them).
+    let longest_retry_wait = raw
+        .consumer
+        .iter()
+        .map(|rc| rc.retry_policy(&retry).longest_wait())
+        .max()
+        .unwrap_or_else(|| retry.longest_wait());
+    let alerts = alerts::thresholds(&raw.alerts).relay_settings(relay.lease, longest_retry_wait);
     let log = log::check(c, &raw.log)?;
     let metrics = metrics::check(c, &raw.metrics)?;
     let http = http::check(c, &raw.http)?;
