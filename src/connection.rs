@@ -246,7 +246,7 @@ pub fn configure(conn: &Connection) -> Result<()> {
 /// lock to writers that arrived later: under a relay draining at full speed
 /// and three producers, one producer's commit waited 4.96 s against a 5 s
 /// timeout. Short, jittered sleeps keep every waiter in the race.
-fn set_busy_handler(conn: &Connection) -> Result<()> {
+pub(crate) fn set_busy_handler(conn: &Connection) -> Result<()> {
     // rusqlite's safe busy_handler wants `&mut Connection`, but configure()
     // takes the host's `&Connection`; the C API needs no exclusive access.
     // SAFETY: the handle is valid for the connection's lifetime, and the

@@ -53,12 +53,20 @@ pub(crate) use delivered_to_sql;
 
 /// Reads a [`delivered_to_sql!`] column.
 pub(crate) fn read_delivered_to(v: ValueRef<'_>) -> Vec<String> {
+    read_names(v).unwrap_or_default()
+}
+
+/// Reads consumer names joined by `,` (a [`delivered_to_sql!`] column, or a
+/// replay's `replay_consumers`); None for NULL.
+pub(crate) fn read_names(v: ValueRef<'_>) -> Option<Vec<String>> {
     match v {
-        ValueRef::Text(names) => String::from_utf8_lossy(names)
-            .split(',')
-            .map(str::to_string)
-            .collect(),
-        _ => Vec::new(),
+        ValueRef::Text(names) => Some(
+            String::from_utf8_lossy(names)
+                .split(',')
+                .map(str::to_string)
+                .collect(),
+        ),
+        _ => None,
     }
 }
 
@@ -117,13 +125,26 @@ pub(crate) fn forget(
 }
 
 /// The condition on a `delivered_events d` entry that may be purged by age:
-/// its row is not pending or dead. While the row is pending (a retry may be
-/// due) or dead (it may be requeued) the entry is that row's progress, and
-/// deleting it would run a consumer that already succeeded again.
-const PURGEABLE: &str = "NOT EXISTS (SELECT 1 FROM event_outbox o
-      WHERE o.id = d.outbox_id AND o.status <> 'delivered')";
+/// no row carrying its event stays, where a row for which the SQL condition
+/// `going` holds (on `o`) is about to be purged itself.
+///
+/// While a row exists the entry is its progress, whatever the row's status:
+/// a pending row may retry, a dead one may be requeued, and a delivered one
+/// may be replayed for another consumer; deleting the entry would run a
+/// consumer that already succeeded again. So an entry is never purged ahead
+/// of its row (nor of a second row with the same event id), however old it
+/// is. The key is the canonical upper-case id; producers write ids in upper
+/// or lower case, and both forms are looked up on the event id index.
+fn no_row_stays(going: &str) -> String {
+    format!(
+        "NOT EXISTS (SELECT 1 FROM event_outbox o WHERE o.id = d.outbox_id AND NOT ({going}))
+         AND NOT EXISTS (SELECT 1 FROM event_outbox o
+              WHERE o.event_id IN (d.event_key, lower(d.event_key)) AND NOT ({going}))"
+    )
+}
 
-/// Deletes up to `limit` purgeable entries recorded before `cutoff`.
+/// Deletes up to `limit` entries recorded before `cutoff` whose rows are
+/// gone.
 pub(crate) fn purge_batch(
     conn: &Connection,
     cutoff: Timestamp,
@@ -132,7 +153,8 @@ pub(crate) fn purge_batch(
     conn.prepare_cached(&format!(
         "DELETE FROM delivered_events WHERE (event_key, consumer) IN (
              SELECT event_key, consumer FROM delivered_events d
-              WHERE delivered_at < ?1 AND {PURGEABLE} LIMIT ?2)"
+              WHERE delivered_at < ?1 AND {} LIMIT ?2)",
+        no_row_stays("0")
     ))?
     .execute(params![
         cutoff.as_millis(),
@@ -141,11 +163,27 @@ pub(crate) fn purge_batch(
     .map(|n| n as u64)
 }
 
-/// How many entries [`purge_batch`] would delete in all.
-pub(crate) fn count_purgeable(conn: &Connection, cutoff: Timestamp) -> rusqlite::Result<u64> {
+/// How many entries [`purge_batch`] would delete in all, once the purge has
+/// deleted the delivered rows finished before `delivered_before` and the
+/// dead ones finished before `dead_before` (None: no dead row goes).
+pub(crate) fn count_purgeable(
+    conn: &Connection,
+    cutoff: Timestamp,
+    delivered_before: Timestamp,
+    dead_before: Option<Timestamp>,
+) -> rusqlite::Result<u64> {
+    let going = "o.status <> 'pending' AND (o.status = 'delivered' AND o.finished_at < ?2
+                  OR o.status = 'dead' AND ?3 IS NOT NULL AND o.finished_at < ?3)";
     conn.query_row(
-        &format!("SELECT count(*) FROM delivered_events d WHERE delivered_at < ?1 AND {PURGEABLE}"),
-        [cutoff.as_millis()],
+        &format!(
+            "SELECT count(*) FROM delivered_events d WHERE delivered_at < ?1 AND {}",
+            no_row_stays(going)
+        ),
+        params![
+            cutoff.as_millis(),
+            delivered_before.as_millis(),
+            dead_before.map(Timestamp::as_millis)
+        ],
         |r| r.get::<_, i64>(0),
     )
     .map(|n| n.max(0) as u64)

@@ -131,6 +131,24 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The relay stopped before it could record the outcomes of every
+    /// delivery it finished, or give back every claim it held (the database
+    /// refused the writes until the shutdown's grace ran out: a full disk,
+    /// say). Those events will be delivered again once their leases expire.
+    #[error(
+        "could not record the outcomes of {outcomes} finished deliveries nor release {releases} \
+         claims before stopping{}; those events will be delivered again once their leases expire",
+        source.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+    )]
+    Unwritten {
+        /// Outcomes of finished deliveries not recorded.
+        outcomes: usize,
+        /// Claims (leases) not given back.
+        releases: usize,
+        /// The last error a write met.
+        #[source]
+        source: Option<rusqlite::Error>,
+    },
     /// A thread of outboxd's panicked: a bug in outboxd (a consumer's panic
     /// is caught and retried, never this).
     #[error("thread {thread} panicked: {message}")]
@@ -157,6 +175,30 @@ impl Error {
         match self {
             Error::Database { source, .. } => is_busy(source),
             _ => false,
+        }
+    }
+
+    /// True when SQLite said the database file is damaged or is not a
+    /// database (SQLITE_CORRUPT, SQLITE_NOTADB): trying again cannot help;
+    /// `outboxd doctor` (or [`integrity::check`](crate::integrity::check))
+    /// says more.
+    pub fn is_damage(&self) -> bool {
+        match self {
+            Error::Database { source, .. }
+            | Error::Unwritten {
+                source: Some(source),
+                ..
+            } => crate::integrity::is_damage(source),
+            _ => false,
+        }
+    }
+
+    /// The SQLite error, when it says the file is damaged; the error itself
+    /// otherwise.
+    pub(crate) fn into_damage(self) -> std::result::Result<rusqlite::Error, Error> {
+        match self {
+            Error::Database { source, .. } if crate::integrity::is_damage(&source) => Ok(source),
+            other => Err(other),
         }
     }
 
@@ -197,6 +239,10 @@ pub enum Setting {
     Workers,
     /// `RelayBuilder::batch_size`.
     BatchSize,
+    /// `RelayBuilder::batch_bytes`.
+    BatchBytes,
+    /// `RelayBuilder::max_payload_bytes`.
+    MaxPayloadBytes,
     /// `RelayBuilder::lease`.
     Lease,
     /// `RelayBuilder::poll_interval`.
@@ -237,7 +283,8 @@ pub enum Setting {
 }
 
 impl Setting {
-    /// The stable identifier: `workers`, `batch_size`, `lease`,
+    /// The stable identifier: `workers`, `batch_size`, `batch_bytes`,
+    /// `max_payload_bytes`, `lease`,
     /// `poll_interval`, `flush_interval`, `housekeeping_interval`,
     /// `stale_after`, `consumers`, `consumer.name`, `consumer.types`,
     /// `retry_policy_for`, `retry.initial`, `retry.max_delay`,
@@ -248,6 +295,8 @@ impl Setting {
         match self {
             Setting::Workers => "workers",
             Setting::BatchSize => "batch_size",
+            Setting::BatchBytes => "batch_bytes",
+            Setting::MaxPayloadBytes => "max_payload_bytes",
             Setting::Lease => "lease",
             Setting::PollInterval => "poll_interval",
             Setting::FlushInterval => "flush_interval",

@@ -35,6 +35,7 @@
 //! - [`dead_letter`], [`replay`]: operator operations.
 //! - [`clock`]: time as an input.
 //! - [`status`]: a read-only snapshot of the outbox for operators.
+//! - [`integrity`]: whether the database file is damaged, and what to do.
 //! - [`intents`]: publish intents, outside writes that are never posted twice.
 //! - [`repair`]: fixing a malformed dead letter's columns, checked as the relay would.
 //! - [`text`]: clipping text others wrote before it goes into a message or a dead letter.
@@ -52,6 +53,7 @@ pub mod dedup;
 pub mod enqueue;
 pub mod envelope;
 pub mod error;
+pub mod integrity;
 pub mod intents;
 pub mod purge;
 pub mod relay;

@@ -260,8 +260,13 @@ pub fn purge_dry_run(
             Some(r) => finished("dead", r)?,
             None => 0,
         },
-        dedup_entries: crate::dedup::count_purgeable(conn, now.minus(policy.dedup_ttl))
-            .map_err(Error::db("count purgeable rows"))?,
+        dedup_entries: crate::dedup::count_purgeable(
+            conn,
+            now.minus(policy.dedup_ttl),
+            now.minus(policy.delivered_retention),
+            policy.dead_retention.map(|r| now.minus(r)),
+        )
+        .map_err(Error::db("count purgeable rows"))?,
         intents: crate::intents::count_completed_before(conn, now.minus(policy.intent_retention))
             .map_err(Error::db("count purgeable rows"))?,
     })
@@ -308,6 +313,52 @@ mod tests {
             ["e1", "e2"],
             "the pending and the dead row keep theirs"
         );
+    }
+
+    /// Regression (issue 11.1): an entry was purged by its own age alone
+    /// once its row was delivered. A replay of another consumer refreshes
+    /// the row's `finished_at`, so the row outlived the entry, and the next
+    /// replay of the row ran the consumer whose entry was gone again. Now no
+    /// entry goes while a row carrying its event is kept, in any status,
+    /// and a dry run counts what the purge deletes.
+    #[test]
+    fn the_ledger_of_a_kept_row_is_never_purged_ahead_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::connection::open(dir.path().join("k.db")).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        let now = Timestamp::from_millis(1_000_000);
+        conn.execute_batch(&format!(
+            "INSERT INTO event_outbox (id, event_id, event_type, status, finished_at)
+                  VALUES (1, 'E1', 'a.b.v1', 'delivered', {recent}),
+                         (2, 'e2', 'a.b.v1', 'delivered', {recent}),
+                         (3, 'E3', 'a.b.v1', 'delivered', 5);
+             -- a delivered 1 long ago, b's replay just finished the row again;
+             -- row 2 carries the event whose entry row 20 recorded (gone).
+             INSERT INTO delivered_events VALUES ('E1', 'a', 1, 5), ('E1', 'b', 1, {recent}),
+                  ('E2', 'a', 20, 5), ('E3', 'a', 3, 5);",
+            recent = now.as_millis() - 100
+        ))
+        .unwrap();
+        let policy = PurgePolicy::default()
+            .delivered_retention(Duration::from_secs(1))
+            .dedup_ttl(Duration::from_secs(1));
+        let dry = purge_dry_run(&conn, &policy, now).unwrap();
+        let report = purge(&mut conn, &policy, now).unwrap();
+        assert_eq!(report, dry);
+        assert_eq!(
+            (report.delivered, report.dedup_entries),
+            (1, 1),
+            "row 3 and its entry"
+        );
+        let kept: Vec<(String, String)> = conn
+            .prepare("SELECT event_key, consumer FROM delivered_events ORDER BY 1, 2")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let kept: Vec<(&str, &str)> = kept.iter().map(|(k, c)| (k.as_str(), c.as_str())).collect();
+        assert_eq!(kept, [("E1", "a"), ("E1", "b"), ("E2", "a")]);
     }
 
     /// Regression: `now - retention` was computed as `now.as_millis() -

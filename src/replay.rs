@@ -1,8 +1,12 @@
 //! Replay: deliver events again to one consumer, although it already had them.
 //!
 //! The consumer's entries in the dedup ledger are removed for the chosen
-//! events and their rows go back to pending; the relay then runs that
-//! consumer alone, because every other consumer still has its entry.
+//! events and their rows go back to pending, scoped to that consumer
+//! (`replay_consumers`): the relay runs that consumer alone, even for a
+//! consumer added since the event was delivered or one whose entry is gone,
+//! and then gives the row back the status it had (a dead letter stays one,
+//! with its reason). A row still pending is not scoped: its own delivery
+//! runs every consumer that lacks the event, the replayed one included.
 //! Events whose rows were purged cannot be replayed.
 //!
 //! A consumer name the database has never seen (no entry in the ledger)
@@ -158,17 +162,27 @@ pub fn replay_with_progress(
             .map_err(Error::db("start a replay"))?;
         {
             // A leased row is left to its relay: replaying it mid-delivery
-            // would race the lease.
+            // would race the lease. A finished row is scoped to the consumer
+            // (see the module doc); a pending row is not, since its own
+            // delivery runs every consumer without an entry anyway, unless a
+            // replay scoped it already (then the scope grows).
             let mut reopen = tx
                 .prepare_cached(
                     "UPDATE event_outbox
-                        SET status = 'pending', attempts = 0, available_at = ?2, finished_at = NULL
+                        SET replay_consumers = CASE
+                                WHEN status <> 'pending' THEN ?3
+                                WHEN replay_consumers IS NULL THEN NULL
+                                ELSE replay_consumers || ',' || ?3 END,
+                            status_before_replay = CASE
+                                WHEN status <> 'pending' THEN status
+                                ELSE status_before_replay END,
+                            status = 'pending', attempts = 0, available_at = ?2, finished_at = NULL
                       WHERE id = ?1 AND claim_token IS NULL",
                 )
                 .map_err(Error::db("replay events"))?;
             for (row_id, key) in chunk {
                 let reopened = reopen
-                    .execute(params![row_id, now.as_millis()])
+                    .execute(params![row_id, now.as_millis(), filter.consumer])
                     .map_err(Error::db("replay events"))?;
                 if reopened == 1 {
                     crate::dedup::forget(&tx, key, &filter.consumer)

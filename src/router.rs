@@ -202,6 +202,9 @@ pub(crate) enum Finish {
     AlreadyDelivered,
     /// No consumer takes its type, and the policy is [`UnroutedPolicy::Skip`].
     SkippedUnrouted,
+    /// A replay asked for consumers none of which takes it here (renamed or
+    /// removed since): the row gets its status back.
+    NoReplayedConsumer,
 }
 
 impl Routes {
@@ -233,16 +236,21 @@ impl Routes {
         r
     }
 
-    /// Decides what to do with a claimed row: its envelope and the
-    /// consumers that have its event already (the ledger). `name` gives a
-    /// consumer's name by index.
+    /// Decides what to do with a claimed row: its envelope, the consumers
+    /// that have its event already (the ledger), and the consumers a replay
+    /// asked for (None: all). `name` gives a consumer's name by index.
     pub(crate) fn dispatch<'a>(
         &mut self,
         envelope: &Envelope,
         delivered_to: &[String],
+        replay: Option<&[String]>,
         name: impl Fn(usize) -> &'a str,
     ) -> Dispatch {
         let routed = self.consumers_for(envelope.event_type.as_str());
+        let in_scope = |i: usize| replay.is_none_or(|scope| scope.iter().any(|s| s == name(i)));
+        if replay.is_some() && !routed.iter().any(|&i| in_scope(i)) {
+            return Dispatch::Finish(Finish::NoReplayedConsumer);
+        }
         if routed.is_empty() {
             return match self.unrouted {
                 UnroutedPolicy::DeadLetter => Dispatch::Unrouted(format!(
@@ -252,7 +260,8 @@ impl Routes {
                 UnroutedPolicy::Skip => Dispatch::Finish(Finish::SkippedUnrouted),
             };
         }
-        let missing = crate::dedup::missing(&routed, delivered_to, name);
+        let mut missing = crate::dedup::missing(&routed, delivered_to, &name);
+        missing.retain(|&i| in_scope(i));
         if missing.is_empty() {
             Dispatch::Finish(Finish::AlreadyDelivered)
         } else {
@@ -325,7 +334,7 @@ mod tests {
         assert_eq!(&*r.consumers_for("b.x.v1"), [1, 2]);
         assert_eq!(&*r.consumers_for("c.d.v2"), [1, 2]);
         assert_eq!(&*r.consumers_for("a.b.v1"), [0, 1], "cached");
-        let d = r.dispatch(&envelope("a.b.v1"), &[], |i| NAMES[i]);
+        let d = r.dispatch(&envelope("a.b.v1"), &[], None, |i| NAMES[i]);
         assert_eq!(d, Dispatch::Deliver(vec![0, 1]));
     }
 
@@ -335,12 +344,36 @@ mod tests {
         let env = envelope("a.b.v1");
         let done = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
-            r.dispatch(&env, &done(&["all"]), |i| NAMES[i]),
+            r.dispatch(&env, &done(&["all"]), None, |i| NAMES[i]),
             Dispatch::Deliver(vec![0])
         );
         assert_eq!(
-            r.dispatch(&env, &done(&["all", "first", "gone"]), |i| NAMES[i]),
+            r.dispatch(&env, &done(&["all", "first", "gone"]), None, |i| NAMES[i]),
             Dispatch::Finish(Finish::AlreadyDelivered)
+        );
+    }
+
+    #[test]
+    fn a_replay_runs_only_the_consumers_it_names() {
+        let mut r = routes(UnroutedPolicy::DeadLetter);
+        let env = envelope("a.b.v1");
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // "first" has no entry (added since, or its entry is gone): a replay
+        // for "all" runs "all" alone.
+        let scope = names(&["all"]);
+        assert_eq!(
+            r.dispatch(&env, &[], Some(&scope), |i| NAMES[i]),
+            Dispatch::Deliver(vec![1])
+        );
+        // Named, but it has the event already (replayed twice): nothing runs.
+        assert_eq!(
+            r.dispatch(&env, &names(&["all"]), Some(&scope), |i| NAMES[i]),
+            Dispatch::Finish(Finish::AlreadyDelivered)
+        );
+        // A name no consumer here has: the row gets its status back.
+        assert_eq!(
+            r.dispatch(&env, &[], Some(&names(&["gone"])), |i| NAMES[i]),
+            Dispatch::Finish(Finish::NoReplayedConsumer)
         );
     }
 
@@ -349,11 +382,11 @@ mod tests {
         let only = |unrouted| Routes::new(vec![vec![Pattern::parse("a.*.v1").unwrap()]], unrouted);
         let env = envelope("nobody.wants.v1");
         assert_eq!(
-            only(UnroutedPolicy::DeadLetter).dispatch(&env, &[], |_| "a"),
+            only(UnroutedPolicy::DeadLetter).dispatch(&env, &[], None, |_| "a"),
             Dispatch::Unrouted("no consumer takes event type nobody.wants.v1".into())
         );
         assert_eq!(
-            only(UnroutedPolicy::Skip).dispatch(&env, &[], |_| "a"),
+            only(UnroutedPolicy::Skip).dispatch(&env, &[], None, |_| "a"),
             Dispatch::Finish(Finish::SkippedUnrouted)
         );
     }

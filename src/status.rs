@@ -58,7 +58,25 @@ pub struct Status {
     pub expired_leases: u64,
     /// Rows of `delivered_events` per consumer name, in name order.
     pub delivered_by_consumer: BTreeMap<String, u64>,
+    /// How far ahead the furthest live lease ends; None without one. A
+    /// lease ending further ahead than any relay's lease setting could set
+    /// it means the system clock stepped back since
+    /// ([`Problem::ClockStep`]).
+    #[serde(rename = "furthest_lease_ms", serialize_with = "millis")]
+    pub furthest_lease: Option<Duration>,
+    /// How far ahead the furthest scheduled retry is due (a pending row
+    /// that failed before, not leased); None without one. Further ahead
+    /// than any retry policy could schedule means a clock step.
+    #[serde(rename = "furthest_retry_ms", serialize_with = "millis")]
+    pub furthest_retry: Option<Duration>,
+    /// Events delayed (never attempted, not leased) by more than
+    /// [`IMPLAUSIBLE_DELAY`]: most likely an `available_at` written in
+    /// another unit than milliseconds ([`Problem::ImplausibleDelay`]).
+    pub implausible_delays: u64,
 }
+
+/// A delay longer than this (a year) is reported as implausible.
+pub const IMPLAUSIBLE_DELAY: Duration = Duration::from_secs(365 * 86_400);
 
 /// How many `event_outbox` rows are in each state. The pending rows are split
 /// three ways without overlap: `pending_due + pending_delayed + leased`.
@@ -99,32 +117,38 @@ pub fn status(conn: &Connection, now: Timestamp) -> Result<Status> {
     let schema_version = schema::version(conn)?.unwrap_or(0);
     let now_ms = now.as_millis();
 
-    let (pending_due, pending_delayed, leased, leases_held, expired_leases) = conn
+    let pending = conn
         .query_row(
             "SELECT
                  coalesce(sum(claim_token IS NULL AND available_at <= ?1), 0),
                  coalesce(sum(claim_token IS NULL AND available_at > ?1), 0),
                  coalesce(sum(claim_token IS NOT NULL), 0),
                  coalesce(sum(claim_token IS NOT NULL AND lease_until > ?1), 0),
-                 coalesce(sum(claim_token IS NOT NULL AND lease_until <= ?1), 0)
+                 coalesce(sum(claim_token IS NOT NULL AND lease_until <= ?1), 0),
+                 max(CASE WHEN claim_token IS NOT NULL THEN lease_until END),
+                 max(CASE WHEN claim_token IS NULL AND attempts > 0 THEN available_at END),
+                 coalesce(sum(claim_token IS NULL AND attempts = 0 AND available_at > ?2), 0)
              FROM event_outbox WHERE status = 'pending'",
-            params![now_ms],
+            params![now_ms, now.plus(IMPLAUSIBLE_DELAY).as_millis()],
             |r| {
-                Ok((
-                    count(r, 0)?,
-                    count(r, 1)?,
-                    count(r, 2)?,
-                    count(r, 3)?,
-                    count(r, 4)?,
-                ))
+                Ok(Pending {
+                    due: count(r, 0)?,
+                    delayed: count(r, 1)?,
+                    leased: count(r, 2)?,
+                    live: count(r, 3)?,
+                    expired: count(r, 4)?,
+                    furthest_lease: ahead(r, 5, now)?,
+                    furthest_retry: ahead(r, 6, now)?,
+                    implausible_delays: count(r, 7)?,
+                })
             },
         )
         .map_err(Error::db("count pending events"))?;
 
     let mut counts = StatusCounts {
-        pending_due,
-        pending_delayed,
-        leased,
+        pending_due: pending.due,
+        pending_delayed: pending.delayed,
+        leased: pending.leased,
         ..StatusCounts::default()
     };
     {
@@ -159,10 +183,34 @@ pub fn status(conn: &Connection, now: Timestamp) -> Result<Status> {
         now,
         counts,
         oldest_due_age,
-        leases_held,
-        expired_leases,
+        leases_held: pending.live,
+        expired_leases: pending.expired,
         delivered_by_consumer,
+        furthest_lease: pending.furthest_lease,
+        furthest_retry: pending.furthest_retry,
+        implausible_delays: pending.implausible_delays,
     })
+}
+
+/// What one pass over the pending rows measures.
+struct Pending {
+    due: u64,
+    delayed: u64,
+    leased: u64,
+    live: u64,
+    expired: u64,
+    furthest_lease: Option<Duration>,
+    furthest_retry: Option<Duration>,
+    implausible_delays: u64,
+}
+
+/// How far ahead of `now` a time column's value is: None for NULL or a time
+/// not ahead (the schema keeps these columns integers).
+fn ahead(r: &rusqlite::Row<'_>, i: usize, now: Timestamp) -> rusqlite::Result<Option<Duration>> {
+    Ok(r.get::<_, Option<i64>>(i)?
+        .map(Timestamp::from_millis)
+        .filter(|t| *t > now)
+        .map(|t| t.since(now)))
 }
 
 /// The due time of the oldest due event (pending, `available_at <= now`),
@@ -218,15 +266,49 @@ pub struct Thresholds {
     pub stale_after: Duration,
     /// Unhealthy when there are more dead letters than this; None: no limit.
     pub max_dead: Option<u64>,
+    /// The longest lease a relay may have set: a lease ending further
+    /// ahead is a clock step. Default [`MAX_LEASE`](crate::relay::MAX_LEASE);
+    /// a config's own lease is tighter.
+    pub max_lease: Duration,
+    /// The longest wait a retry may have been given: a retry due further
+    /// ahead is a clock step. Default twice
+    /// [`MAX_RETRY_DELAY`](crate::relay::MAX_RETRY_DELAY) (the longest delay
+    /// with full jitter); a config's own policies are tighter
+    /// ([`RetryPolicy::longest_wait`](crate::RetryPolicy::longest_wait)).
+    pub max_retry_wait: Duration,
 }
 
+/// How much later than its setting allows a lease or a retry may end before
+/// it counts as a clock step: relays and `status` read the clock at slightly
+/// different moments.
+pub const CLOCK_STEP_SLACK: Duration = Duration::from_secs(2);
+
 impl Thresholds {
-    /// Thresholds with these limits.
+    /// Thresholds with these limits, and the clock-step bounds of any
+    /// relay setting.
     pub fn new(stale_after: Duration, max_dead: Option<u64>) -> Thresholds {
         Thresholds {
             stale_after,
             max_dead,
+            max_lease: crate::relay::MAX_LEASE,
+            max_retry_wait: crate::relay::MAX_RETRY_DELAY * 2,
         }
+    }
+
+    /// The same, with the clock-step bounds of the relays' own settings:
+    /// their lease and their retry policies' longest wait.
+    ///
+    /// ```
+    /// use outboxd::status::Thresholds;
+    /// use std::time::Duration;
+    /// let t = Thresholds::default().relay_settings(Duration::from_secs(30), Duration::from_secs(3960));
+    /// assert_eq!(t.max_lease, Duration::from_secs(30));
+    /// ```
+    #[must_use]
+    pub fn relay_settings(mut self, lease: Duration, longest_retry_wait: Duration) -> Thresholds {
+        self.max_lease = lease;
+        self.max_retry_wait = longest_retry_wait;
+        self
     }
 }
 
@@ -255,10 +337,33 @@ pub enum Problem {
         /// The threshold.
         max_dead: u64,
     },
+    /// A lease ends, or a retry is due, further ahead than any setting could
+    /// have put it: the system clock stepped back since. Until a relay
+    /// renews the lease (every half lease of its own monotonic clock) or
+    /// takes the retry (it makes such retries due when it notices the step),
+    /// those events wait for the wall clock to catch up.
+    ClockStep {
+        /// How far ahead the furthest lease ends, when that is too far.
+        lease: Option<Duration>,
+        /// How far ahead the furthest retry is due, when that is too far.
+        retry: Option<Duration>,
+        /// The longest lease allowed.
+        max_lease: Duration,
+        /// The longest retry wait allowed.
+        max_retry_wait: Duration,
+    },
+    /// Events delayed by more than [`IMPLAUSIBLE_DELAY`]: an `available_at`
+    /// written in microseconds, say. They are never delivered before then,
+    /// and hold back every later event of their ordering key.
+    ImplausibleDelay {
+        /// How many.
+        count: u64,
+    },
 }
 
 impl Status {
-    /// The thresholds this snapshot crosses, stale first; empty when healthy.
+    /// The thresholds this snapshot crosses (stale, dead letters, a clock
+    /// step, implausible delays, in that order); empty when healthy.
     ///
     /// ```
     /// # fn main() -> outboxd::Result<()> {
@@ -282,6 +387,24 @@ impl Status {
             found.push(Problem::TooManyDead {
                 dead: self.counts.dead,
                 max_dead: max,
+            });
+        }
+        let too_far = |ahead: Option<Duration>, max: Duration| {
+            ahead.filter(|a| *a > max.saturating_add(CLOCK_STEP_SLACK))
+        };
+        let lease = too_far(self.furthest_lease, t.max_lease);
+        let retry = too_far(self.furthest_retry, t.max_retry_wait);
+        if lease.is_some() || retry.is_some() {
+            found.push(Problem::ClockStep {
+                lease,
+                retry,
+                max_lease: t.max_lease,
+                max_retry_wait: t.max_retry_wait,
+            });
+        }
+        if self.implausible_delays > 0 {
+            found.push(Problem::ImplausibleDelay {
+                count: self.implausible_delays,
             });
         }
         found
@@ -410,6 +533,63 @@ mod tests {
         );
         assert_eq!(stale_count(&conn, at(0), Duration::MAX).unwrap(), 0);
         assert_eq!(oldest_due(&conn, at(0)).unwrap(), Some(at(-120_000)));
+    }
+
+    /// Issues 11.8 and 11.9: a 30-second lease ending an hour away, a retry
+    /// due further ahead than any policy could schedule (the clock stepped
+    /// back), and an event delayed 50,000 years (microseconds written as
+    /// milliseconds) were all reported healthy.
+    #[test]
+    fn a_clock_step_and_an_implausible_delay_are_problems() {
+        let (_dir, conn) = migrated();
+        let hour = 3_600_000;
+        row(&conn, "pending", hour + 30_000, Some(hour + 30_000)); // a lease, stepped
+        conn.execute(
+            "INSERT INTO event_outbox (event_type, available_at, attempts) VALUES ('a.b.v1', ?1, 3)",
+            [T0 + 20 * 86_400_000],
+        )
+        .unwrap(); // a retry three weeks ahead
+                   // Microseconds, written before the schema refused them (or by an
+                   // UPDATE, which it does not check).
+        conn.execute(
+            "INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', 0)",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE event_outbox SET available_at = ?1 WHERE id = last_insert_rowid()",
+            [(T0 + 60_000) * 1000],
+        )
+        .unwrap();
+        row(&conn, "pending", 86_400_000, None); // delayed a day: fine
+        let s = status(&conn, at(0)).unwrap();
+        assert_eq!(
+            s.furthest_lease,
+            Some(Duration::from_millis(hour as u64 + 30_000))
+        );
+        assert_eq!(s.furthest_retry, Some(Duration::from_secs(20 * 86_400)));
+        assert_eq!(s.implausible_delays, 1);
+        let stepped_lease = Some(Duration::from_millis(hour as u64 + 30_000));
+        assert_eq!(
+            s.problems(&Thresholds::new(Duration::MAX, None)),
+            [
+                Problem::ClockStep {
+                    lease: stepped_lease,
+                    retry: Some(Duration::from_secs(20 * 86_400)),
+                    max_lease: crate::relay::MAX_LEASE,
+                    max_retry_wait: crate::relay::MAX_RETRY_DELAY * 2,
+                },
+                Problem::ImplausibleDelay { count: 1 },
+            ]
+        );
+        // Under settings that allow them (a 2-hour lease, 30-day retries),
+        // only the delay is a problem.
+        let relaxed = Thresholds::new(Duration::MAX, None)
+            .relay_settings(Duration::from_secs(7200), Duration::from_secs(30 * 86_400));
+        assert_eq!(
+            s.problems(&relaxed),
+            [Problem::ImplausibleDelay { count: 1 }]
+        );
     }
 
     #[test]

@@ -105,6 +105,46 @@ fn status_exits_1_over_the_stale_threshold_and_0_under_it() {
     Outboxd::on(&db.path).fails(&["status", "--stale-after", "5 minutes"], USAGE, "5m");
 }
 
+/// Issue 11.8: an available_at written in microseconds is refused by the
+/// schema at INSERT; one already in the table (an UPDATE, or a database
+/// from before the check) is reported by `status` (exit 1) and `doctor`,
+/// where it was "pending delayed" and healthy.
+#[test]
+fn status_and_doctor_report_an_event_delayed_by_more_than_a_year() {
+    let db = TestDb::new();
+    let micros = now_ms() * 1000;
+    let refused = db
+        .conn()
+        .execute(
+            "INSERT INTO event_outbox (event_type, available_at) VALUES ('order.paid.v1', ?1)",
+            [micros],
+        )
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("not microseconds"),
+        "{refused}"
+    );
+    db.enqueue(&[event("order.paid.v1", 1)]);
+    db.conn()
+        .execute("UPDATE event_outbox SET available_at = ?1", [micros])
+        .unwrap();
+    let text = Outboxd::on(&db.path).expect(&["status"], PROBLEMS);
+    assert!(
+        text.contains("implausible-delay: 1 event is delayed by more than a year")
+            && text.contains("microseconds"),
+        "{text}"
+    );
+    let s = Outboxd::on(&db.path).json(&["status", "--json"], PROBLEMS);
+    assert_eq!(s["implausible_delays"], 1, "{s}");
+    let doctor = Outboxd::on(&db.path).ok(&["doctor"]);
+    assert!(
+        doctor
+            .lines()
+            .any(|l| l.starts_with("warning") && l.contains("delayed-events")),
+        "{doctor}"
+    );
+}
+
 #[test]
 fn status_exits_1_when_dead_letters_exceed_the_maximum() {
     let db = TestDb::new();

@@ -1,24 +1,29 @@
 //! A model test: random sequences of enqueue, relay runs (each a restart)
 //! with scripted consumers, crashes of a relay that held leases and may
 //! have run a consumer, clock jumps both ways (lease expiry, retry due
-//! times) and purge, checked after every step against a reference model.
+//! times; a relay that starts after the clock stepped back makes due the
+//! retries it finds further ahead than its policy allows), purge, and
+//! replays of one consumer, checked after every step against a reference
+//! model.
 //!
 //! Invariants: every enqueued event is delivered, pending or dead-lettered
-//! (or purged after delivery), exactly as the model says; and no consumer
+//! (or purged after delivery), exactly as the model says; the ledger holds
+//! exactly the consumers the model says have each kept row; and no consumer
 //! succeeds twice for an event, except once more per crash that caught the
-//! event in flight (at-least-once).
+//! event in flight (at-least-once) and once more per replay naming it.
 //!
 //! CI runs 32 cases; `OUTBOXD_FULL=1` runs 512.
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::TestDb;
 use outboxd::purge::PurgePolicy;
 use outboxd::relay::RetryPolicy;
+use outboxd::replay::ReplayFilter;
 use outboxd::{Clock, Delivery, Event, EventId, ManualClock, Outcome, Relay, Timestamp};
 use proptest::prelude::*;
 
@@ -73,6 +78,8 @@ enum Op {
     Jump(i64),
     /// Purge with this retention (seconds) for delivered rows and the ledger.
     Purge(u64),
+    /// `replay` every event the consumer has (a kept row, not leased).
+    Replay(&'static str),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -89,6 +96,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => prop_oneof![Just(5i64), Just(11), Just(61), Just(3600), Just(-30), Just(-3600)]
             .prop_map(Op::Jump),
         1 => prop_oneof![Just(0u64), Just(20), Just(3600)].prop_map(Op::Purge),
+        1 => prop_oneof![Just("a"), Just("b")].prop_map(Op::Replay),
     ]
 }
 
@@ -113,6 +121,13 @@ struct ModelEvent {
     done: BTreeMap<&'static str, i64>,
     /// Crashes that caught this event in flight.
     crashes: u32,
+    /// A crashed relay's lease is on the row (no relay run took it back yet).
+    leased: bool,
+    /// The consumers a replay of the finished row asked for, and the status
+    /// it had (None: a normal delivery to every consumer).
+    replay: Option<(BTreeSet<&'static str>, Status)>,
+    /// Replays per consumer: each allows one more success.
+    replays: BTreeMap<&'static str, u32>,
 }
 
 struct Model {
@@ -123,18 +138,29 @@ struct Model {
 }
 
 impl Model {
-    /// What one relay run at the current time does.
+    /// What one relay run at the current time does. A relay starts by
+    /// making due the retries further ahead than its longest retry wait
+    /// (the clock stepped back since they were scheduled).
     fn run_relay(&mut self) {
         let now = self.now;
+        for (_, e) in self.events.values_mut() {
+            let slack = outboxd::status::CLOCK_STEP_SLACK.as_millis() as i64;
+            let stepped = e.failures > 0 && e.due > now + RETRY_MS + slack;
+            if e.status == Status::Pending && !e.leased && stepped {
+                e.due = now;
+            }
+        }
         for (_, e) in self.events.values_mut() {
             if e.status != Status::Pending || e.due > now {
                 continue;
             }
+            e.leased = false;
             let attempt = e.failures + 1;
             let mut retry = false;
             let mut poison = false;
             for c in ["a", "b"] {
-                if e.done.contains_key(c) {
+                let in_scope = e.replay.as_ref().is_none_or(|(only, _)| only.contains(c));
+                if e.done.contains_key(c) || !in_scope {
                     continue;
                 }
                 let delivered = c == "a"
@@ -153,20 +179,24 @@ impl Model {
                     retry = true;
                 }
             }
-            if poison {
-                e.status = Status::Dead;
-                e.finished_at = now;
+            let finish = if poison {
+                Some(Status::Dead)
             } else if !retry {
-                e.status = Status::Delivered;
-                e.finished_at = now;
+                // A replayed row gets back the status it had.
+                Some(e.replay.take().map_or(Status::Delivered, |(_, was)| was))
             } else {
                 e.failures += 1;
                 if e.failures >= MAX_ATTEMPTS {
-                    e.status = Status::Dead;
-                    e.finished_at = now;
+                    Some(Status::Dead)
                 } else {
                     e.due = now + RETRY_MS;
+                    None
                 }
+            };
+            if let Some(status) = finish {
+                e.status = status;
+                e.finished_at = now;
+                e.replay = None;
             }
         }
     }
@@ -183,20 +213,50 @@ impl Model {
             if e.status == Status::Pending && e.due <= now {
                 e.due = now + LEASE_MS;
                 e.crashes += 1;
+                e.leased = true;
                 taken.push(*id);
             }
         }
         taken
     }
 
+    /// Delivered rows finished before the cutoff go; a ledger entry goes
+    /// by its age only once its row is gone.
     fn purge(&mut self, retention_ms: i64) {
         let cutoff = self.now - retention_ms;
         for (_, e) in self.events.values_mut() {
             if e.status == Status::Delivered && e.finished_at < cutoff {
                 e.status = Status::Purged;
             }
-            e.done.retain(|_, at| *at >= cutoff);
+            if e.status == Status::Purged {
+                e.done.retain(|_, at| *at >= cutoff);
+            }
         }
+    }
+
+    /// `replay` of consumer `c`: every kept, unleased row it has goes back
+    /// to pending, due now, without `c`'s entry; a finished row runs `c`
+    /// alone and then gets its status back.
+    fn replay(&mut self, c: &'static str) -> usize {
+        let now = self.now;
+        let mut n = 0;
+        for (_, e) in self.events.values_mut() {
+            if e.status == Status::Purged || e.leased || !e.done.contains_key(c) {
+                continue;
+            }
+            e.done.remove(c);
+            *e.replays.entry(c).or_default() += 1;
+            if e.status != Status::Pending {
+                e.replay = Some((BTreeSet::from([c]), e.status));
+            } else if let Some((only, _)) = &mut e.replay {
+                only.insert(c);
+            }
+            e.status = Status::Pending;
+            e.failures = 0;
+            e.due = now;
+            n += 1;
+        }
+        n
     }
 }
 
@@ -244,16 +304,19 @@ fn start_relay(db: &TestDb, clock: &ManualClock, log: &Log) -> outboxd::RelayHan
 }
 
 /// Starts a relay, waits until nothing due is left and nothing is in its
-/// hands, and stops it: a restart every time.
+/// hands (nor a retry further ahead than its policy allows, which it makes
+/// due), and stops it: a restart every time.
 fn run_relay(db: &TestDb, clock: &ManualClock, log: &Log) -> Result<(), TestCaseError> {
     let relay = start_relay(db, clock, log);
     let now = clock.now().as_millis();
+    let slack = outboxd::status::CLOCK_STEP_SLACK.as_millis() as i64;
     let conn = db.conn();
     let busy = || -> i64 {
         conn.query_row(
             "SELECT count(*) FROM event_outbox WHERE status = 'pending'
-               AND (available_at <= ?1 OR (claim_token IS NOT NULL AND claim_token <> ?2))",
-            rusqlite::params![now, DEAD_TOKEN],
+               AND (available_at <= ?1 OR (claim_token IS NOT NULL AND claim_token <> ?2)
+                    OR (claim_token IS NULL AND attempts > 0 AND available_at > ?3))",
+            rusqlite::params![now, DEAD_TOKEN, now + RETRY_MS + slack],
             |r| r.get(0),
         )
         .unwrap()
@@ -267,8 +330,9 @@ fn run_relay(db: &TestDb, clock: &ManualClock, log: &Log) -> Result<(), TestCase
     Ok(())
 }
 
-/// The database and the model agree on every event; no consumer succeeded
-/// twice for an event outside its crash windows.
+/// The database and the model agree on every event and on the ledger of
+/// every kept row; no consumer succeeded twice for an event outside its
+/// crash windows and replays.
 fn compare(db: &TestDb, model: &Model, log: &Log) -> Result<(), TestCaseError> {
     let conn = db.conn();
     let mut stmt = conn
@@ -297,10 +361,36 @@ fn compare(db: &TestDb, model: &Model, log: &Log) -> Result<(), TestCaseError> {
             .filter(|(_, e)| e.status != Status::Purged)
             .count()
     );
-    let crashes: HashMap<EventId, u32> = model
+    let mut ledger: HashMap<String, BTreeSet<String>> = HashMap::new();
+    for (key, consumer) in conn
+        .prepare("SELECT event_key, consumer FROM delivered_events")
+        .unwrap()
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+    {
+        ledger.entry(key).or_default().insert(consumer);
+    }
+    for (id, e) in model.events.values() {
+        if e.status == Status::Purged {
+            continue;
+        }
+        let want: BTreeSet<String> = e.done.keys().map(|c| c.to_string()).collect();
+        let got = ledger.get(&id.to_string()).cloned().unwrap_or_default();
+        prop_assert_eq!(got, want, "ledger of {} ({:?}): {:?}", id, e.kind, e);
+    }
+    let allowed: HashMap<(&str, EventId), u32> = model
         .events
         .values()
-        .map(|(id, e)| (*id, e.crashes))
+        .flat_map(|(id, e)| {
+            ["a", "b"].map(|c| {
+                let crashed = if c == "a" { e.crashes } else { 0 };
+                (
+                    (c, *id),
+                    1 + crashed + e.replays.get(c).copied().unwrap_or(0),
+                )
+            })
+        })
         .collect();
     let mut successes: HashMap<(&str, EventId), u32> = HashMap::new();
     for (c, id, o) in log.lock().unwrap().iter() {
@@ -309,14 +399,14 @@ fn compare(db: &TestDb, model: &Model, log: &Log) -> Result<(), TestCaseError> {
         }
     }
     for ((c, id), n) in successes {
-        let allowed = 1 + crashes.get(&id).copied().unwrap_or(0);
+        let allowed = allowed.get(&(c, id)).copied().unwrap_or(1);
         prop_assert!(
             n <= allowed,
-            "consumer {} succeeded {} times for {} (crash windows: {})",
+            "consumer {} succeeded {} times for {} (allowed by crashes and replays: {})",
             c,
             n,
             id,
-            allowed - 1
+            allowed
         );
     }
     Ok(())
@@ -358,6 +448,9 @@ fn run_case(ops: Vec<Op>) -> Result<(), TestCaseError> {
                                 finished_at: 0,
                                 done: BTreeMap::new(),
                                 crashes: 0,
+                                leased: false,
+                                replay: None,
+                                replays: BTreeMap::new(),
                             },
                         ),
                     );
@@ -405,6 +498,11 @@ fn run_case(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .batch_size(3);
                 outboxd::purge::purge(&mut db.conn(), &policy, clock.now()).unwrap();
                 model.purge(*r as i64 * 1000);
+            }
+            Op::Replay(c) => {
+                let filter = ReplayFilter::new(*c).known_consumers(["a", "b"]);
+                let n = outboxd::replay::replay(&mut db.conn(), &filter, clock.now()).unwrap();
+                prop_assert_eq!(n as usize, model.replay(c), "rows replayed to {}", c);
             }
         }
         compare(&db, &model, &log)?;

@@ -139,6 +139,67 @@ fn replay_delivers_again_to_one_consumer_only() {
     assert_eq!(b.ids().iter().filter(|i| **i == ids[2]).count(), 2);
 }
 
+/// Regression (issue 11.1): a replay put the row back for every consumer
+/// without a ledger entry, so a consumer added since the delivery got the
+/// event too, and a replayed dead letter ran the consumer that had rejected
+/// it again (and left the dead letters if it now passed). Now the replay
+/// runs the consumer it names, and the row gets its status back.
+#[test]
+fn a_replay_runs_only_the_named_consumer_and_a_dead_letter_stays_dead() {
+    let db = TestDb::new();
+    let ids = db.enqueue(&[event("a.b.v1", 1), event("bad.b.v1", 2)]);
+    let (a, newcomer, strict) = (
+        Recorder::default(),
+        Recorder::default(),
+        Recorder::default(),
+    );
+    let strict_seen = strict.seen.clone();
+    let relay = db
+        .relay()
+        .consumer("a", ["*"], a.consumer())
+        .consumer("strict", ["bad.*"], move |d: &Delivery| {
+            strict_seen
+                .lock()
+                .unwrap()
+                .push((d.envelope.event_id, d.attempt));
+            Outcome::poison("bad payload")
+        })
+        .started();
+    wait_until("one delivered, one dead", LONG, || {
+        db.count("status = 'delivered'") == 1 && db.count("status = 'dead'") == 1
+    });
+    relay.shutdown(LONG).unwrap();
+
+    let filter = ReplayFilter::new("a");
+    assert_eq!(
+        replay(&mut db.conn(), &filter, Timestamp::now()).unwrap(),
+        2
+    );
+    // The next relay has a consumer more, which takes every type.
+    let relay = db
+        .relay()
+        .consumer("a", ["*"], a.consumer())
+        .consumer("newcomer", ["*"], newcomer.consumer())
+        .consumer("strict", ["bad.*"], strict.consumer())
+        .started();
+    wait_until("the replays", LONG, || {
+        db.count("status = 'pending'") == 0 && a.len() == 4
+    });
+    relay.shutdown(LONG).unwrap();
+    assert_eq!(newcomer.len(), 0, "a replay to a ran newcomer too");
+    assert_eq!(strict.len(), 1, "a replay to a ran strict again");
+    assert_eq!(db.count("status = 'delivered'"), 1);
+    let dead = outboxd::dead_letter::show(&db.conn(), &ids[1].to_string()).unwrap();
+    assert!(
+        dead.reason.unwrap().contains("bad payload"),
+        "the dead letter keeps its reason"
+    );
+    assert_eq!(
+        db.count("replay_consumers IS NOT NULL OR status_before_replay IS NOT NULL"),
+        0
+    );
+}
+
 #[test]
 fn purge_removes_only_what_is_past_retention_and_never_pending_or_dead() {
     let db = TestDb::new();

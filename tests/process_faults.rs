@@ -1,7 +1,8 @@
 //! Process faults, black-box, on the real `outboxd` binary: kill -9 of the
 //! relay and of a producer at random points, a relay frozen (SIGSTOP) past
-//! its lease while another takes its rows over, and six relay processes on
-//! one file.
+//! its lease while another takes its rows over, six relay processes on one
+//! file, and an operator purging, replaying and requeueing beside three
+//! relays and two producers.
 //!
 //! Deliveries are recorded durably by the consumers themselves: JSON-lines
 //! sinks with `fsync = true`, one file per consumer and relay process, so a
@@ -62,6 +63,10 @@ fn main() -> ExitCode {
         (
             "six_relay_processes_deliver_every_event_once_without_busy_failures",
             six_relay_processes_deliver_every_event_once_without_busy_failures,
+        ),
+        (
+            "purge_replay_and_requeue_beside_three_relays_repeat_no_other_consumer",
+            purge_replay_and_requeue_beside_three_relays_repeat_no_other_consumer,
         ),
     ])
 }
@@ -247,13 +252,7 @@ fn producer(db: &Path) {
                 Event::new("kill.test.v1", &payload).unwrap()
             })
             .collect();
-        let tx = conn.transaction().unwrap();
-        let ids: Vec<String> = outboxd::enqueue_many(&tx, &events)
-            .unwrap()
-            .iter()
-            .map(|e| e.event_id().to_string())
-            .collect();
-        tx.commit().unwrap();
+        let ids = commit(&mut conn, &events);
         let mut acks = String::new();
         for id in &ids {
             acks.push_str(&format!("ack {id}\n"));
@@ -266,6 +265,19 @@ fn producer(db: &Path) {
         // which keeps the event count (and the final drain) modest.
         std::thread::sleep(Duration::from_millis(rng.random_range(0..=10)));
     }
+}
+
+/// Enqueues events in one transaction, the host's way; their ids once
+/// COMMIT returned (acknowledged).
+fn commit(conn: &mut Connection, events: &[Event]) -> Vec<String> {
+    let tx = conn.transaction().unwrap();
+    let ids = outboxd::enqueue_many(&tx, events)
+        .unwrap()
+        .iter()
+        .map(|e| e.event_id().to_string())
+        .collect();
+    tx.commit().unwrap();
+    ids
 }
 
 /// Rows a relay claims at once and the most deliveries it has in flight:
@@ -765,6 +777,158 @@ fn six_relay_processes_deliver_every_event_once_without_busy_failures() {
     assert!(
         per_relay.iter().filter(|&&n| n > 0).count() > 1,
         "only one relay delivered anything: {per_relay:?}"
+    );
+    assert_eq!(integrity(&sb), "ok");
+}
+
+// ---------------------------------------------------------------------------
+// 4. Operators at work: purge, replay and requeue while three relays deliver.
+
+/// Event types of the soak, and how its consumers treat them: `once` and
+/// `replayed` take every type; `poison` rejects every `soak.poison.v1`
+/// (so those events end dead, and `dead requeue` brings them back); `flaky`
+/// fails half of its `soak.flaky.v1` deliveries (so those retry).
+const SOAK_TYPES: [&str; 3] = ["soak.ok.v1", "soak.poison.v1", "soak.flaky.v1"];
+
+/// One relay of the soak: four consumers, `once.<i>.jsonl` and
+/// `replayed.<i>.jsonl` for the two that are counted.
+fn soak_config(sb: &Sandbox, i: usize) -> PathBuf {
+    let poison = sb.script("poison.sh", "cat >/dev/null\nexit 65");
+    let flaky = sb.script(
+        "flaky.sh",
+        "cat >/dev/null\n[ $(( $(od -An -N1 -tu1 /dev/urandom) % 2 )) -eq 0 ]",
+    );
+    let mut text = String::from(
+        "database = \"app.db\"\n\
+         [relay]\nworkers = 2\nbatch_size = 16\nlease = \"10s\"\n\
+         [retry]\ninitial = \"200ms\"\nmax_delay = \"1s\"\nmax_attempts = 1000\njitter = 0.0\n\
+         [purge]\nenabled = false\n",
+    );
+    for name in ["once", "replayed"] {
+        text.push_str(&format!(
+            "[[consumer]]\nname = \"{name}\"\ntypes = [\"*\"]\n\
+             [consumer.sink]\nkind = \"jsonl\"\npath = \"{name}.{i}.jsonl\"\n"
+        ));
+    }
+    for (name, ty, program) in [
+        ("poison", SOAK_TYPES[1], &poison),
+        ("flaky", SOAK_TYPES[2], &flaky),
+    ] {
+        text.push_str(&format!(
+            "[[consumer]]\nname = \"{name}\"\ntypes = [\"{ty}\"]\n\
+             [consumer.sink]\nkind = \"command\"\nprogram = \"{}\"\ntimeout = \"5s\"\n",
+            program.display()
+        ));
+    }
+    sb.write(&format!("soak.{i}.toml"), &text)
+}
+
+/// Issue 11.1: three relays deliver what two producers commit while an
+/// operator loop purges with a 2-second retention and dedup TTL, replays
+/// every event of consumer `replayed`, and requeues every dead letter.
+/// Without a crash, consumer `once` must get every acknowledged event
+/// exactly once (replays name only `replayed`), and `replayed` at least once.
+fn purge_replay_and_requeue_beside_three_relays_repeat_no_other_consumer() {
+    const RELAYS: usize = 3;
+    let run_for = Duration::from_secs(if full() { 120 } else { 15 });
+    let sb = Sandbox::migrated();
+    let configs: Vec<PathBuf> = (0..RELAYS).map(|i| soak_config(&sb, i)).collect();
+    let mut relays: Vec<Running> = configs
+        .iter()
+        .enumerate()
+        .map(|(i, c)| relay(c, sb.file(&format!("soak.{i}.log"))))
+        .collect();
+    let deadline = Instant::now() + run_for;
+    let producers: Vec<_> = (0..2)
+        .map(|_| {
+            let db = sb.db();
+            std::thread::spawn(move || {
+                let mut conn = outboxd::connection::open(&db).unwrap();
+                let mut rng = rand::rng();
+                let mut acked = Vec::new();
+                while Instant::now() < deadline {
+                    let events: Vec<Event> = (0..rng.random_range(1..=3))
+                        .map(|_| {
+                            let ty = match rng.random_range(0..10) {
+                                0 => SOAK_TYPES[1],
+                                1 => SOAK_TYPES[2],
+                                _ => SOAK_TYPES[0],
+                            };
+                            Event::new(ty, &serde_json::json!({ "n": acked.len() })).unwrap()
+                        })
+                        .collect();
+                    acked.extend(commit(&mut conn, &events));
+                    // Load shaping, not synchronisation.
+                    std::thread::sleep(Duration::from_millis(rng.random_range(0..=10)));
+                }
+                acked
+            })
+        })
+        .collect();
+    // The operator: purge, replay, requeue, again and again.
+    let mut ops = [0u32; 3];
+    while Instant::now() < deadline {
+        let config = configs[0].to_str().unwrap();
+        sb.ok(&[
+            "replay",
+            "--consumer",
+            "replayed",
+            "--all",
+            "--config",
+            config,
+        ]);
+        ops[0] += 1;
+        std::thread::sleep(Duration::from_millis(300));
+        sb.ok(&["purge", "--delivered-retention", "2s", "--dedup-ttl", "2s"]);
+        ops[1] += 1;
+        sb.ok(&["dead", "requeue", "--all"]);
+        ops[2] += 1;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let acked: HashSet<String> = producers
+        .into_iter()
+        .flat_map(|p| p.join().unwrap())
+        .collect();
+    wait_until("the relays to finish every pending event", WAIT, || {
+        for r in relays.iter_mut() {
+            assert!(!r.exited(), "a relay exited; log:\n{}", r.stderr());
+        }
+        sb.scalar::<i64>("SELECT count(*) FROM event_outbox WHERE status = 'pending'") == 0
+    });
+    for r in relays.iter_mut() {
+        stop(r);
+    }
+    let once = Deliveries::read(&files(&sb, "once."));
+    let replayed = Deliveries::read(&files(&sb, "replayed."));
+    let lost_once = acked.difference(&once.ids()).count();
+    let lost_replayed = acked.difference(&replayed.ids()).count();
+    let twice: Vec<&String> = once
+        .count
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    println!(
+        "# operators beside three relays for {}s: {} events acknowledged; {} replays, {} purges, \
+         {} requeues; consumer once: {} events delivered more than once ({} extra deliveries), \
+         {} lost; consumer replayed: {} deliveries, {} lost",
+        run_for.as_secs(),
+        acked.len(),
+        ops[0],
+        ops[1],
+        ops[2],
+        twice.len(),
+        once.duplicates(),
+        lost_once,
+        replayed.count.values().map(|n| u64::from(*n)).sum::<u64>(),
+        lost_replayed,
+    );
+    assert_eq!(lost_once + lost_replayed, 0, "events lost");
+    assert!(
+        twice.is_empty(),
+        "consumer once got {} events more than once without a crash, such as {:?}",
+        twice.len(),
+        twice.iter().take(3).collect::<Vec<_>>()
     );
     assert_eq!(integrity(&sb), "ok");
 }

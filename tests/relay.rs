@@ -227,6 +227,19 @@ fn build_rejects_bad_settings_naming_the_setting_and_the_consumer() {
             None,
             None,
         ),
+        (one().batch_bytes(0), Setting::BatchBytes, None, None),
+        (
+            one().max_payload_bytes(0),
+            Setting::MaxPayloadBytes,
+            None,
+            None,
+        ),
+        (
+            one().max_payload_bytes(outboxd::relay::MAX_PAYLOAD_BYTES + 1),
+            Setting::MaxPayloadBytes,
+            None,
+            None,
+        ),
         (
             one().lease(Duration::from_millis(10)),
             Setting::Lease,
@@ -786,4 +799,154 @@ fn dedup_holds_for_an_event_id_written_in_lower_case() {
     });
     stop(relay);
     assert_eq!(rec.len(), 1, "the consumer saw the event once");
+}
+
+/// Deliveries per (consumer, event id) of a recorder.
+fn per_id(rec: &Recorder) -> std::collections::HashMap<outboxd::EventId, usize> {
+    let mut n = std::collections::HashMap::new();
+    for id in rec.ids() {
+        *n.entry(id).or_default() += 1;
+    }
+    n
+}
+
+/// Regression (issue 11.4): two rows carrying one event id, both committed
+/// before either was claimed, were claimed in one batch and both delivered
+/// to every consumer (the ledger had no entry yet for either). Now the
+/// second waits until the first is finished, and then finds its consumers
+/// in the ledger. The second spells the id in lower case, as a foreign
+/// producer may.
+#[test]
+fn two_rows_of_one_event_in_one_batch_reach_each_consumer_once() {
+    let db = TestDb::new();
+    let (a, b) = (Recorder::default(), Recorder::default());
+    let first = event("a.b.v1", 1);
+    let id = first.id();
+    db.enqueue(&[first, event("a.b.v1", 2)]);
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload) VALUES (?1, 'a.b.v1', '{}')",
+            [id.to_string().to_lowercase()],
+        )
+        .unwrap();
+    let relay = db
+        .relay()
+        .consumer("a", ["*"], a.consumer())
+        .consumer("b", ["*"], b.consumer())
+        .batch_size(16)
+        .started();
+    wait_until("all three rows finished", LONG, || {
+        db.count("status = 'delivered'") == 3
+    });
+    stop(relay);
+    for (name, rec) in [("a", &a), ("b", &b)] {
+        assert_eq!(per_id(rec)[&id], 1, "consumer {name} got the event twice");
+        assert_eq!(rec.len(), 2, "consumer {name}");
+    }
+}
+
+/// Issue 11.4, the same with two relays: the first claims its batch and
+/// holds it in delivery; the second relay's batch may not take the twin
+/// rows meanwhile.
+#[test]
+fn two_rows_of_one_event_in_two_relays_batches_reach_each_consumer_once() {
+    const EVENTS: usize = 8;
+    let db = TestDb::new();
+    let originals: Vec<_> = (0..EVENTS as u64).map(|n| event("a.b.v1", n)).collect();
+    let twins: Vec<_> = originals
+        .iter()
+        .map(|e| event("a.b.v1", 0).event_id(e.id()))
+        .collect();
+    db.enqueue(&originals);
+    db.enqueue(&twins);
+    // Relay 1 claims the first batch (the originals) and its consumer
+    // waits until the test lets every delivery go at once.
+    let (go_tx, go) = crossbeam_channel::bounded::<()>(0);
+    let (a1, a2) = (Recorder::default(), Recorder::default());
+    let record_a1 = a1.consumer();
+    let first = db
+        .relay()
+        .consumer("a", ["*"], move |d: &Delivery| {
+            let _ = go.recv(); // returns once the sender is dropped
+            record_a1(d)
+        })
+        .batch_size(EVENTS)
+        .workers(EVENTS)
+        .started();
+    wait_until("relay 1 to claim its batch", LONG, || {
+        db.count("claim_token IS NOT NULL") >= EVENTS as i64
+    });
+    let second = db
+        .relay()
+        .consumer("a", ["*"], a2.consumer())
+        .batch_size(EVENTS)
+        .started();
+    wait_until("relay 2 to make its first claim", LONG, || {
+        second.metrics().commits > 0
+    });
+    let leased_while_both_ran = db.count("claim_token IS NOT NULL");
+    drop(go_tx);
+    wait_until("every row finished", LONG, || {
+        db.count("status = 'delivered'") == 2 * EVENTS as i64
+    });
+    stop(first);
+    stop(second);
+    let mut all = per_id(&a1);
+    for (id, n) in per_id(&a2) {
+        *all.entry(id).or_default() += n;
+    }
+    assert_eq!(
+        leased_while_both_ran, EVENTS as i64,
+        "relay 2 claimed twins while relay 1 held their originals"
+    );
+    assert_eq!(all.len(), EVENTS);
+    assert!(
+        all.values().all(|n| *n == 1),
+        "an event reached consumer a twice: {all:?}"
+    );
+}
+
+/// Regression (issue 11.10): after a long reader ended, the WAL that had
+/// grown behind it stayed at its peak size until the next write (and then
+/// shrank only to `journal_size_limit`). Now an idle relay truncates it.
+#[test]
+fn an_idle_relay_truncates_a_wal_that_a_long_reader_let_grow() {
+    let db = TestDb::new();
+    let relay = db
+        .relay()
+        .consumer("a", ["*"], |_: &Delivery| Outcome::Delivered)
+        .housekeeping_interval(Duration::from_millis(50))
+        .purge(None)
+        .started();
+    let wal = db.file("app.db-wal");
+    let wal_size = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+    // A reader holds a snapshot while thousands of events go through.
+    let reader = db.conn();
+    let snapshot = reader.unchecked_transaction().unwrap();
+    let _: i64 = snapshot
+        .query_row("SELECT count(*) FROM event_outbox", [], |r| r.get(0))
+        .unwrap();
+    let pad = "x".repeat(1000);
+    for chunk in 0..5u64 {
+        let events: Vec<_> = (0..1000)
+            .map(|n| {
+                outboxd::Event::new(
+                    "a.b.v1",
+                    &serde_json::json!({ "n": chunk * 1000 + n, "pad": pad }),
+                )
+                .unwrap()
+            })
+            .collect();
+        db.enqueue(&events);
+        relay.notify();
+    }
+    wait_until("every event delivered", LONG, || {
+        db.count("status = 'delivered'") == 5000
+    });
+    let peak = wal_size();
+    assert!(peak > 8 << 20, "the WAL grew to {peak} bytes only");
+    snapshot.finish().unwrap();
+    drop(reader);
+    wait_until("the WAL truncated", LONG, || wal_size() == 0);
+    stop(relay);
 }

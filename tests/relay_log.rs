@@ -1,21 +1,41 @@
 //! What the relay writes to its log, read back through a tracing subscriber
 //! that writes to a buffer. A file of its own: the subscriber is global (the
-//! writer logs from its own thread), and only this test may install it.
+//! writer logs from its own thread), installed once for the tests here,
+//! which tell their lines apart by event or row id.
 
 mod common;
+#[path = "support/faultvfs.rs"]
+mod faultvfs;
 
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use common::relay::StartRelay;
+use common::relay::{Gate, StartRelay, LONG};
 use common::{event, wait_until, TestDb};
 use outboxd::relay::RetryPolicy;
-use outboxd::{Delivery, Outcome};
+use outboxd::{Delivery, ManualClock, Outcome, Relay, Timestamp};
 
 /// The log lines, as text.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
+
+/// The log of every test here (the subscriber is installed on first use).
+fn log() -> &'static Captured {
+    static LOG: OnceLock<Captured> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let log = Captured::default();
+        tracing::subscriber::set_global_default(
+            tracing_subscriber::fmt()
+                .with_writer(log.clone())
+                .with_ansi(false)
+                .with_max_level(tracing::Level::INFO)
+                .finish(),
+        )
+        .unwrap();
+        log
+    })
+}
 
 impl Captured {
     fn text(&self) -> String {
@@ -47,16 +67,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
 /// WARN line with the reason the dead letter keeps.
 #[test]
 fn a_retry_that_spends_its_attempts_logs_the_give_up_with_the_reason() {
-    let log = Captured::default();
-    tracing::subscriber::set_global_default(
-        tracing_subscriber::fmt()
-            .with_writer(log.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish(),
-    )
-    .unwrap();
-
+    let log = log();
     let db = TestDb::new();
     let relay = db
         .relay()
@@ -98,4 +109,70 @@ fn a_retry_that_spends_its_attempts_logs_the_give_up_with_the_reason() {
         "gave up after 2 attempts: consumer flaky: receiver down"
     );
     assert!(gave_up[0].contains(&reason), "{}", gave_up[0]);
+}
+
+/// Regression (issue 11.10): when a write transaction failed and was tried
+/// again after half a lease, the retry extended the leases of the rows whose
+/// outcomes it was recording in the same transaction, found their claims
+/// already ended, and warned "lease lost to another relay" with no other
+/// relay about. Now a transaction extends only the leases it keeps.
+#[test]
+fn a_retried_write_does_not_report_its_own_finished_rows_as_lost_leases() {
+    let log = log();
+    faultvfs::register();
+    let db = TestDb::new();
+    // A row id no other test here uses, to find this test's lines.
+    db.conn()
+        .execute(
+            "INSERT OR REPLACE INTO sqlite_sequence (name, seq) VALUES ('event_outbox', 7770)",
+            [],
+        )
+        .unwrap();
+    let lease = Duration::from_secs(1);
+    let clock = ManualClock::new(Timestamp::now().plus(Duration::from_secs(60)));
+    let gate = Gate::new();
+    let held = gate.clone();
+    let relay = Relay::builder(faultvfs::uri(&db.path))
+        .consumer("a", ["*"], move |_: &Delivery| {
+            held.hold();
+            Outcome::Delivered
+        })
+        .lease(lease)
+        .clock(clock.clone())
+        .purge(None)
+        .started();
+    db.enqueue(&[event("a.b.v1", 1)]);
+    relay.notify();
+    gate.wait_started();
+    // The outcome's write fails until more than half the lease has run out.
+    faultvfs::arm(
+        Some(faultvfs::Fault {
+            class: faultvfs::Class::Write,
+            at: 1,
+            persist: true,
+            code: rusqlite::ffi::SQLITE_IOERR_WRITE,
+        }),
+        None,
+    );
+    gate.open();
+    wait_until("the outcome's write to fail", LONG, || {
+        relay.metrics().errors >= 1
+    });
+    clock.advance(lease * 6 / 10);
+    faultvfs::disarm();
+    wait_until("the outcome recorded", LONG, || {
+        db.count("status = 'delivered'") == 1
+    });
+    relay.shutdown(LONG).unwrap();
+    let text = log.text();
+    let lost: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("row_id=7771") && l.contains("lease lost"))
+        .collect();
+    assert!(lost.is_empty(), "{lost:#?}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("cannot write to the database")),
+        "the write did fail: {text}"
+    );
 }

@@ -11,6 +11,7 @@
 //! and more power-cut seeds. The VFS state is process-global, so every loop
 //! runs under one lock.
 
+mod common;
 #[path = "support/faultvfs.rs"]
 mod faultvfs;
 
@@ -109,7 +110,7 @@ fn relay(path: &str, clock: &ManualClock, log: &Log) -> outboxd::Result<RelayHan
         .retry_policy_for("stubborn", quick.max_attempts(2))
         .workers(2)
         .batch_size(8)
-        .lease(Duration::from_secs(86_400))
+        .lease(outboxd::relay::MAX_LEASE)
         .poll_interval(Duration::from_millis(2))
         .flush_interval(Duration::from_millis(1))
         .housekeeping_interval(Duration::from_millis(20))
@@ -720,29 +721,6 @@ fn power_cuts_under_normal_sync_lose_acknowledged_events_and_the_harness_sees_it
     assert_eq!(corrupt, 0, "WAL keeps the file intact under NORMAL too");
 }
 
-/// Unmounts on drop, so a failing test leaves no mount behind.
-struct Mounted(PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
-}
-
-fn mount_tmpfs(dir: &Path, size: &str, remount: bool) -> bool {
-    let opts = if remount {
-        format!("remount,size={size}")
-    } else {
-        format!("size={size}")
-    };
-    std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &opts, "tmpfs"])
-        .arg(dir)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// A real full disk: a 2 MiB tmpfs (root only; skipped otherwise).
 #[test]
 fn a_real_full_disk_gives_a_typed_error_loses_nothing_and_recovers() {
@@ -750,11 +728,11 @@ fn a_real_full_disk_gives_a_typed_error_loses_nothing_and_recovers() {
     let tmp = tempfile::tempdir().unwrap();
     let mnt = tmp.path().join("small");
     std::fs::create_dir_all(&mnt).unwrap();
-    if !mount_tmpfs(&mnt, "2m", false) {
+    if !common::mount_tmpfs(&mnt, "2m", false) {
         println!("skipped: cannot mount a tmpfs here (needs root)");
         return;
     }
-    let _unmount = Mounted(mnt.clone());
+    let _unmount = common::Mounted(mnt.clone());
     let db = mnt.join("db.sqlite");
     let mut conn = outboxd::connection::open(&db).unwrap();
     outboxd::schema::migrate(&mut conn).unwrap();
@@ -833,7 +811,10 @@ fn a_real_full_disk_gives_a_typed_error_loses_nothing_and_recovers() {
 
     // Space comes back: the same connection enqueues again and the same
     // relay drains everything.
-    assert!(mount_tmpfs(&mnt, "32m", true), "cannot grow the tmpfs");
+    assert!(
+        common::mount_tmpfs(&mnt, "32m", true),
+        "cannot grow the tmpfs"
+    );
     let event = Event::new("fill.created.v1", &1).unwrap();
     let tx = conn.transaction().unwrap();
     outboxd::enqueue(&tx, &event).expect("enqueue works once space is back");

@@ -25,45 +25,63 @@ pub(crate) struct ClaimedRow {
     pub attempts: u32,
     /// The consumers that already succeeded for this event (the ledger).
     pub delivered_to: Vec<String>,
+    /// The consumers a replay asked for (None: every routed consumer).
+    pub replay_consumers: Option<Vec<String>>,
+    /// The payload's size in bytes, as stored.
+    pub payload_bytes: u64,
 }
 
-/// Claims up to `limit` due rows: pending, `available_at <= now`, and not
-/// held back by an earlier pending row with the same ordering key. One
+/// How many payload bytes one claim may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Budget {
+    /// Payload bytes the claimed rows may carry in all...
+    pub bytes: u64,
+    /// ...except that the first row is taken whatever its size.
+    pub one_anyway: bool,
+    /// A row whose payload is larger is not claimed at all: not even the
+    /// claim's UPDATE may touch it, since SQLite rewrites a row whole (see
+    /// [`dead_letter_oversized`]).
+    pub max_payload: u64,
+}
+
+/// Claims up to `limit` due rows: pending, `available_at <= now`, not held
+/// back by an earlier pending row with the same ordering key, nor by another
+/// pending row with the same event id that is earlier or leased. One
 /// statement stamps the token and moves `available_at` to the end of the
 /// lease, so a leased row is simply not due; it also returns each row's
 /// ledger key and the consumers that already have its event, rather than
 /// one more statement per row. Rows come back in id order.
+///
+/// The event-id rule keeps two rows of one event (a foreign producer that
+/// wrote it twice) out of delivery at the same time, in one batch or in
+/// two relays' batches: the second is claimed only once the first is
+/// finished, and then finds the first's consumers in the ledger. Ids are
+/// matched as written, in upper and in lower case (the forms producers
+/// write; a ULID in mixed case is not matched).
+///
+/// The rows taken are the longest prefix, in due order, whose payloads fit
+/// in the [`Budget`]; rows over its maximum are passed over. Sizes come
+/// from `octet_length(payload)`, which SQLite answers from the record header
+/// without reading the payload, so a row too large to load is measured
+/// without being loaded.
 pub(crate) fn claim(
     conn: &Connection,
     token: &str,
     now: Timestamp,
     lease_until: Timestamp,
     limit: usize,
+    budget: Budget,
 ) -> rusqlite::Result<Vec<ClaimedRow>> {
-    let mut stmt = conn.prepare_cached(concat!(
-        "UPDATE event_outbox
-            SET claim_token = ?1, lease_until = ?2, available_at = ?2
-          WHERE id IN (
-                SELECT o.id FROM event_outbox o
-                 WHERE o.status = 'pending' AND o.available_at <= ?3
-                   AND (o.ordering_key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM event_outbox p
-                         WHERE p.ordering_key = o.ordering_key
-                           AND p.status = 'pending' AND p.id < o.id))
-                 ORDER BY o.available_at, o.id
-                 LIMIT ?4)
-        RETURNING id, ",
-        envelope_columns!(),
-        ", tenant_id, ordering_key, attempts, ",
-        crate::dedup::event_key_sql!(),
-        ", ",
-        crate::dedup::delivered_to_sql!()
-    ))?;
+    let mut stmt = conn.prepare_cached(CLAIM)?;
+    let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let mut rows = stmt.query(params![
         token,
         lease_until.as_millis(),
         now.as_millis(),
-        limit as i64
+        limit as i64,
+        clamp(budget.max_payload),
+        clamp(budget.bytes),
+        budget.one_anyway,
     ])?;
     let mut claimed = Vec::with_capacity(limit);
     while let Some(r) = rows.next()? {
@@ -72,6 +90,45 @@ pub(crate) fn claim(
     claimed.sort_by_key(|c| c.row_id);
     Ok(claimed)
 }
+
+/// The claim statement: ?1 token, ?2 lease end, ?3 now, ?4 limit, ?5 the
+/// payload maximum, ?6 the byte budget, ?7 whether the first row goes
+/// whatever its size. The innermost SELECT finds the claimable rows in due
+/// order; the window over it adds their sizes up and keeps the prefix that
+/// fits.
+const CLAIM: &str = concat!(
+    "UPDATE event_outbox
+            SET claim_token = ?1, lease_until = ?2, available_at = ?2
+          WHERE id IN (
+                SELECT id FROM (
+                  SELECT id, row_number() OVER w AS n,
+                         sum(size) OVER w AS running
+                    FROM (
+                      SELECT o.id, o.available_at, octet_length(o.payload) AS size
+                        FROM event_outbox o
+                       WHERE o.status = 'pending' AND o.available_at <= ?3
+                         AND octet_length(o.payload) <= ?5
+                         AND (o.ordering_key IS NULL OR NOT EXISTS (
+                              SELECT 1 FROM event_outbox p
+                               WHERE p.ordering_key = o.ordering_key
+                                 AND p.status = 'pending' AND p.id < o.id))
+                         AND (o.event_id IS NULL OR NOT EXISTS (
+                              SELECT 1 FROM event_outbox p
+                               WHERE p.event_id IN (o.event_id, upper(o.event_id), lower(o.event_id))
+                                 AND p.status = 'pending' AND p.id <> o.id
+                                 AND (p.id < o.id OR p.claim_token IS NOT NULL)))
+                       ORDER BY o.available_at, o.id
+                       LIMIT ?4)
+                  WINDOW w AS (ORDER BY available_at, id ROWS UNBOUNDED PRECEDING))
+                 WHERE running <= ?6 OR (?7 AND n = 1))
+        RETURNING id, ",
+    envelope_columns!(),
+    ", tenant_id, ordering_key, attempts, ",
+    crate::dedup::event_key_sql!(),
+    ", ",
+    crate::dedup::delivered_to_sql!(),
+    ", replay_consumers, octet_length(payload)"
+);
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let row_id: i64 = r.get(0)?;
@@ -82,8 +139,10 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
         envelope: read_envelope(r, 1, row_id)?,
         tenant_id: lenient_text(r.get_ref(9)?),
         ordering_key: lenient_text(r.get_ref(10)?),
-        attempts: lenient_count(r.get_ref(11)?),
+        attempts: u32::try_from(lenient_count(r.get_ref(11)?)).unwrap_or(u32::MAX),
         delivered_to: crate::dedup::read_delivered_to(r.get_ref(13)?),
+        replay_consumers: crate::dedup::read_names(r.get_ref(14)?),
+        payload_bytes: lenient_count(r.get_ref(15)?),
     })
 }
 
@@ -137,10 +196,10 @@ fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, Envelop
     }
 }
 
-/// The attempts column as a count. A foreign producer may have written
-/// anything there; failing the read would fail the whole claim and stop
-/// every delivery, so a value that is not a number counts as 0.
-fn lenient_count(v: ValueRef<'_>) -> u32 {
+/// A count column (attempts, a size). A foreign producer may have written
+/// anything in `attempts`; failing the read would fail the whole claim and
+/// stop every delivery, so a value that is not a number counts as 0.
+fn lenient_count(v: ValueRef<'_>) -> u64 {
     let n = match v {
         ValueRef::Integer(i) => i,
         ValueRef::Real(f) if f.is_finite() => f as i64,
@@ -150,7 +209,7 @@ fn lenient_count(v: ValueRef<'_>) -> u32 {
             .unwrap_or(0),
         _ => 0,
     };
-    n.clamp(0, u32::MAX as i64) as u32
+    n.max(0) as u64
 }
 
 /// Routing columns are informational: text as is, numbers as their text.
@@ -163,7 +222,9 @@ fn lenient_text(v: ValueRef<'_>) -> Option<String> {
     }
 }
 
-/// Marks a row delivered. False if the claim was lost.
+/// Marks a row delivered: its consumers have it. A replayed row returns to
+/// the status it had before the replay (a dead letter stays one). False if
+/// the claim was lost.
 pub(crate) fn finish_delivered(
     conn: &Connection,
     row_id: i64,
@@ -173,7 +234,9 @@ pub(crate) fn finish_delivered(
     fenced(
         conn,
         "UPDATE event_outbox
-            SET status = 'delivered', finished_at = ?3, claim_token = NULL, lease_until = NULL
+            SET status = coalesce(status_before_replay, 'delivered'), finished_at = ?3,
+                claim_token = NULL, lease_until = NULL,
+                replay_consumers = NULL, status_before_replay = NULL
           WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
         params![row_id, token, now.as_millis()],
     )
@@ -213,7 +276,8 @@ pub(crate) fn dead_letter(
         conn,
         "UPDATE event_outbox
             SET status = 'dead', finished_at = ?3, last_error = ?4,
-                attempts = attempts + ?5, claim_token = NULL, lease_until = NULL
+                attempts = attempts + ?5, claim_token = NULL, lease_until = NULL,
+                replay_consumers = NULL, status_before_replay = NULL
           WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
         params![
             row_id,
@@ -282,6 +346,58 @@ pub(crate) fn holds(conn: &Connection, row_id: i64, token: &str) -> rusqlite::Re
     .query_row(params![row_id, token], |r| r.get(0))
 }
 
+/// The due rows, among the oldest `window`, whose payload is larger than
+/// `max_payload`: (row id, payload bytes). The claim passes them over, so
+/// they gather at the head of the due order. Sizes are read from the
+/// record headers, never the payloads.
+pub(crate) fn oversized(
+    conn: &Connection,
+    now: Timestamp,
+    max_payload: u64,
+    window: usize,
+) -> rusqlite::Result<Vec<(i64, u64)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, size FROM (
+             SELECT id, octet_length(payload) AS size FROM event_outbox
+              WHERE status = 'pending' AND available_at <= ?1
+              ORDER BY available_at, id LIMIT ?3)
+          WHERE size > ?2",
+    )?;
+    let rows = stmt.query_map(
+        params![
+            now.as_millis(),
+            i64::try_from(max_payload).unwrap_or(i64::MAX),
+            window as i64
+        ],
+        |r| Ok((r.get(0)?, lenient_count(r.get_ref(1)?))),
+    )?;
+    rows.collect()
+}
+
+/// Dead-letters a due row whose payload is over the maximum, unclaimed,
+/// with the reason; the payload is never read into outboxd's memory.
+/// (SQLite itself rewrites the whole row to change its status, for which it
+/// needs a few times the payload's size in memory: without it this fails
+/// with SQLITE_NOMEM, and the row stays pending, passed over by every
+/// claim.) False if the row was claimed or finished meanwhile.
+pub(crate) fn dead_letter_oversized(
+    conn: &Connection,
+    row_id: i64,
+    now: Timestamp,
+    reason: &str,
+) -> rusqlite::Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "UPDATE event_outbox
+                SET status = 'dead', finished_at = ?2, last_error = ?3,
+                    claim_token = NULL, lease_until = NULL,
+                    replay_consumers = NULL, status_before_replay = NULL
+              WHERE id = ?1 AND status = 'pending' AND available_at <= ?2",
+        )?
+        .execute(params![row_id, now.as_millis(), reason])?
+        == 1)
+}
+
 fn fenced(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<bool> {
     Ok(conn.prepare_cached(sql)?.execute(params)? == 1)
 }
@@ -290,6 +406,23 @@ fn fenced(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqli
 mod tests {
     use super::*;
     use crate::{schema, Enqueuer, Event};
+
+    /// No byte budget to speak of: the claims of tests about other rules.
+    const ANY: Budget = Budget {
+        bytes: u64::MAX,
+        one_anyway: true,
+        max_payload: u64::MAX,
+    };
+
+    fn claim(
+        conn: &Connection,
+        token: &str,
+        now: Timestamp,
+        lease_until: Timestamp,
+        limit: usize,
+    ) -> rusqlite::Result<Vec<ClaimedRow>> {
+        super::claim(conn, token, now, lease_until, limit, ANY)
+    }
 
     fn db() -> (tempfile::TempDir, Connection) {
         let dir = tempfile::tempdir().unwrap();
@@ -381,6 +514,42 @@ mod tests {
         }
     }
 
+    /// Regression (issue 11.8): an available_at in microseconds was accepted
+    /// and never delivered. The schema refuses it at INSERT, naming the
+    /// trigger and the unit; milliseconds up to year 9999 go in, and a
+    /// text time still meets the CHECK on types.
+    #[test]
+    fn the_schema_refuses_an_available_at_in_microseconds() {
+        let (_d, conn) = db();
+        let insert = |available_at: &str| {
+            conn.execute(
+                &format!(
+                    "INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', {available_at})"
+                ),
+                [],
+            )
+        };
+        let now_ms = Timestamp::now().as_millis();
+        for wrong in [now_ms * 1000, now_ms * 1_000_000, 253_402_300_800_000] {
+            let e = insert(&wrong.to_string()).unwrap_err();
+            assert!(
+                e.to_string().contains("event_outbox_times_in_milliseconds")
+                    && e.to_string().contains("not microseconds"),
+                "{wrong}: {e}"
+            );
+        }
+        for fine in [now_ms, 0, 253_402_300_799_999] {
+            insert(&fine.to_string()).unwrap();
+        }
+        for not_an_integer in ["'tomorrow'", "1764487080000000.5"] {
+            let e = insert(not_an_integer).unwrap_err();
+            assert!(
+                e.to_string().contains("event_outbox_times_are_integers"),
+                "{not_an_integer}: {e}"
+            );
+        }
+    }
+
     /// Regression (found while writing fuzz/foreign_row): an occurred_at past year
     /// 9999 was delivered as 1970-01-01, silently; now the row is invalid
     /// (and so dead-lettered with the reason).
@@ -401,6 +570,128 @@ mod tests {
         assert!(e.to_string().contains("occurred_at"), "{e}");
         let env = got[1].envelope.as_ref().unwrap();
         assert_eq!(env.occurred_at.to_string(), "9999-12-31T23:59:59.999Z");
+    }
+
+    /// Issue 11.4: a row is not claimed while another pending row with its
+    /// event id is earlier or leased (a dead twin requeued while the later
+    /// one is in flight waits too).
+    #[test]
+    fn a_row_waits_while_a_twin_is_earlier_or_leased() {
+        let (_d, conn) = db();
+        let id = crate::EventId::new().to_string();
+        conn.execute(
+            "INSERT INTO event_outbox (id, event_id, event_type, status, finished_at)
+             VALUES (1, ?1, 'a.b.v1', 'dead', 1)",
+            [&id],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO event_outbox (id, event_id, event_type) VALUES (2, lower(?1), 'a.b.v1'),
+                    (3, ?1, 'a.b.v1')",
+            [&id],
+        )
+        .unwrap();
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let later = now.plus(std::time::Duration::from_secs(30));
+        let got = claim(&conn, "T", now, later, 10).unwrap();
+        assert_eq!(got.iter().map(|c| c.row_id).collect::<Vec<_>>(), [2]);
+        // Row 1 is requeued while row 2 is leased: neither 1 nor 3 goes.
+        conn.execute_batch(
+            "UPDATE event_outbox SET status = 'pending', finished_at = NULL WHERE id = 1",
+        )
+        .unwrap();
+        assert!(claim(&conn, "U", now, later, 10).unwrap().is_empty());
+        assert!(finish_delivered(&conn, 2, "T", now).unwrap());
+        let got = claim(&conn, "U", now, later, 10).unwrap();
+        assert_eq!(got.iter().map(|c| c.row_id).collect::<Vec<_>>(), [1]);
+    }
+
+    /// Issue 11.3: a claim takes the rows whose payloads fit in the byte
+    /// budget (at least one when told to) and passes over the payloads above
+    /// the maximum, which `oversized` finds and `dead_letter_oversized`
+    /// ends.
+    #[test]
+    fn a_claim_keeps_to_its_byte_budget_and_leaves_large_payloads_unread() {
+        let (_d, conn) = db();
+        for size in [10, 10, 5000, 10, 10] {
+            conn.execute(
+                "INSERT INTO event_outbox (event_id, event_type, payload)
+                 VALUES (?1, 'a.b.v1', '\"' || substr(hex(zeroblob(?2)), 1, ?2 - 2) || '\"')",
+                params![crate::EventId::new().to_string(), size],
+            )
+            .unwrap();
+        }
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let take = |bytes, one_anyway, max_payload| {
+            let until = now.plus(std::time::Duration::from_secs(30));
+            let budget = Budget {
+                bytes,
+                one_anyway,
+                max_payload,
+            };
+            let got = super::claim(&conn, "T", now, until, 10, budget).unwrap();
+            conn.execute_batch(
+                "UPDATE event_outbox SET claim_token = NULL, lease_until = NULL, available_at = 0",
+            )
+            .unwrap();
+            got
+        };
+        let sizes = |rows: &[ClaimedRow]| rows.iter().map(|r| r.payload_bytes).collect::<Vec<_>>();
+        assert_eq!(
+            sizes(&take(25, false, 10_000)),
+            [10, 10],
+            "up to the large one"
+        );
+        assert_eq!(
+            sizes(&take(5, false, 10_000)),
+            Vec::<u64>::new(),
+            "nothing fits"
+        );
+        assert_eq!(sizes(&take(5, true, 10_000)), [10], "one anyway");
+        // Over the maximum: passed over, found, dead-lettered.
+        let got = take(40, false, 1000);
+        assert_eq!(sizes(&got), [10, 10, 10, 10]);
+        assert!(got.iter().all(|r| r.envelope.is_ok()));
+        assert_eq!(oversized(&conn, now, 1000, 10).unwrap(), [(3, 5000)]);
+        assert!(
+            oversized(&conn, now, 1000, 2).unwrap().is_empty(),
+            "not among the oldest 2"
+        );
+        assert!(dead_letter_oversized(&conn, 3, now, "too large").unwrap());
+        assert!(oversized(&conn, now, 1000, 10).unwrap().is_empty());
+    }
+
+    /// The claim is a range search of the due index with index look-ups per
+    /// row, never a table scan or a sort, however many rows the table holds.
+    #[test]
+    fn the_claim_searches_indexes_only() {
+        let (_d, conn) = db();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {CLAIM}"))
+            .unwrap()
+            .query_map(params!["T", 2, 1, 10, 100, 1000, true], |r| r.get(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        for needed in [
+            "INDEX event_outbox_due",
+            "INDEX event_outbox_ordering",
+            "INDEX event_outbox_event_id",
+        ] {
+            assert!(
+                plan.iter().any(|l| l.contains(needed)),
+                "{needed}: {plan:?}"
+            );
+        }
+        // Scans of the subqueries' own rows (at most `limit`) are fine; a
+        // scan of a table is not.
+        let table_scan = |l: &String| l.starts_with("SCAN") && !l.starts_with("SCAN (subquery");
+        assert!(
+            !plan
+                .iter()
+                .any(|l| table_scan(l) || l.contains("TEMP B-TREE")),
+            "{plan:?}"
+        );
     }
 
     #[test]

@@ -73,6 +73,8 @@
 //! - `retry`: [`RetryPolicy`] and the verdict over a row's outcomes
 //!   (delivered, retry when, or dead letter and why).
 //! - `housekeeping`: purge ticks, WAL checkpoint, the stale check.
+//! - `clock_step`: noticing a step of the system clock, and the repair of
+//!   the leases and retry times it left far ahead.
 //! - `claim`: the claim statement and the token-fenced writes.
 //! - `worker`: running consumers.
 //! - `transactional`: a transactional consumer's transaction (claim check,
@@ -80,6 +82,7 @@
 //! - `metrics`: the counters behind [`RelayHandle::metrics`].
 
 pub(crate) mod claim;
+mod clock_step;
 mod housekeeping;
 mod metrics;
 mod plan;
@@ -100,7 +103,7 @@ pub use crate::router::UnroutedPolicy;
 pub use metrics::{ConsumerMetrics, Metrics, MetricsSnapshot};
 pub use retry::{
     RetryPolicy, DEFAULT_JITTER, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_INITIAL,
-    DEFAULT_RETRY_MAX_DELAY, MAX_RETRY_ATTEMPTS,
+    DEFAULT_RETRY_MAX_DELAY, MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY,
 };
 
 use crate::clock::{Clock, SystemClock};
@@ -111,6 +114,16 @@ use crate::router::{Pattern, Routes};
 
 /// Rows claimed per transaction by default.
 pub const DEFAULT_BATCH_SIZE: usize = 256;
+/// The payload bytes a relay holds in its deliveries at most, by default
+/// (see [`RelayBuilder::batch_bytes`]): 8 MiB.
+pub const DEFAULT_BATCH_BYTES: u64 = 8 << 20;
+/// The largest payload a relay loads by default (see
+/// [`RelayBuilder::max_payload_bytes`]): 16 MiB, sixteen times what
+/// [`Enqueuer`](crate::Enqueuer) accepts by default.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: u64 = 16 << 20;
+/// The largest [`RelayBuilder::max_payload_bytes`]: SQLite's own limit on
+/// a value (`SQLITE_MAX_LENGTH`).
+pub const MAX_PAYLOAD_BYTES: u64 = 1_000_000_000;
 /// The largest [`RelayBuilder::batch_size`].
 pub const MAX_BATCH_SIZE: usize = 10_000;
 /// The most [`RelayBuilder::workers`].
@@ -120,6 +133,12 @@ pub const MAX_WORKERS: usize = 1024;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The shortest [`RelayBuilder::lease`].
 pub const MIN_LEASE: Duration = Duration::from_secs(1);
+/// The longest [`RelayBuilder::lease`]: 10 minutes. Deliveries longer than
+/// the lease extend it by heartbeat, so a longer lease buys nothing but a
+/// longer wait after a crash; and the bound lets a relay, `status` and
+/// `doctor` tell a lease the system clock stepped away from (one ending
+/// further ahead than any relay could have set it) from a real one.
+pub const MAX_LEASE: Duration = Duration::from_secs(600);
 /// How often an idle relay checks `PRAGMA data_version` for commits made by
 /// other processes.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(5);
@@ -164,6 +183,8 @@ pub(crate) struct Settings {
     pub path: PathBuf,
     pub workers: usize,
     pub batch_size: usize,
+    pub batch_bytes: u64,
+    pub max_payload_bytes: u64,
     pub lease: Duration,
     pub poll_interval: Duration,
     pub flush_interval: Duration,
@@ -184,6 +205,8 @@ pub struct RelayBuilder {
     retry_overrides: Vec<(String, RetryPolicy)>,
     workers: Option<usize>,
     batch_size: usize,
+    batch_bytes: u64,
+    max_payload_bytes: u64,
     lease: Duration,
     poll_interval: Duration,
     flush_interval: Duration,
@@ -304,7 +327,32 @@ impl RelayBuilder {
         self
     }
 
-    /// The lease of a claim (default [`DEFAULT_LEASE`]).
+    /// The most payload bytes the relay holds in deliveries at once
+    /// (default [`DEFAULT_BATCH_BYTES`]): a claim takes rows only while
+    /// their payloads fit in what is left, so a batch of large foreign
+    /// payloads cannot exhaust memory. A relay with nothing in flight still
+    /// takes one row, whatever its size (up to
+    /// [`max_payload_bytes`](Self::max_payload_bytes)), so no row is stuck.
+    /// Sizes are measured in SQL, without loading the payloads.
+    pub fn batch_bytes(mut self, n: u64) -> Self {
+        self.batch_bytes = n;
+        self
+    }
+
+    /// The largest payload the relay loads (default
+    /// [`DEFAULT_MAX_PAYLOAD_BYTES`]). A row whose payload is larger is
+    /// dead-lettered without being loaded, its size in the reason. Keep it
+    /// a few times below the memory the relay may use: a delivery holds the
+    /// payload, its envelope and the sink's copy.
+    pub fn max_payload_bytes(mut self, n: u64) -> Self {
+        self.max_payload_bytes = n;
+        self
+    }
+
+    /// The lease of a claim (default [`DEFAULT_LEASE`]; [`MIN_LEASE`] to
+    /// [`MAX_LEASE`]). The relay renews the leases of its deliveries every
+    /// half lease of its own monotonic clock, so a step of the system clock
+    /// does not leave them ending far away.
     pub fn lease(mut self, d: Duration) -> Self {
         self.lease = d;
         self
@@ -369,17 +417,20 @@ impl RelayBuilder {
         });
         check_range(Setting::Workers, workers, 1, MAX_WORKERS)?;
         check_range(Setting::BatchSize, self.batch_size, 1, MAX_BATCH_SIZE)?;
-        if self.lease < MIN_LEASE {
+        if self.batch_bytes == 0 {
             return Err(SettingError::new(
-                Setting::Lease,
-                format!(
-                    "{} is too short; allowed: {} or more",
-                    crate::text::duration(self.lease),
-                    crate::text::duration(MIN_LEASE)
-                ),
+                Setting::BatchBytes,
+                "must be at least 1 byte, such as 8388608 (8 MiB)",
             )
             .into());
         }
+        check_range(
+            Setting::MaxPayloadBytes,
+            self.max_payload_bytes,
+            1,
+            MAX_PAYLOAD_BYTES,
+        )?;
+        check_duration(Setting::Lease, self.lease, MIN_LEASE, MAX_LEASE)?;
         check_duration(
             Setting::PollInterval,
             self.poll_interval,
@@ -482,6 +533,8 @@ impl RelayBuilder {
                 path: self.path,
                 workers,
                 batch_size: self.batch_size,
+                batch_bytes: self.batch_bytes,
+                max_payload_bytes: self.max_payload_bytes,
                 lease: self.lease,
                 poll_interval: self.poll_interval,
                 flush_interval: self.flush_interval,
@@ -518,7 +571,12 @@ pub fn validate_consumer_name(name: &str) -> std::result::Result<(), SettingErro
     Ok(())
 }
 
-fn check_range(setting: Setting, n: usize, lo: usize, hi: usize) -> Result<()> {
+fn check_range<T: PartialOrd + std::fmt::Display>(
+    setting: Setting,
+    n: T,
+    lo: T,
+    hi: T,
+) -> Result<()> {
     if n < lo || n > hi {
         return Err(SettingError::new(
             setting,
@@ -564,6 +622,8 @@ impl Relay {
             retry_overrides: Vec::new(),
             workers: None,
             batch_size: DEFAULT_BATCH_SIZE,
+            batch_bytes: DEFAULT_BATCH_BYTES,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             lease: DEFAULT_LEASE,
             poll_interval: DEFAULT_POLL_INTERVAL,
             flush_interval: DEFAULT_FLUSH_INTERVAL,

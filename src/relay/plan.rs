@@ -10,10 +10,19 @@
 //!   most half the capacity is in flight, so one transaction claims a
 //!   worthwhile batch instead of a row at a time. Never more than the jobs
 //!   channel holds, so handing jobs out never blocks.
+//! - **Bytes.** The payloads of the deliveries in flight (claimed, not yet
+//!   reported) stay within the byte budget: a claim takes rows only while
+//!   their payloads fit in what the budget has left, and none while it is
+//!   spent, except that a relay with nothing in flight always takes at
+//!   least one row, however large (up to the payload maximum), so no row is
+//!   stuck behind the budget. Memory held for payloads is thus at most
+//!   the budget or one row.
 //! - **Record** outcomes when they are many (half a batch), when every
 //!   delivery in flight has finished, when the oldest has waited the flush
 //!   interval, or at shutdown: group commit without holding results back.
-//! - **Heartbeat** a lease once half of it has run out.
+//! - **Heartbeat** a lease once half of it has run out, by the wall clock or
+//!   by the monotonic one (whichever comes first: a step of the wall clock
+//!   back must not leave a lease ending far away).
 //! - **Contention.** SQLite has one writer. While another connection writes
 //!   (seen through `data_version`), transactions carry at most
 //!   [`CONTENDED_GROUP`] claims or outcomes, and after a full-sized one the
@@ -52,6 +61,8 @@ pub(crate) struct Limits {
     pub flush_interval: Duration,
     /// The lease of a claim.
     pub lease: Duration,
+    /// The most payload bytes in flight.
+    pub batch_bytes: u64,
 }
 
 /// The writer's state, as the planner sees it.
@@ -70,10 +81,14 @@ pub(crate) struct Load {
     pub next_due: Option<Timestamp>,
     /// The earliest lease among the rows in flight.
     pub earliest_lease: Option<Timestamp>,
+    /// The earliest monotonic renewal among the rows in flight.
+    pub earliest_renewal: Option<Instant>,
     /// The writer can hand out jobs (not shutting down).
     pub accepting: bool,
     /// The relay is shutting down: record everything at once.
     pub shutting_down: bool,
+    /// Payload bytes of the deliveries claimed and not yet reported.
+    pub bytes_in_flight: u64,
 }
 
 /// One write transaction's content.
@@ -81,6 +96,10 @@ pub(crate) struct Load {
 pub(crate) struct Plan {
     /// Rows to claim (0: none).
     pub claim: usize,
+    /// The payload bytes those rows may carry in all...
+    pub claim_bytes: u64,
+    /// ...except that the first row is taken whatever its size.
+    pub claim_one_anyway: bool,
     /// Outcomes to record, the oldest first (0: none).
     pub record: usize,
     /// Extend the leases whose half has run out ([`heartbeat_due`]).
@@ -89,6 +108,22 @@ pub(crate) struct Plan {
     pub group: usize,
     /// Another connection has written recently.
     pub contended: bool,
+}
+
+impl Plan {
+    /// A transaction that records `n` outcomes (and releases what it is
+    /// given) and nothing else: no claim, no heartbeat.
+    pub(crate) fn record_only(n: usize) -> Plan {
+        Plan {
+            claim: 0,
+            claim_bytes: 0,
+            claim_one_anyway: false,
+            record: n,
+            heartbeat: false,
+            group: n.max(1),
+            contended: false,
+        }
+    }
 }
 
 /// True when a lease ending at `lease_until` needs its heartbeat: half of
@@ -150,7 +185,13 @@ impl Planner {
         let settled = load.pending + load.to_release;
         let live = load.in_flight.saturating_sub(settled);
         let due = load.want_claim || load.next_due.is_some_and(|t| t <= now);
-        let claim = if load.accepting && due && live <= l.capacity / 2 {
+        let nothing_held = load.bytes_in_flight == 0;
+        let bytes_left = l.batch_bytes.saturating_sub(load.bytes_in_flight);
+        let claim = if load.accepting
+            && due
+            && live <= l.capacity / 2
+            && (bytes_left > 0 || nothing_held)
+        {
             (l.capacity - live).min(group)
         } else {
             0
@@ -166,14 +207,19 @@ impl Planner {
             (true, true) => group.min(load.pending),
             (true, false) => load.pending,
         };
+        // Half the lease by the wall clock, or by the monotonic one (a step
+        // of the wall clock back must not leave the lease ending far away).
         let heartbeat = load
             .earliest_lease
-            .is_some_and(|t| heartbeat_due(t, now, l.lease));
+            .is_some_and(|t| heartbeat_due(t, now, l.lease))
+            || load.earliest_renewal.is_some_and(|t| t <= at);
         if claim == 0 && record == 0 && !heartbeat && load.to_release == 0 {
             return None;
         }
         Some(Plan {
             claim,
+            claim_bytes: bytes_left,
+            claim_one_anyway: nothing_held,
             record,
             heartbeat,
             group,
@@ -248,6 +294,7 @@ mod tests {
         capacity: 256,
         flush_interval: Duration::from_millis(2),
         lease: Duration::from_secs(30),
+        batch_bytes: 1 << 20,
     };
 
     fn idle() -> Load {
@@ -292,6 +339,24 @@ mod tests {
             ..busy
         };
         assert_eq!(p.plan(&full, NOW, at), None);
+        // The byte budget: what is left of it, and nothing while it is spent
+        // (unless nothing is held at all: then one row, whatever its size).
+        let heavy = Load {
+            bytes_in_flight: 1000,
+            ..busy
+        };
+        let plan = p.plan(&heavy, NOW, at).unwrap();
+        assert_eq!(
+            (plan.claim_bytes, plan.claim_one_anyway),
+            ((1 << 20) - 1000, false)
+        );
+        let spent = Load {
+            bytes_in_flight: 1 << 20,
+            ..busy
+        };
+        assert_eq!(p.plan(&spent, NOW, at), None);
+        let plan = p.plan(&due, NOW, at).unwrap();
+        assert_eq!((plan.claim_bytes, plan.claim_one_anyway), (1 << 20, true));
         // Shutting down (not accepting): no claim at all.
         let closing = Load {
             accepting: false,

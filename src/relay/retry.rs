@@ -40,6 +40,11 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 pub const MAX_RETRY_ATTEMPTS: u32 = 1000;
 /// Jitter of the default policy: up to 10% added to each delay.
 pub const DEFAULT_JITTER: f64 = 0.1;
+/// The longest [`RetryPolicy::max_delay`]: a week. A bound on the retry
+/// times a relay can write (at most twice this, with full jitter) lets a
+/// relay, `status` and `doctor` tell a retry the system clock stepped away
+/// from (a time further ahead than any policy could give) from a real one.
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(7 * 86_400);
 
 impl Default for RetryPolicy {
     /// 30 s doubling to 1 h, 10 attempts, 10% jitter.
@@ -128,6 +133,15 @@ impl RetryPolicy {
                 ),
             ));
         }
+        if self.max_delay > MAX_RETRY_DELAY {
+            return Err(SettingError::new(
+                Setting::RetryMaxDelay,
+                format!(
+                    "{:?} is too long; allowed: up to {MAX_RETRY_DELAY:?} (7 days)",
+                    self.max_delay
+                ),
+            ));
+        }
         if !(0.0..=1.0).contains(&self.jitter) {
             return Err(SettingError::new(
                 Setting::RetryJitter,
@@ -138,6 +152,14 @@ impl RetryPolicy {
             ));
         }
         Ok(())
+    }
+
+    /// The longest a retry under this policy waits: the longest delay with
+    /// the most jitter (a consumer's Retry-After is honoured up to the
+    /// longest delay). A retry due further ahead than this was not
+    /// scheduled with the clock as it reads now.
+    pub fn longest_wait(&self) -> Duration {
+        self.max_delay.mul_f64(1.0 + self.jitter.clamp(0.0, 1.0))
     }
 
     /// The delay before the next attempt, given the number of failed
@@ -195,7 +217,9 @@ pub(crate) enum Verdict {
 /// - Otherwise any retry schedules one for the row, `failures_before + 1`
 ///   failures in all: the row waits as long as the slowest retrying
 ///   consumer's schedule (with jitter from `unit`, a draw in [0, 1) per
-///   retrying consumer) and at least any Retry-After a consumer gave.
+///   retrying consumer) and at least any Retry-After a consumer gave, up
+///   to that consumer's longest delay (so no retry is due further ahead
+///   than [`RetryPolicy::longest_wait`]).
 /// - When any retrying consumer's policy has no attempt left, the row is
 ///   dead-lettered instead ("gave up after N attempts").
 pub(crate) fn verdict<'a>(
@@ -220,7 +244,10 @@ pub(crate) fn verdict<'a>(
                 retries.push((r.consumer, reason));
                 let delay = r.policy.delay_with_jitter(failures, unit());
                 wait = match (wait, delay) {
-                    (Some(w), Some(d)) => Some(w.max(d).max(after.unwrap_or_default())),
+                    (Some(w), Some(d)) => {
+                        let after = after.unwrap_or_default().min(r.policy.max_delay);
+                        Some(w.max(d).max(after))
+                    }
                     _ => None,
                 };
             }
@@ -308,11 +335,18 @@ mod tests {
                 reason: "consumer a: down; consumer b: down".into()
             }
         );
-        let v = verdict([report("a", &fast, &later)], 2, NOW, || 0.0);
+        let v = verdict([report("a", &slow, &later)], 2, NOW, || 0.0);
         let Verdict::Retry { at, attempt, .. } = v else {
             panic!("{v:?}")
         };
         assert_eq!((at, attempt), (NOW.plus(Duration::from_secs(600)), 3));
+        // Honoured up to the consumer's longest delay (here 60 s).
+        let capped = slow.clone().max_delay(Duration::from_secs(60));
+        let v = verdict([report("a", &capped, &later)], 2, NOW, || 0.0);
+        let Verdict::Retry { at, .. } = v else {
+            panic!("{v:?}")
+        };
+        assert_eq!(at, NOW.plus(Duration::from_secs(60)));
     }
 
     #[test]
@@ -393,6 +427,15 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.setting(), Setting::RetryMaxAttempts);
         assert!(RetryPolicy::default().jitter(2.0).validate().is_err());
+        let e = RetryPolicy::default()
+            .max_delay(MAX_RETRY_DELAY + Duration::from_secs(1))
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.setting(), Setting::RetryMaxDelay);
+        assert_eq!(
+            RetryPolicy::default().jitter(0.5).longest_wait(),
+            Duration::from_secs(5400)
+        );
     }
 
     proptest! {

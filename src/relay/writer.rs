@@ -9,6 +9,7 @@
 //! module doc of `relay` for the thread and channel protocol.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use crossbeam_channel::{select, Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior};
 
 use super::claim;
+use super::clock_step::{ClockWatch, Repair};
 use super::housekeeping::Housekeeping;
 use super::metrics::{ConsumerResult, Metrics};
 use super::plan::{self, Limits, Load, Plan, Planner, MAX_ERROR_BACKOFF};
@@ -27,11 +29,15 @@ use crate::clock::{Clock, Timestamp};
 use crate::consumer::Outcome;
 use crate::envelope::EventId;
 use crate::error::{is_busy, Error, Result};
+use crate::integrity::Depth;
 use crate::router::{Dispatch, Finish, Routes};
 use crate::text::{clip, Keep};
 
 /// Longest reason text stored in `last_error`.
 const MAX_REASON_BYTES: usize = 4096;
+/// A relay with nothing in flight that has not written for this long is
+/// idle: housekeeping may truncate a WAL that grew.
+const IDLE_AFTER: Duration = Duration::from_secs(1);
 /// How long the writer waits, after it stops, for workers to return.
 const WORKER_EXIT_WAIT: Duration = Duration::from_millis(500);
 
@@ -39,10 +45,15 @@ const WORKER_EXIT_WAIT: Duration = Duration::from_millis(500);
 struct InFlight {
     token: Arc<str>,
     lease_until: Timestamp,
+    /// When to renew the lease by the monotonic clock: half a lease after
+    /// the claim or the last renewal, whatever the wall clock did meanwhile.
+    renew_at: Instant,
     /// The dedup ledger key, as the claim returned it.
     event_key: String,
     event_id: EventId,
     attempts: u32,
+    /// Its payload's size while its delivery runs; 0 once its outcome is in.
+    bytes: u64,
 }
 
 /// The channels and threads the writer works with (made by `Relay::start`).
@@ -80,6 +91,21 @@ pub(crate) struct Writer {
     data_version: i64,
     /// The earliest lease among `in_flight`, to know when to heartbeat.
     earliest_lease: Option<Timestamp>,
+    /// The earliest monotonic renewal among `in_flight`.
+    earliest_renewal: Option<Instant>,
+    /// Notices steps of the system clock.
+    clock_watch: ClockWatch,
+    /// The sum of `in_flight`'s `bytes`: payloads held by deliveries.
+    bytes_in_flight: u64,
+    /// Set when SQLite said the file is damaged: the writer stops claiming,
+    /// records what it can, and ends with this error.
+    damaged: Option<Error>,
+    /// When the last write transaction committed.
+    last_commit: Instant,
+    /// The last error a write transaction met, for the shutdown's report.
+    last_error: Option<rusqlite::Error>,
+    /// Outcomes and releases given up on (one at a time, on a damaged file).
+    given_up: Unwritten,
     shutdown_at: Option<Instant>,
 }
 
@@ -115,6 +141,7 @@ enum Note {
         row_id: i64,
         reason: String,
     },
+
     Unrouted {
         row_id: i64,
         event_id: EventId,
@@ -127,6 +154,11 @@ enum Note {
     AlreadyDelivered {
         row_id: i64,
         event_id: EventId,
+    },
+    ReplayedToNobody {
+        row_id: i64,
+        event_id: EventId,
+        consumers: String,
     },
     Retry {
         row_id: i64,
@@ -162,6 +194,7 @@ impl Note {
             Note::Invalid { row_id, reason } => {
                 tracing::warn!(row_id, %reason, "dead-lettering a malformed row")
             }
+
             Note::Unrouted {
                 row_id,
                 event_id,
@@ -175,6 +208,15 @@ impl Note {
             Note::AlreadyDelivered { row_id, event_id } => {
                 tracing::debug!(row_id, %event_id, "every consumer has this event already")
             }
+            Note::ReplayedToNobody {
+                row_id,
+                event_id,
+                consumers,
+            } => tracing::warn!(
+                row_id, %event_id, %consumers,
+                "replay not delivered: no consumer of this relay by that name takes the event; \
+                 the row keeps the status it had"
+            ),
             Note::Retry {
                 row_id,
                 event_id,
@@ -240,11 +282,24 @@ impl Writer {
             capacity,
             flush_interval: settings.flush_interval,
             lease: settings.lease,
+            batch_bytes: settings.batch_bytes,
         });
         let housekeeping = Housekeeping::new(
             settings.housekeeping_interval,
             settings.stale_after,
             settings.purge.clone(),
+            settings.max_payload_bytes,
+            Repair::new(
+                settings.lease,
+                consumers
+                    .iter()
+                    .map(|c| c.retry.longest_wait())
+                    .max()
+                    .unwrap_or_default(),
+            ),
+            conn.path()
+                .filter(|p| !p.is_empty())
+                .map(|p| PathBuf::from(format!("{p}-wal"))),
             Instant::now(),
         );
         Ok(Writer {
@@ -264,6 +319,13 @@ impl Writer {
             next_due: None,
             data_version,
             earliest_lease: None,
+            earliest_renewal: None,
+            clock_watch: ClockWatch::default(),
+            bytes_in_flight: 0,
+            damaged: None,
+            last_commit: Instant::now(),
+            last_error: None,
+            given_up: Unwritten::default(),
             shutdown_at: None,
             settings,
         })
@@ -296,7 +358,26 @@ impl Writer {
             if self.shutdown_at.is_some_and(|d| Instant::now() >= d) {
                 self.abandon_in_flight();
             }
-            self.write_if_needed(jobs.as_ref());
+            if let Some(back) = self
+                .clock_watch
+                .stepped_back(self.clock.now(), Instant::now())
+            {
+                tracing::warn!(
+                    stepped_back_ms = u64::try_from(back.as_millis()).unwrap_or(u64::MAX),
+                    "the system clock stepped back; renewing leases by the monotonic clock and \
+                     looking for leases and retries left far ahead"
+                );
+                self.housekeeping.clock_stepped(Instant::now());
+                self.want_claim = true;
+            }
+            if self.damaged.is_some() {
+                // Stop claiming; let the deliveries in flight finish and
+                // record what the file still takes.
+                self.begin_shutdown(DEFAULT_DROP_GRACE, &mut jobs, &unstarted);
+                self.salvage();
+            } else {
+                self.write_if_needed(jobs.as_ref());
+            }
             if let Some(deadline) = self.shutdown_at {
                 let idle = self.in_flight.is_empty() && self.pending.is_empty();
                 if (idle && self.to_release.is_empty())
@@ -305,8 +386,24 @@ impl Writer {
                     break;
                 }
             } else if self.housekeeping.due(Instant::now()) {
-                self.housekeeping
-                    .run(&mut self.conn, self.clock.now(), &self.metrics);
+                let idle = self.in_flight.is_empty()
+                    && self.pending.is_empty()
+                    && self.last_commit.elapsed() >= IDLE_AFTER;
+                let in_flight = &self.in_flight;
+                let tick = self.housekeeping.run(
+                    &mut self.conn,
+                    self.clock.now(),
+                    &self.metrics,
+                    idle,
+                    |id| in_flight.contains_key(&id),
+                );
+                // Rows a clock step left waiting may be due now.
+                self.want_claim |= tick.made_due;
+                // A row dead-lettered there may have held back its ordering key.
+                self.want_claim |= tick.dead_lettered > 0;
+                if let Some(e) = tick.damage {
+                    self.stop_on_damage(e);
+                }
             }
 
             let wait = self.planner.wait(
@@ -359,12 +456,118 @@ impl Writer {
                 tracing::warn!("a consumer is still running after the grace period; leaving it");
             }
         }
+        self.finish()
+    }
+
+    /// The relay's end: what it could not write is said at ERROR and in the
+    /// error returned (the binary exits non-zero), since those deliveries
+    /// will be made again.
+    fn finish(mut self) -> Result<()> {
+        let unwritten = Unwritten {
+            outcomes: self.given_up.outcomes + self.pending.len(),
+            releases: self.given_up.releases + self.to_release.len(),
+        };
+        if unwritten.any() {
+            let error = self.last_error.as_ref().map(ToString::to_string);
+            tracing::error!(
+                outcomes = unwritten.outcomes,
+                leases = unwritten.releases,
+                error = error.as_deref().unwrap_or("none"),
+                "could not record the outcomes of {} finished deliveries nor release {} \
+                 claims before stopping: those events will be delivered again once their \
+                 leases expire",
+                unwritten.outcomes,
+                unwritten.releases
+            );
+        }
+        if let Some(e) = self.damaged.take() {
+            tracing::info!("relay stopped: the database file is damaged");
+            return Err(e);
+        }
+        if unwritten.any() {
+            tracing::info!("relay stopped without recording every outcome");
+            return Err(Error::Unwritten {
+                outcomes: unwritten.outcomes,
+                releases: unwritten.releases,
+                source: self.last_error.take(),
+            });
+        }
         tracing::info!("relay stopped");
         Ok(())
     }
 
+    /// SQLite said the file is damaged (SQLITE_CORRUPT, SQLITE_NOTADB):
+    /// trying again cannot help. Logs what `outboxd doctor` would say, and
+    /// makes the writer stop claiming and end with the error.
+    fn stop_on_damage(&mut self, source: rusqlite::Error) {
+        if self.damaged.is_some() {
+            return;
+        }
+        let finding = match crate::integrity::check(&self.conn, Depth::Quick) {
+            Ok(found) if !found.is_ok() => found.finding(),
+            Ok(_) => {
+                format!("SQLite reported damage ({source}), although PRAGMA quick_check passes")
+            }
+            Err(e) => format!("the database file is damaged: {e}"),
+        };
+        tracing::error!(
+            error = %source,
+            action = %crate::integrity::advice(&self.settings.path),
+            "{finding}; the relay stops claiming, records the outcomes it still can, and \
+             stops (`outboxd doctor` reports the same)"
+        );
+        self.damaged = Some(Error::Database {
+            op: "write to the database (the file is damaged)",
+            source,
+        });
+    }
+
+    /// On a damaged file: records each outcome and releases each claim in
+    /// a transaction of its own, so the rows on sound pages are recorded;
+    /// one the file refuses is given up on (trying again cannot help).
+    fn salvage(&mut self) {
+        let now = self.clock.now();
+        for o in std::mem::take(&mut self.pending) {
+            let row_id = o.row_id;
+            match self.transact(&Plan::record_only(1), &[o], &[], &[], now) {
+                Ok(step) => self.apply(step, None, 0),
+                Err(e) => {
+                    self.forget_in_flight(row_id);
+                    self.given_up.outcomes += 1;
+                    self.last_error = Some(e);
+                }
+            }
+        }
+        for release in std::mem::take(&mut self.to_release) {
+            let row_id = release.0;
+            match self.transact(&Plan::record_only(0), &[], &[release], &[], now) {
+                Ok(step) => self.apply(step, None, 0),
+                Err(e) => {
+                    self.forget_in_flight(row_id);
+                    self.given_up.releases += 1;
+                    self.last_error = Some(e);
+                }
+            }
+        }
+    }
+
+    /// Stops tracking a row the writer gave up on.
+    fn forget_in_flight(&mut self, row_id: i64) {
+        if let Some(f) = self.in_flight.remove(&row_id) {
+            self.bytes_in_flight = self.bytes_in_flight.saturating_sub(f.bytes);
+        }
+    }
+
     fn push_outcomes(&mut self, group: Vec<JobOutcome>) {
         self.planner.outcomes_waiting(Instant::now());
+        // A reported delivery holds its payload no longer.
+        for o in &group {
+            if let Some(f) = self.in_flight.get_mut(&o.row_id) {
+                self.bytes_in_flight = self
+                    .bytes_in_flight
+                    .saturating_sub(std::mem::take(&mut f.bytes));
+            }
+        }
         self.pending.extend(group);
     }
 
@@ -418,27 +621,42 @@ impl Writer {
             want_claim: self.want_claim,
             next_due: self.next_due,
             earliest_lease: self.earliest_lease,
+            earliest_renewal: self.earliest_renewal,
             accepting: self.shutdown_at.is_none() && jobs.is_some(),
             shutting_down: self.shutdown_at.is_some(),
+            bytes_in_flight: self.bytes_in_flight,
         };
         let Some(plan) = self.planner.plan(&load, now, Instant::now()) else {
             return;
         };
+        let rest = self.pending.split_off(plan.record);
+        let outcomes = std::mem::replace(&mut self.pending, rest);
+        let releases = std::mem::take(&mut self.to_release);
+        // Only the leases this transaction keeps: the rows whose outcomes
+        // or releases it writes are no longer claimed once it has (their
+        // extension would fail and read as a lease lost to another relay).
+        let ending: HashSet<i64> = outcomes
+            .iter()
+            .map(|o| o.row_id)
+            .chain(releases.iter().map(|(id, _)| *id))
+            .collect();
         let heartbeat: Vec<(i64, Arc<str>)> = if plan.heartbeat {
             self.in_flight
                 .iter()
-                .filter(|(_, f)| plan::heartbeat_due(f.lease_until, now, self.settings.lease))
+                .filter(|(id, f)| {
+                    !ending.contains(id)
+                        && (plan::heartbeat_due(f.lease_until, now, self.settings.lease)
+                            || f.renew_at <= Instant::now())
+                })
                 .map(|(id, f)| (*id, f.token.clone()))
                 .collect()
         } else {
             Vec::new()
         };
-        let rest = self.pending.split_off(plan.record);
-        let outcomes = std::mem::replace(&mut self.pending, rest);
-        let releases = std::mem::take(&mut self.to_release);
         let started = Instant::now();
         match self.transact(&plan, &outcomes, &releases, &heartbeat, now) {
             Ok(step) => {
+                self.last_commit = Instant::now();
                 Metrics::add(&self.metrics.commits, 1);
                 Metrics::add(
                     &self.metrics.commit_micros_total,
@@ -459,11 +677,16 @@ impl Writer {
                 if busy {
                     // SQLITE_BUSY is never an event failure: wait and retry.
                     Metrics::add(&self.metrics.busy_retries, 1);
+                } else if crate::integrity::is_damage(&e) {
+                    Metrics::add(&self.metrics.errors, 1);
+                    self.stop_on_damage(e);
+                    return;
                 } else {
                     Metrics::add(&self.metrics.errors, 1);
                     tracing::error!(error = %e, retry_in_ms = pause.as_millis() as u64,
                         "cannot write to the database; will retry");
                 }
+                self.last_error = Some(e);
             }
         }
     }
@@ -501,6 +724,7 @@ impl Writer {
             step.released.push(*id);
         }
         let lease_until = now.plus(settings.lease);
+        let renew_at = Instant::now() + settings.lease / 2;
         for (id, token) in heartbeat {
             if claim::extend(&tx, *id, token, lease_until)? {
                 step.extended.push((*id, lease_until));
@@ -512,7 +736,12 @@ impl Writer {
         if plan.claim > 0 {
             let token: Arc<str> = ulid::Ulid::generate().to_string().into();
             let started = Instant::now();
-            let rows = claim::claim(&tx, &token, now, lease_until, plan.claim)?;
+            let budget = claim::Budget {
+                bytes: plan.claim_bytes,
+                one_anyway: plan.claim_one_anyway,
+                max_payload: settings.max_payload_bytes,
+            };
+            let rows = claim::claim(&tx, &token, now, lease_until, plan.claim, budget)?;
             step.counts.claim_micros = started.elapsed().as_micros() as u64;
             step.counts.claimed = rows.len() as u64;
             step.claim_full = rows.len() == plan.claim;
@@ -523,7 +752,7 @@ impl Writer {
                     routes,
                     row,
                     &token,
-                    lease_until,
+                    (lease_until, renew_at),
                     now,
                     &mut step,
                 )?;
@@ -542,11 +771,20 @@ impl Writer {
             note.log();
         }
         for id in step.finished_rows.iter().chain(&step.released) {
-            self.in_flight.remove(id);
+            if let Some(f) = self.in_flight.remove(id) {
+                self.bytes_in_flight = self.bytes_in_flight.saturating_sub(f.bytes);
+            }
         }
+        let renew_at = Instant::now() + self.settings.lease / 2;
         for (id, until) in step.extended {
             if let Some(f) = self.in_flight.get_mut(&id) {
                 f.lease_until = until;
+                // A lost lease is not renewed again.
+                f.renew_at = if until == Timestamp::MAX {
+                    Instant::now() + MAX_GRACE
+                } else {
+                    renew_at
+                };
             }
         }
         if !step.finished_rows.is_empty() || !step.released.is_empty() {
@@ -562,6 +800,7 @@ impl Writer {
         for (job, flight) in step.claimed {
             let id = job.row_id;
             let token = flight.token.clone();
+            self.bytes_in_flight += flight.bytes;
             self.in_flight.insert(id, flight);
             let sent = jobs.is_some_and(|tx| tx.try_send(job).is_ok());
             if !sent {
@@ -571,6 +810,7 @@ impl Writer {
             }
         }
         self.earliest_lease = self.in_flight.values().map(|f| f.lease_until).min();
+        self.earliest_renewal = self.in_flight.values().map(|f| f.renew_at).min();
         let c = step.counts;
         let m = &self.metrics;
         Metrics::add(&m.delivered, c.delivered);
@@ -582,6 +822,19 @@ impl Writer {
         for (consumer, result) in c.per_consumer {
             m.count_result(consumer, result);
         }
+    }
+}
+
+/// Outcomes not recorded and claims not released when the writer stopped.
+#[derive(Debug, Default, Clone, Copy)]
+struct Unwritten {
+    outcomes: usize,
+    releases: usize,
+}
+
+impl Unwritten {
+    fn any(&self) -> bool {
+        self.outcomes + self.releases > 0
     }
 }
 
@@ -599,7 +852,7 @@ fn dispatch_claimed(
     routes: &mut Routes,
     row: claim::ClaimedRow,
     token: &Arc<str>,
-    lease_until: Timestamp,
+    (lease_until, renew_at): (Timestamp, Instant),
     now: Timestamp,
     step: &mut Step,
 ) -> rusqlite::Result<()> {
@@ -615,14 +868,19 @@ fn dispatch_claimed(
         }
     };
     let event_id = envelope.event_id;
-    match routes.dispatch(&envelope, &row.delivered_to, |i| consumers[i].name.as_str()) {
+    let replay = row.replay_consumers.as_deref();
+    match routes.dispatch(&envelope, &row.delivered_to, replay, |i| {
+        consumers[i].name.as_str()
+    }) {
         Dispatch::Deliver(missing) => {
             let flight = InFlight {
                 token: token.clone(),
                 lease_until,
+                renew_at,
                 event_key: row.event_key.clone(),
                 event_id,
                 attempts: row.attempts,
+                bytes: row.payload_bytes,
             };
             let job = Job {
                 row_id,
@@ -645,6 +903,11 @@ fn dispatch_claimed(
                 Finish::SkippedUnrouted => Note::Skipped {
                     row_id,
                     event_type: envelope.event_type.to_string(),
+                },
+                Finish::NoReplayedConsumer => Note::ReplayedToNobody {
+                    row_id,
+                    event_id,
+                    consumers: row.replay_consumers.unwrap_or_default().join(","),
                 },
             });
         }

@@ -46,6 +46,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "capture",
         sql: include_str!("../../migrations/0003_capture.sql"),
     },
+    Migration {
+        version: 4,
+        name: "replay_scope_and_units",
+        sql: include_str!("../../migrations/0004_replay_scope_and_units.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.
@@ -192,13 +197,20 @@ mod tests {
             let on_disk = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
             assert_eq!(on_disk, m.sql);
             let upper = m.sql.to_uppercase();
-            for banned in ["BEGIN", "COMMIT", "PRAGMA", "STRICT", "UNIXEPOCH("] {
-                let in_code = upper
-                    .lines()
-                    .filter(|l| !l.trim_start().starts_with("--"))
-                    .any(|l| l.contains(banned));
+            let code: Vec<&str> = upper
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.starts_with("--"))
+                .collect();
+            for banned in ["COMMIT", "PRAGMA", "STRICT", "UNIXEPOCH("] {
+                let in_code = code.iter().any(|l| l.contains(banned));
                 assert!(!in_code, "{file} must not use {banned}");
             }
+            // A transaction's BEGIN, not a trigger body's (a line of its own).
+            let begins = code
+                .iter()
+                .any(|l| (l.starts_with("BEGIN") && *l != "BEGIN") || l.contains(" BEGIN "));
+            assert!(!begins, "{file} must not begin a transaction");
         }
     }
 }

@@ -202,6 +202,32 @@ pub fn stored_events(conn: &Connection) -> Vec<StoredEvent> {
     out
 }
 
+/// Mounts a tmpfs of `size` (such as "2m") on `dir`, or resizes it
+/// (`remount`): a real full disk for a test. Needs root; false when the
+/// mount fails, and the test skips itself.
+pub fn mount_tmpfs(dir: &std::path::Path, size: &str, remount: bool) -> bool {
+    let opts = if remount {
+        format!("remount,size={size}")
+    } else {
+        format!("size={size}")
+    };
+    std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &opts, "tmpfs"])
+        .arg(dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Unmounts on drop, so a failing test leaves no mount behind.
+pub struct Mounted(pub PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
 /// Starting relays in tests: `db.relay()…started()`, `stop`, `Gate`.
 pub mod relay;
 

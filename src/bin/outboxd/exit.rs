@@ -15,7 +15,9 @@ pub enum Exit {
     Problems = 1,
     /// The command line is wrong (clap uses 2 for usage errors).
     Usage = 2,
-    /// The database cannot be opened, read or written.
+    /// The database cannot be opened, read or written; for `run`, also: the
+    /// file is damaged, or the relay stopped before it could record every
+    /// outcome (those deliveries will be made again).
     Database = 3,
     /// The outboxd schema is missing, older or newer than this binary.
     Schema = 4,
@@ -43,7 +45,11 @@ Exit codes:
   0  success
   1  problems found: status over a threshold, doctor found an error
   2  usage error: unknown flag, missing or malformed argument
-  3  database error: cannot open, read or write the database file
+  3  database error: cannot open, read or write the database file; for
+     `run`, also: the file is damaged (SQLITE_CORRUPT or SQLITE_NOTADB; it
+     stops claiming and says what `outboxd doctor` says), or it stopped
+     before it could record every outcome, say on a full disk (it logs how
+     many at ERROR; those events will be delivered again)
   4  schema error: no outboxd schema (run `outboxd migrate`), or a schema
      older or newer than this binary
   5  invalid input: bad JSON, invalid event type, payload too large, an id
@@ -147,7 +153,8 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
 
 /// The error as one line: each cause in the chain, joined by ": ", skipping
 /// a cause whose text its parent already shows (the library's errors embed
-/// their source's message).
+/// their source's message); when SQLite said the file is damaged, what to
+/// do next.
 pub fn one_line(err: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in err.chain() {
@@ -160,7 +167,22 @@ pub fn one_line(err: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
+    if is_damage(err) {
+        line.push_str(
+            " (the database file is damaged: `outboxd doctor` reports the damage and what to do)",
+        );
+    }
     line.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// True when SQLite said, somewhere in the chain, that the file is damaged.
+fn is_damage(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| {
+        c.downcast_ref::<outboxd::Error>()
+            .is_some_and(outboxd::Error::is_damage)
+            || c.downcast_ref::<rusqlite::Error>()
+                .is_some_and(outboxd::integrity::is_damage)
+    })
 }
 
 #[cfg(test)]

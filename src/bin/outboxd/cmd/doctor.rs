@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use outboxd::connection::ReadMode;
+use outboxd::integrity::{self, Depth};
 use outboxd::intents::{self, IntentStatus};
 use outboxd::schema::LATEST_VERSION;
 use outboxd::status::{Problem, Thresholds};
@@ -24,7 +25,9 @@ pub const EXAMPLES: &str = "\
 Checks: file integrity (PRAGMA integrity_check, or quick_check with --quick),
 the schema version against this binary, the journal mode (must be WAL), the
 WAL file's size, the synchronous setting, expired leases, stale due events,
-dead letters, open publish intents and capture triggers (missing or changed).
+leases and retries further ahead than any setting allows (the clock stepped
+back), events delayed by more than a year (a time in microseconds, say), dead
+letters, open publish intents and capture triggers (missing or changed).
 Every finding says what to do.
 
 Opens the database read-only and changes nothing, so it is safe on a file
@@ -227,60 +230,21 @@ fn captures(conn: &Connection, now: Timestamp) -> Vec<Finding> {
 
 fn integrity(conn: &Connection, quick: bool, db: &Path) -> Finding {
     const CHECK: &str = "integrity";
-    let pragma = if quick {
-        "quick_check"
-    } else {
-        "integrity_check"
+    let depth = if quick { Depth::Quick } else { Depth::Full };
+    let damaged = |finding: String| {
+        Finding::new(CHECK, Severity::Error, finding).action(integrity::advice(db))
     };
-    // At most 20 messages: enough to judge the damage, short enough to read.
-    let rows = conn
-        .prepare(&format!("PRAGMA {pragma}(20)"))
-        .and_then(|mut s| {
-            s.query_map([], |r| r.get::<_, String>(0))?
-                .collect::<rusqlite::Result<Vec<_>>>()
-        });
-    let damaged = |detail: String| {
-        Finding::new(
+    match integrity::check(conn, depth) {
+        Ok(found) if found.is_ok() => Finding::ok(
             CHECK,
-            Severity::Error,
-            format!("the database file is damaged (PRAGMA {pragma}): {detail}"),
-        )
-        .action(format!(
-            "stop the application and outboxd, keep a copy of the file, then restore the \
-             latest backup, or salvage what is readable with \
-             `sqlite3 {} .recover | sqlite3 recovered.db`",
-            db.display()
-        ))
-    };
-    match rows {
-        Ok(rows) if rows.len() == 1 && rows[0] == "ok" => {
-            Finding::ok(CHECK, format!("no damage found (PRAGMA {pragma})"))
-        }
-        Ok(rows) => damaged(summary(&rows)),
-        Err(e) => damaged(e.to_string()),
+            format!("no damage found (PRAGMA {})", depth.pragma()),
+        ),
+        Ok(found) => damaged(found.finding()),
+        Err(e) => damaged(format!(
+            "the database file is damaged (PRAGMA {}): {e}",
+            depth.pragma()
+        )),
     }
-}
-
-/// The first few of SQLite's integrity messages on one line (a message may
-/// span lines; "*** in database main ***" is only a heading).
-fn summary(rows: &[String]) -> String {
-    const SHOWN: usize = 5;
-    let lines: Vec<&str> = rows
-        .iter()
-        .flat_map(|r| r.lines())
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("***"))
-        .collect();
-    let mut text = lines
-        .iter()
-        .take(SHOWN)
-        .copied()
-        .collect::<Vec<_>>()
-        .join("; ");
-    if lines.len() > SHOWN {
-        text.push_str(&format!("; and {} more", lines.len() - SHOWN));
-    }
-    text
 }
 
 fn schema(conn: &Connection) -> Finding {
@@ -487,6 +451,27 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
         ),
         (None, None) => Finding::ok("stale-events", "no event is waiting"),
     });
+    for (check, kind, ok) in [
+        (
+            "clock",
+            "clock-step",
+            "no lease or retry ends further ahead than any setting allows",
+        ),
+        (
+            "delayed-events",
+            "implausible-delay",
+            "no event is delayed by more than a year",
+        ),
+    ] {
+        let problem = crossed
+            .iter()
+            .map(crate::config::alerts::describe)
+            .find(|p| p.threshold == kind);
+        found.push(match problem {
+            Some(p) => Finding::new(check, Severity::Warning, p.message),
+            None => Finding::ok(check, ok),
+        });
+    }
     found.push(if dead {
         Finding::new(
             "dead-letters",
@@ -638,18 +623,5 @@ mod tests {
         let uri = format!("file:{}?immutable=1", rollback.display());
         let immutable = Connection::open_with_flags(&uri, flags).unwrap();
         assert_eq!(header_journal_mode(&immutable).unwrap(), "delete");
-    }
-
-    #[test]
-    fn integrity_messages_fit_on_one_line() {
-        let rows: Vec<String> =
-            std::iter::once("*** in database main ***\nTree 3 page 3: bad".into())
-                .chain((0..9).map(|i| format!("Page {i}: never used")))
-                .collect();
-        assert_eq!(
-            summary(&rows),
-            "Tree 3 page 3: bad; Page 0: never used; Page 1: never used; \
-             Page 2: never used; Page 3: never used; and 5 more"
-        );
     }
 }

@@ -16,8 +16,9 @@ use crate::exit::{Exit, Failure};
 /// Shown under `outboxd replay --help`.
 pub const EXAMPLES: &str = "\
 Forgets that the consumer had the selected events and puts them back in the
-queue, due now; a running relay then delivers them to that consumer only
-(the other consumers still remember them). Only events the consumer had
+queue, due now; a running relay then delivers them to that consumer only,
+even where another consumer lacks the event (one added since, say), and a
+replayed dead letter goes back to the dead letters with its reason. Only events the consumer had
 delivered, and whose rows are not purged, can be replayed. Filters combine
 with AND; name at least one, or --all for everything the consumer had.
 Prints how many events were put back. Shows a progress bar on a terminal.

@@ -26,8 +26,13 @@ the config's `database`. Every config error is reported before any event is
 claimed, with exit code 6.
 
 The first SIGINT or SIGTERM stops claiming, lets deliveries in flight finish
-within the shutdown grace (default 30s), releases the rest and exits 0; a
-second one exits at once with code 130.
+within the shutdown grace (default 30s), records their outcomes, releases the
+rest and exits 0; a second one exits at once with code 130. When the database
+refuses to record outcomes until the grace runs out (a full disk), it says at
+ERROR how many it could not record and exits 3: those events will be
+delivered again. On a damaged database file (SQLITE_CORRUPT, SQLITE_NOTADB)
+it stops claiming, records what it still can, logs what `outboxd doctor`
+says, and exits 3.
 
 Examples:
   outboxd run                                   # terminal 1

@@ -39,7 +39,9 @@ pub fn thresholds(raw: &RawAlerts) -> Thresholds {
 /// A crossed threshold, as `status` prints it (and `--json` shows it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
-    /// Which threshold: "stale-after" or "max-dead" (the flags' names).
+    /// Which threshold: "stale-after" or "max-dead" (the flags' names),
+    /// "clock-step" (a lease or retry further ahead than the settings
+    /// allow) or "implausible-delay" (events delayed by more than a year).
     pub threshold: &'static str,
     /// What was found and what to do.
     pub message: String,
@@ -66,6 +68,48 @@ pub fn describe(p: &status::Problem) -> Problem {
                 "{} (more than {max_dead}); see them with `outboxd dead list`, then \
                  `outboxd dead requeue` or `outboxd dead discard`",
                 count(*dead, "dead letter", "dead letters")
+            ),
+        },
+        status::Problem::ClockStep {
+            lease,
+            retry,
+            max_lease,
+            max_retry_wait,
+        } => {
+            let mut found = Vec::new();
+            if let Some(a) = lease {
+                found.push(format!(
+                    "a lease ends {} from now (leases are {} at most)",
+                    human(*a),
+                    human(*max_lease)
+                ));
+            }
+            if let Some(a) = retry {
+                found.push(format!(
+                    "a retry is due {} from now (retries wait {} at most)",
+                    human(*a),
+                    human(*max_retry_wait)
+                ));
+            }
+            Problem {
+                threshold: "clock-step",
+                message: format!(
+                    "{}: the system clock stepped back since they were set; a running relay \
+                     renews its leases within half a lease and makes such retries due, but the \
+                     events of a stopped relay wait until the clock catches up; check the \
+                     clock (timedatectl) and that `outboxd run` is running",
+                    found.join(", and ")
+                ),
+            }
+        }
+        status::Problem::ImplausibleDelay { count: n } => Problem {
+            threshold: "implausible-delay",
+            message: format!(
+                "{} delayed by more than a year: was available_at written in microseconds \
+                 or nanoseconds? outboxd times are milliseconds since the Unix epoch. They \
+                 are not delivered before then, and hold back every later event of their \
+                 ordering key; set their available_at in milliseconds with an UPDATE",
+                count(*n, "event is", "events are")
             ),
         },
         other => Problem {

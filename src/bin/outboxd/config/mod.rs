@@ -509,7 +509,15 @@ fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigEr
         retry::apply(t, RetryPolicy::default())
     });
     let purge = purge::policy(&raw.purge);
-    let alerts = alerts::thresholds(&raw.alerts);
+    // A lease or retry further ahead than these settings put them is a
+    // clock step (status --config judges by them).
+    let longest_retry_wait = raw
+        .consumer
+        .iter()
+        .map(|rc| rc.retry_policy(&retry).longest_wait())
+        .max()
+        .unwrap_or_else(|| retry.longest_wait());
+    let alerts = alerts::thresholds(&raw.alerts).relay_settings(relay.lease, longest_retry_wait);
     let log = log::check(c, &raw.log)?;
     let metrics = metrics::check(c, &raw.metrics)?;
     let http = http::check(c, &raw.http)?;
@@ -558,6 +566,12 @@ impl RelayWide<'_> {
         if let Some(n) = self.relay.batch_size {
             b = b.batch_size(n);
         }
+        if let Some(n) = self.relay.batch_bytes {
+            b = b.batch_bytes(n);
+        }
+        if let Some(n) = self.relay.max_payload_bytes {
+            b = b.max_payload_bytes(n);
+        }
         if let Some(d) = self.relay.poll_interval {
             b = b.poll_interval(d);
         }
@@ -594,9 +608,12 @@ fn setting_error(c: &Checker<'_>, e: &SettingError) -> ConfigError {
     let consumer = e.consumer_position().map(|p| format!("consumer[{p}]"));
     let name = e.setting().as_str();
     let field = match e.setting() {
-        Setting::Workers | Setting::BatchSize | Setting::Lease | Setting::PollInterval => {
-            format!("relay.{name}")
-        }
+        Setting::Workers
+        | Setting::BatchSize
+        | Setting::BatchBytes
+        | Setting::MaxPayloadBytes
+        | Setting::Lease
+        | Setting::PollInterval => format!("relay.{name}"),
         Setting::StaleAfter => format!("alerts.{name}"),
         Setting::Consumers => {
             return c.err(

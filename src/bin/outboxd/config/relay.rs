@@ -24,6 +24,10 @@ pub struct RelaySettings {
     pub workers: Option<usize>,
     /// Rows claimed per transaction.
     pub batch_size: Option<usize>,
+    /// The most payload bytes held by deliveries in flight.
+    pub batch_bytes: Option<u64>,
+    /// The largest payload loaded; larger ones are dead-lettered unread.
+    pub max_payload_bytes: Option<u64>,
     /// The lease of a claim.
     pub lease: Duration,
     /// How often an idle relay looks for other processes' commits.
@@ -39,6 +43,8 @@ impl Default for RelaySettings {
         RelaySettings {
             workers: None,
             batch_size: None,
+            batch_bytes: None,
+            max_payload_bytes: None,
             lease: outboxd::relay::DEFAULT_LEASE,
             poll_interval: None,
             unrouted: UnroutedPolicy::default(),
@@ -53,6 +59,8 @@ impl Default for RelaySettings {
 pub struct RawRelay {
     workers: Option<Whole<1, { outboxd::relay::MAX_WORKERS as u64 }>>,
     batch_size: Option<Whole<1, { outboxd::relay::MAX_BATCH_SIZE as u64 }>>,
+    batch_bytes: Option<u64>,
+    max_payload_bytes: Option<u64>,
     lease: Option<Dur>,
     poll_interval: Option<Dur>,
     unrouted: Option<Unrouted>,
@@ -82,6 +90,8 @@ pub fn check(c: &Checker<'_>, r: &RawRelay) -> Result<RelaySettings, ConfigError
     Ok(RelaySettings {
         workers: r.workers.map(Whole::get),
         batch_size: r.batch_size.map(Whole::get),
+        batch_bytes: r.batch_bytes,
+        max_payload_bytes: r.max_payload_bytes,
         lease: r.lease.map_or(outboxd::relay::DEFAULT_LEASE, |d| d.0),
         poll_interval: r.poll_interval.map(|d| d.0),
         unrouted: match r.unrouted {
