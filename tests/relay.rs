@@ -435,8 +435,8 @@ fn picks_up_a_commit_from_another_process_within_milliseconds() {
         .status()
         .unwrap();
     assert!(status.success());
-    // The other process has committed and exited: from here only
-    // data_version can tell the relay, which polls it every 5 ms.
+    // The other process has committed and exited: from here only the
+    // watch on the -wal file (or the 1 s poll floor) can tell the relay.
     let committed = std::time::Instant::now();
     assert_eq!(
         rx.recv_timeout(Duration::from_secs(5)).unwrap(),
