@@ -409,14 +409,19 @@ fn a_relay_on_corrupt_pages_stops_records_what_it_can_and_exits_3() {
     );
 }
 
-/// libfaketime, as Debian installs it (`faketime`; .ci/run installs it).
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+/// libfaketime, where Debian's `faketime` installs it for this machine's
+/// architecture (.ci/run installs it).
+fn libfaketime() -> std::path::PathBuf {
+    Path::new("/usr/lib")
+        .join(format!("{}-linux-gnu", std::env::consts::ARCH))
+        .join("faketime/libfaketimeMT.so.1")
+}
 
 /// Runs `cmd` with its wall clock offset by what the file `offset` says
 /// (`+0`, `-1h`…), read again at every look: the monotonic clock is left
 /// alone, as a real step of the system clock leaves it.
 fn faked(mut cmd: Command, offset: &Path) -> Command {
-    cmd.env("LD_PRELOAD", LIBFAKETIME)
+    cmd.env("LD_PRELOAD", libfaketime())
         .env("FAKETIME_TIMESTAMP_FILE", offset)
         .env("FAKETIME_NO_CACHE", "1")
         .env("DONT_FAKE_MONOTONIC", "1");
@@ -434,7 +439,7 @@ fn faked(mut cmd: Command, offset: &Path) -> Command {
 #[test]
 fn a_step_of_the_clock_back_leaves_no_lease_or_retry_waiting_and_is_reported() {
     if !present(
-        Path::new(LIBFAKETIME).exists(),
+        libfaketime().exists(),
         "libfaketime (apt-get install faketime)",
     ) {
         return;
