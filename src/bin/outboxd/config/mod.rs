@@ -446,10 +446,10 @@ fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
 }
 
 fn validate_in(raw: RawConfig, c: &Checker<'_>) -> Result<Config, ConfigError> {
-    let (c, file) = (c, c.file);
-    let s = check_settings(&c, &raw)?;
-    let captures = capture::check(&c, raw.capture)?;
-    let consumers = consumer::build(&c, raw.consumer, s.relay.lease, &s.retry)?;
+    let file = c.file;
+    let s = check_settings(c, &raw)?;
+    let captures = capture::check(c, raw.capture)?;
+    let consumers = consumer::build(c, raw.consumer, s.relay.lease, &s.retry)?;
     Ok(Config {
         file: Some(file.to_path_buf()),
         database: s.database,
