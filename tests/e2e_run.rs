@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -22,7 +22,7 @@ use outboxd::{Event, EventId};
 use serde_json::Value;
 
 use common::bin::{code, Outboxd, Running, Sandbox, WAIT};
-use common::wait_until;
+use common::{available, wait_until};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const OLD_SECRET: &str = "whsec_dGhpcyBpcyB0aGUgb2xkIHNlY3JldCBrZXkgISE=";
@@ -673,23 +673,6 @@ timeout = "90s"
 // ---------------------------------------------------------------------------
 // Foreign producers.
 
-/// Whether an interpreter can run here; outside CI a missing one skips.
-fn available(program: &str, probe: &[&str]) -> bool {
-    let found = Command::new(program)
-        .args(probe)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{program} is not usable, and CI=true requires this test to run");
-        }
-        eprintln!("SKIPPED: {program} is not installed (python3, php-cli, php-sqlite3); set CI=true to make this a failure");
-    }
-    found
-}
-
 #[test]
 fn python_and_php_producers_write_while_run_delivers() {
     let sb = Sandbox::migrated();
@@ -1057,18 +1040,13 @@ fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
 #[test]
 fn the_metrics_endpoint_serves_prometheus_text() {
     let sb = Sandbox::migrated();
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
     let config = sb.write(
         "outboxd.toml",
-        &format!("[metrics]\nlisten = \"{addr}\"\n{BASE_CONSUMER}"),
+        &format!("[metrics]\nlisten = \"127.0.0.1:0\"\n{BASE_CONSUMER}"),
     );
     let mut run = sb.spawn(&["run", "--config", config.to_str().unwrap()]);
     run.wait_started();
+    let addr = run.logged_address("address=Some(");
     sb.enqueue(&[
         event("order.placed.v1", Value::Null),
         event("order.placed.v1", Value::Null),

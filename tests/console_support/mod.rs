@@ -7,8 +7,8 @@
 //! browser-automation crate (and no async runtime), only this client.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -16,12 +16,6 @@ use crate::common::bin::{Outboxd, Running};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-
-/// A free loopback address (`127.0.0.1:PORT`).
-pub fn free_addr() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
 
 pub use crate::common::wait_until;
 
@@ -34,19 +28,6 @@ pub fn spawn(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Running {
     let mut cmd = Outboxd::on(db).command(args);
     cmd.envs(env.iter().copied());
     Running::spawn(&mut cmd)
-}
-
-/// Waits until `addr` takes connections; panics with the log if the
-/// process exits first.
-pub fn wait_http(p: &mut Running, addr: &str) {
-    wait_until(
-        &format!("outboxd to serve {addr}"),
-        Duration::from_secs(60),
-        || {
-            p.assert_alive();
-            TcpStream::connect(addr).is_ok()
-        },
-    );
 }
 
 // ---------------------------------------------------------------------------
@@ -193,23 +174,34 @@ pub fn form(pairs: &[(&str, &str)]) -> String {
 // The browser.
 
 /// Whether Chromium and chromedriver are installed; outside CI a missing
-/// one skips the test (CI installs them: .ci/run).
+/// one skips the test, in CI it fails it (common::available).
 pub fn browser_available() -> bool {
-    let found = ["chromium", "chromedriver"].iter().all(|p| {
-        Command::new(p)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    if !found {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("chromium or chromedriver is missing, and CI=true requires the browser tests (.ci/run installs them)");
+    ["chromium", "chromedriver"]
+        .iter()
+        .all(|p| crate::common::available(p, &["--version"]))
+}
+
+/// The address chromedriver listens on, from its "started successfully on
+/// port N." line (waited for at most 30 s). Its stdout is read to the end
+/// on a thread, so it never blocks on a full pipe.
+fn driver_address(driver: &mut Child) -> String {
+    let stdout = driver.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split_once("started successfully on port ") {
+                let port: String = rest.1.chars().take_while(char::is_ascii_digit).collect();
+                let _ = tx.send(port);
+            }
         }
-        eprintln!("SKIPPED: chromium and chromium-driver are not installed (apt-get install chromium chromium-driver); set CI=true to make this a failure");
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(port) => format!("127.0.0.1:{port}"),
+        Err(_) => {
+            let _ = driver.kill();
+            panic!("chromedriver did not say its port within 30 s");
+        }
     }
-    found
 }
 
 /// Headless Chromium in a WebDriver session, ended when dropped.
@@ -227,24 +219,20 @@ impl Browser {
     /// Starts chromedriver and a headless Chromium session (the flags a
     /// closed network needs: no background connections, a fresh profile).
     pub fn start() -> Browser {
-        let addr = free_addr();
-        let port = addr.rsplit(':').next().unwrap().to_string();
-        let driver = Command::new("chromedriver")
-            .arg(format!("--port={port}"))
+        let profile = tempfile::tempdir().unwrap();
+        // Port 0: chromedriver binds a free port itself and says which on
+        // stdout, so no other process can take it in between.
+        let mut driver = Command::new("chromedriver")
+            .arg("--port=0")
             .arg(format!(
                 "--log-path={}",
-                std::env::temp_dir()
-                    .join(format!("chromedriver-{port}.log"))
-                    .display()
+                profile.path().join("chromedriver.log").display()
             ))
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("chromedriver");
-        let profile = tempfile::tempdir().unwrap();
-        wait_until("chromedriver to answer", Duration::from_secs(30), || {
-            TcpStream::connect(&addr).is_ok()
-        });
+        let addr = driver_address(&mut driver);
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
