@@ -11,7 +11,7 @@ mod console_support;
 use std::time::Duration;
 
 use common::bin::{code, Outboxd, Running};
-use console_support::{csrf, form, get, http, post_form, spawn, wait_until};
+use console_support::{csrf, form, get, post_form, request, spawn, wait_until};
 use rusqlite::params;
 
 const T0: i64 = 1_764_487_080_000;
@@ -81,12 +81,12 @@ fn a_post_without_the_csrf_token_or_from_another_origin_changes_nothing() {
     for (case, headers, body) in &attempts {
         let mut h = headers.clone();
         h.push(("Content-Type", "application/x-www-form-urlencoded"));
-        let r = http(&addr, "POST", "/dead/apply", &h, body);
+        let r = request(&addr, "POST", "/dead/apply", &h, body);
         assert_eq!(r.status, 403, "{case}: {}", r.body);
         assert_eq!(dead(), 3, "{case} changed nothing");
     }
     // The control: the same POST from the console's own page is taken.
-    let r = http(
+    let r = request(
         &addr,
         "POST",
         "/dead/apply",
@@ -113,7 +113,7 @@ fn the_confirmation_names_how_many_rows_each_action_changes() {
     let post = |path: &str, pairs: &[(&str, &str)]| {
         let mut pairs = pairs.to_vec();
         pairs.push(("csrf", &token));
-        http(
+        request(
             &addr,
             "POST",
             path,
@@ -162,7 +162,7 @@ fn read_only_hides_every_action_and_refuses_posts() {
     assert!(!page.body.contains("method=\"post\""), "{}", page.body);
     let event = get(&addr, "/events/1");
     assert!(!event.body.contains("Requeue"), "{}", event.body);
-    let r = http(
+    let r = request(
         &addr,
         "POST",
         "/dead/apply",
@@ -227,10 +227,10 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     assert!(get(&addr, "/metrics").header("WWW-Authenticate").is_some());
     for scheme in ["Bearer", "bearer", "BEARER"] {
         let bearer = format!("{scheme} {token}");
-        let r = http(&addr, "GET", "/metrics", &[("Authorization", &bearer)], "");
+        let r = request(&addr, "GET", "/metrics", &[("Authorization", &bearer)], "");
         assert_eq!(r.status, 200, "{scheme}: {}", r.body);
     }
-    let r = http(
+    let r = request(
         &addr,
         "GET",
         "/",
@@ -243,7 +243,7 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     let login = get(&addr, "/login");
     let own = format!("http://{addr}");
     let post_login = |given: &str| {
-        http(
+        request(
             &addr,
             "POST",
             "/login",
@@ -264,7 +264,7 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     );
     assert!(!cookie.contains(token), "the cookie never holds the token");
     let session = cookie.split(';').next().unwrap();
-    let r = http(&addr, "GET", "/dead", &[("Cookie", session)], "");
+    let r = request(&addr, "GET", "/dead", &[("Cookie", session)], "");
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.body.contains("article.created.v1"));
 }
@@ -287,7 +287,7 @@ fn run_takes_the_console_token_variable_from_the_command_line() {
     let addr = p.console_address().replace("0.0.0.0", "127.0.0.1");
     assert_eq!(get(&addr, "/healthz").status, 401);
     let bearer = format!("Bearer {token}");
-    let r = http(&addr, "GET", "/healthz", &[("Authorization", &bearer)], "");
+    let r = request(&addr, "GET", "/healthz", &[("Authorization", &bearer)], "");
     assert_eq!(r.status, 200, "{}", r.body);
     // An unset variable is refused, naming it.
     let mut p = spawn(
@@ -424,12 +424,15 @@ fn sigterm_lets_a_long_console_action_finish_and_answer() {
 fn a_foreign_host_name_is_refused_on_loopback() {
     let db = common::TestDb::new();
     let (_p, addr) = console(&db, &[], &[]);
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    use std::io::{Read, Write};
-    write!(s, "GET / HTTP/1.0\r\nHost: rebound.evil.example:80\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(out.starts_with("HTTP/1.0 403"), "{out}");
+    let r = request(
+        &addr,
+        "GET",
+        "/",
+        &[("Host", "rebound.evil.example:80")],
+        "",
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    let out = r.body;
     assert!(out.contains("DNS rebinding"), "{out}");
     assert!(
         out.contains(&format!("open the console at http://{addr}/")),

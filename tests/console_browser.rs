@@ -15,11 +15,10 @@
 mod common;
 mod console_support;
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use common::http::{Answer, Receiver};
 use console_support::{browser_available, get, screenshot_dir, spawn, wait_until, Browser};
 use outboxd::{Event, Timestamp};
 use rusqlite::params;
@@ -298,23 +297,12 @@ fn a_dead_letter_requeued_from_its_page_is_delivered_by_the_running_relay() {
 }
 
 /// Serves `body` as HTML (no CSP, no escaping) to every request, on a
-/// thread, until the process ends.
+/// thread, until the process ends; its address.
 fn control_server(body: String) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut s = stream;
-            let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf);
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
+    let server = Receiver::start(move |_, _| {
+        Answer::new("200 OK", &body).header("Content-Type", "text/html")
     });
-    addr
+    server.addr.to_string()
 }
 
 const SCRIPT_TENANT: &str = "<script>window.__xss=1</script>";

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod bin;
+pub mod http;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
