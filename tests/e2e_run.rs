@@ -609,11 +609,11 @@ timeout = "90s"
     wait_until("the shutdown to begin", WAIT, || {
         run.stderr().contains("signal received")
     });
-    let t = Instant::now();
     run.signal("-INT");
+    // A bounded wait far below the 50 s grace and the 60 s program: an
+    // exit within it is the second signal's doing.
     let status = run.wait(Duration::from_secs(10));
     assert_eq!(status.code(), Some(130), "{}", run.stderr());
-    assert!(t.elapsed() < Duration::from_secs(10));
 }
 
 // ---------------------------------------------------------------------------

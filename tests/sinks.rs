@@ -801,10 +801,10 @@ fn webhook_timeouts_and_network_errors_are_retries() {
         .timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    let started = Instant::now();
+    // The receiver never answers (it drops the connection after a minute):
+    // "timed out" is the sink's own 500 ms limit.
     let reason = retry_reason(slow.deliver(&delivery("1")));
     assert!(reason.contains("timed out"), "{reason}");
-    assert!(started.elapsed() < Duration::from_secs(10));
 
     // A port nobody listens on.
     let closed = {
