@@ -5,7 +5,8 @@
 //!
 //! Each test skips itself, with a message, when the tool or the privilege
 //! it needs is missing (`prlimit`; root to mount a tmpfs; `faketime`);
-//! in CI (CI=true) a missing tool fails it instead. Synchronisation is by
+//! under `.ci/run` (OUTBOXD_CI=1) a missing tool fails it instead
+//! (`common::missing`). Synchronisation is by
 //! bounded polling of the database; `OUTBOXD_FULL=1` selects the long forms.
 
 mod common;
@@ -20,31 +21,6 @@ use outboxd::EventId;
 
 fn full() -> bool {
     std::env::var_os("OUTBOXD_FULL").is_some()
-}
-
-/// True when `program --version` runs here; see [`present`].
-fn have(program: &str) -> bool {
-    present(
-        Command::new(program)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success()),
-        program,
-    )
-}
-
-/// `found`, after saying so when it is false: outside CI the test skips
-/// itself with a message; in CI (CI=true, where `.ci/run` installs the
-/// tool) a missing tool fails it, so the scenario can never pass unrun.
-fn present(found: bool, what: &str) -> bool {
-    if !found {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{what} is missing, and CI=true requires this test to run (.ci/run installs it)"
-        );
-        println!("skipped: {what} is not installed; set CI=true to make this a failure");
-    }
-    found
 }
 
 /// A config with one JSON-lines consumer writing to `out.jsonl`, two
@@ -121,7 +97,7 @@ fn large_rows(db: &Path, n: usize, bytes: u64) -> Vec<String> {
 /// at a time within `batch_bytes`.
 #[test]
 fn large_payloads_among_small_ones_never_abort_a_relay_under_a_memory_limit() {
-    if !have("prlimit") {
+    if !common::available("prlimit", &["--version"]) {
         return;
     }
     // The address-space limits: the first is too small for a relay that
@@ -438,10 +414,8 @@ fn faked(mut cmd: Command, offset: &Path) -> Command {
 /// after a lease of its monotonic time.
 #[test]
 fn a_step_of_the_clock_back_leaves_no_lease_or_retry_waiting_and_is_reported() {
-    if !present(
-        libfaketime().exists(),
-        "libfaketime (apt-get install faketime)",
-    ) {
+    if !libfaketime().exists() {
+        common::missing("libfaketime is not installed (apt-get install faketime)");
         return;
     }
     let sb = Sandbox::migrated();
