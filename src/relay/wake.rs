@@ -7,8 +7,12 @@
 //! when it has a reason to:
 //!
 //! - **A file-system notification** on the database's `-wal` file (inotify
-//!   on Linux, through the `notify` crate): every commit in WAL mode writes
-//!   that file. The notification comes when the commit *starts* writing, and
+//!   on Linux, through rustix; other systems have only the floor): every
+//!   commit in WAL mode writes that file. One small thread reads the
+//!   notifications into a stack buffer and never allocates, so it adds no
+//!   malloc arena (glibc reserves 64 MB of address space for each thread
+//!   that allocates, which a relay under an address-space limit cannot
+//!   spare). The notification comes when the commit *starts* writing, and
 //!   the commit becomes visible only after its last frame (and, at
 //!   `synchronous=FULL`, its fsync), so after a notification the writer
 //!   reads `data_version` in a short burst: every [`BURST_STEP`] for
@@ -27,8 +31,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, TrySendError};
-use notify::{EventKind, RecursiveMode, Watcher};
+use crossbeam_channel::Receiver;
 
 use crate::clock::Timestamp;
 
@@ -42,7 +45,7 @@ pub(crate) const BURST_STEADY: Duration = Duration::from_millis(2);
 /// schedule of `data_version` reads.
 pub(super) struct Wake {
     /// Keeps the watch (and its thread) alive; None without notification.
-    _watcher: Option<notify::RecommendedWatcher>,
+    watch: Option<Watch>,
     signals: Receiver<()>,
     schedule: Schedule,
 }
@@ -52,7 +55,7 @@ impl Wake {
     /// otherwise only the floor wakes the writer. Never fails: a relay
     /// without notification still works, only slower to see foreign commits.
     pub(super) fn start(wal: Option<&Path>, floor: Duration, at: Instant) -> Wake {
-        let (watcher, signals) = match wal.map(watch) {
+        let (watch, signals) = match wal.map(Watch::start) {
             Some(Ok((w, rx))) => (Some(w), rx),
             Some(Err(e)) => {
                 tracing::info!(
@@ -66,7 +69,7 @@ impl Wake {
             None => (None, crossbeam_channel::never()),
         };
         Wake {
-            _watcher: watcher,
+            watch,
             signals,
             schedule: Schedule::new(floor, at),
         }
@@ -75,12 +78,25 @@ impl Wake {
     /// Whether a watch is in place.
     #[cfg(test)]
     fn watching(&self) -> bool {
-        self._watcher.is_some()
+        self.watch.is_some()
     }
 
     /// Ready when the `-wal` file changed (for the writer's `select!`).
     pub(super) fn signals(&self) -> &Receiver<()> {
         &self.signals
+    }
+
+    /// What the writer's `select!` took from [`signals`](Self::signals):
+    /// true for a signal. A disconnected channel (the watch ended: the file
+    /// was removed) leaves the floor alone, rather than a channel that is
+    /// always ready.
+    pub(super) fn took(&mut self, r: Result<(), crossbeam_channel::RecvError>) -> bool {
+        if r.is_err() {
+            tracing::info!("the watch on the WAL file ended; looking for commits on a timer");
+            self.watch = None;
+            self.signals = crossbeam_channel::never();
+        }
+        r.is_ok()
     }
 
     /// How long the writer may sleep before it must read `data_version`.
@@ -101,25 +117,104 @@ impl Wake {
     }
 }
 
-/// A watch on one file whose changes (writes, truncation, removal; not
-/// reads or opens) put a signal in a one-slot channel.
-fn watch(file: &Path) -> notify::Result<(notify::RecommendedWatcher, Receiver<()>)> {
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let wanted = match event {
-            Ok(e) => !matches!(e.kind, EventKind::Access(_)),
-            // A queue overflow or a lost watch: read, to be safe.
-            Err(_) => true,
-        };
-        if wanted {
-            // Full: a signal is already waiting, which is as good.
-            if let Err(TrySendError::Disconnected(_)) = tx.try_send(()) {
-                // The writer has ended; its watch goes with it.
+/// An inotify watch on one file whose changes (writes, truncation,
+/// removal; not reads or opens) put a signal in a one-slot channel, read
+/// by a thread of its own. Dropping it removes the watch, which wakes the
+/// thread (`IN_IGNORED`) to end.
+#[cfg(target_os = "linux")]
+struct Watch {
+    fd: std::sync::Arc<rustix::fd::OwnedFd>,
+    wd: i32,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[cfg(target_os = "linux")]
+impl Watch {
+    fn start(file: &Path) -> std::io::Result<(Watch, Receiver<()>)> {
+        use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
+        let fd = std::sync::Arc::new(inotify::init(CreateFlags::CLOEXEC)?);
+        let wd = inotify::add_watch(
+            &*fd,
+            file,
+            WatchFlags::MODIFY
+                | WatchFlags::ATTRIB
+                | WatchFlags::CLOSE_WRITE
+                | WatchFlags::DELETE_SELF
+                | WatchFlags::MOVE_SELF,
+        )?;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let reader = fd.clone();
+        let thread = std::thread::Builder::new()
+            .name("outboxd-wal-watch".into())
+            .stack_size(WATCH_STACK)
+            .spawn(move || read_events(&reader, &tx));
+        match thread {
+            Ok(t) => Ok((
+                Watch {
+                    fd,
+                    wd,
+                    thread: Some(t),
+                },
+                rx,
+            )),
+            Err(e) => {
+                let _ = inotify::remove_watch(&*fd, wd);
+                Err(e)
             }
         }
-    })?;
-    watcher.watch(file, RecursiveMode::NonRecursive)?;
-    Ok((watcher, rx))
+    }
+}
+
+/// The watch thread's stack: it holds one event buffer and calls nothing deep.
+#[cfg(target_os = "linux")]
+const WATCH_STACK: usize = 64 * 1024;
+
+/// The watch thread: a signal per batch of events, until the watch is
+/// removed or the writer has gone. Allocates nothing.
+#[cfg(target_os = "linux")]
+fn read_events(fd: &rustix::fd::OwnedFd, tx: &crossbeam_channel::Sender<()>) {
+    use rustix::fs::inotify::{ReadFlags, Reader};
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    let mut events = Reader::new(fd, &mut buf);
+    loop {
+        match events.next() {
+            Ok(e) if e.events().contains(ReadFlags::IGNORED) => return,
+            Ok(_) => {
+                // Full: a signal is already waiting, which is as good.
+                if let Err(crossbeam_channel::TrySendError::Disconnected(())) = tx.try_send(()) {
+                    return;
+                }
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // Removing the watch queues IN_IGNORED, which ends the thread; if
+        // it has ended already (the file was removed), this fails harmlessly.
+        let _ = rustix::fs::inotify::remove_watch(&*self.fd, self.wd);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// No notification on this platform: only the floor.
+#[cfg(not(target_os = "linux"))]
+struct Watch;
+
+#[cfg(not(target_os = "linux"))]
+impl Watch {
+    fn start(_: &Path) -> std::io::Result<(Watch, Receiver<()>)> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "file-system notification is implemented for Linux only",
+        ))
+    }
 }
 
 /// When to read `data_version`: on a signal at once, then in a burst (see
@@ -417,5 +512,50 @@ mod tests {
         w.signals()
             .recv_timeout(Duration::from_secs(20))
             .expect("a signal for the write");
+    }
+
+    #[test]
+    fn a_removed_file_ends_the_watch_and_leaves_the_floor() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("app.db-wal");
+        std::fs::write(&file, b"").unwrap();
+        let mut w = Wake::start(Some(&file), FLOOR, Instant::now());
+        assert!(w.watching());
+        std::fs::remove_file(&file).unwrap();
+        // The removal signals, then the watch ends and the channel closes.
+        let end = loop {
+            match w.signals().recv_timeout(Duration::from_secs(20)) {
+                Ok(()) => continue,
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    break Err(crossbeam_channel::RecvError)
+                }
+                Err(e) => panic!("the watch did not end: {e:?}"),
+            }
+        };
+        assert!(!w.took(end), "a closed channel is no signal");
+        assert!(!w.watching());
+        assert!(
+            matches!(
+                w.signals().try_recv(),
+                Err(crossbeam_channel::TryRecvError::Empty)
+            ),
+            "never ready again (a closed channel would make the writer spin)"
+        );
+    }
+
+    #[test]
+    fn dropping_a_wake_ends_its_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("app.db-wal");
+        std::fs::write(&file, b"").unwrap();
+        let w = Wake::start(Some(&file), FLOOR, Instant::now());
+        assert!(w.watching());
+        let (done_tx, done) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            drop(w); // removes the watch and joins the thread
+            done_tx.send(()).unwrap();
+        });
+        done.recv_timeout(Duration::from_secs(20))
+            .expect("drop returns: the watch thread ended");
     }
 }

@@ -437,7 +437,7 @@ impl Writer {
                     Ok(Control::Shutdown(grace)) => self.begin_shutdown(grace, &mut jobs, &unstarted),
                     Err(_) => self.begin_shutdown(DEFAULT_DROP_GRACE, &mut jobs, &unstarted),
                 },
-                recv(wake.signals()) -> _ => signalled = true,
+                recv(wake.signals()) -> r => signalled = wake.took(r),
                 default(wait) => {}
             }
             // Commits by other connections (other processes, or the host's
