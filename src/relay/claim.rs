@@ -8,18 +8,19 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection};
 
 use crate::clock::Timestamp;
-use crate::envelope::{check_time, Envelope, EnvelopeError, RawRow};
+use crate::envelope::{row_columns, OwnedRow, RawRow};
 
-/// One claimed row, validated.
+/// One claimed row, not checked yet: [`check_row`](crate::envelope::check_row)
+/// runs on the worker that delivers it (or on the writer, for a row it
+/// finishes without a delivery).
 #[derive(Debug)]
 pub(crate) struct ClaimedRow {
     pub row_id: i64,
     /// The dedup ledger key ([`dedup`](crate::dedup)), as the claim computed it.
     pub event_key: String,
     pub legacy: bool,
-    /// The envelope, or why the row cannot be delivered.
-    pub envelope: Result<Envelope, EnvelopeError>,
-    pub tenant_id: Option<String>,
+    /// The columns the envelope is made of.
+    pub raw: OwnedRow,
     pub ordering_key: Option<String>,
     /// Failed attempts so far.
     pub attempts: u32,
@@ -121,9 +122,9 @@ const CLAIM: &str = concat!(
                        LIMIT ?4)
                   WINDOW w AS (ORDER BY available_at, id ROWS UNBOUNDED PRECEDING))
                  WHERE running <= ?6 OR (?7 AND n = 1))
-        RETURNING id, ",
-    envelope_columns!(),
-    ", tenant_id, ordering_key, attempts, ",
+        RETURNING ",
+    row_columns!(),
+    ", ordering_key, attempts, ",
     crate::dedup::event_key_sql!(),
     ", ",
     crate::dedup::delivered_to_sql!(),
@@ -131,69 +132,18 @@ const CLAIM: &str = concat!(
 );
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
-    let row_id: i64 = r.get(0)?;
+    let raw = RawRow::read(r, 0)?;
     Ok(ClaimedRow {
-        row_id,
+        row_id: raw.row_id,
         event_key: lenient_text(r.get_ref(12)?).unwrap_or_default(),
-        legacy: matches!(r.get_ref(1)?, ValueRef::Null),
-        envelope: read_envelope(r, 1, row_id)?,
-        tenant_id: lenient_text(r.get_ref(9)?),
+        legacy: matches!(raw.event_id, ValueRef::Null),
+        raw: OwnedRow::new(&raw),
         ordering_key: lenient_text(r.get_ref(10)?),
         attempts: u32::try_from(lenient_count(r.get_ref(11)?)).unwrap_or(u32::MAX),
         delivered_to: crate::dedup::read_delivered_to(r.get_ref(13)?),
         replay_consumers: crate::dedup::read_names(r.get_ref(14)?),
         payload_bytes: lenient_count(r.get_ref(15)?),
     })
-}
-
-/// The envelope columns of `event_outbox`, in the order [`read_envelope`]
-/// reads them.
-macro_rules! envelope_columns {
-    () => {
-        "event_id, event_type, event_version, causation_id, correlation_id, payload, \
-         occurred_at, created_at"
-    };
-}
-pub(crate) use envelope_columns;
-
-/// Validates the envelope columns ([`envelope_columns!`]) of a row, starting at column `first`,
-/// as the relay does when it claims the row: the envelope, or why the row
-/// cannot be delivered. (The repair of a dead letter checks with it too.)
-pub(crate) fn read_envelope(
-    r: &rusqlite::Row<'_>,
-    first: usize,
-    row_id: i64,
-) -> rusqlite::Result<Result<Envelope, EnvelopeError>> {
-    let occurred_at = timestamp(r.get_ref(first + 6)?, "occurred_at");
-    let created_at = timestamp(r.get_ref(first + 7)?, "created_at");
-    Ok(match (occurred_at, created_at) {
-        (Ok(occurred_at), Ok(created_at)) => Envelope::from_row(RawRow {
-            row_id,
-            event_id: r.get_ref(first)?,
-            event_type: r.get_ref(first + 1)?,
-            event_version: r.get_ref(first + 2)?,
-            causation_id: r.get_ref(first + 3)?,
-            correlation_id: r.get_ref(first + 4)?,
-            payload: r.get_ref(first + 5)?,
-            occurred_at,
-            created_at,
-        }),
-        (Err(e), _) | (_, Err(e)) => Err(e),
-    })
-}
-
-/// A timestamp column. The schema's CHECK keeps these INTEGER milliseconds;
-/// anything else is reported rather than trusted.
-fn timestamp(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, EnvelopeError> {
-    // Only the times an envelope can carry (see check_time).
-    match v {
-        ValueRef::Integer(ms) => check_time(ms, column),
-        _ => Err(EnvelopeError::ColumnType {
-            column,
-            found: "a value that is not an integer",
-            expected: "INTEGER milliseconds since the Unix epoch",
-        }),
-    }
 }
 
 /// A count column (attempts, a size). A foreign producer may have written
@@ -213,6 +163,8 @@ fn lenient_count(v: ValueRef<'_>) -> u64 {
 }
 
 /// Routing columns are informational: text as is, numbers as their text.
+/// (The tenant is not one of them: [`check_row`](crate::envelope::check_row)
+/// refuses a tenant that is not UTF-8, since a consumer would see another.)
 fn lenient_text(v: ValueRef<'_>) -> Option<String> {
     match v {
         ValueRef::Null => None,
@@ -566,9 +518,10 @@ mod tests {
         .unwrap();
         let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
         let got = claim(&conn, "T", now, now, 10).unwrap();
-        let e = got[0].envelope.as_ref().unwrap_err();
+        let check = |c: &ClaimedRow| crate::envelope::check_row(&c.raw.as_raw());
+        let e = check(&got[0]).unwrap_err();
         assert!(e.to_string().contains("occurred_at"), "{e}");
-        let env = got[1].envelope.as_ref().unwrap();
+        let env = check(&got[1]).unwrap().envelope;
         assert_eq!(env.occurred_at.to_string(), "9999-12-31T23:59:59.999Z");
     }
 
@@ -651,7 +604,9 @@ mod tests {
         // Over the maximum: passed over, found, dead-lettered.
         let got = take(40, false, 1000);
         assert_eq!(sizes(&got), [10, 10, 10, 10]);
-        assert!(got.iter().all(|r| r.envelope.is_ok()));
+        assert!(got
+            .iter()
+            .all(|r| crate::envelope::check_row(&r.raw.as_raw()).is_ok()));
         assert_eq!(oversized(&conn, now, 1000, 10).unwrap(), [(3, 5000)]);
         assert!(
             oversized(&conn, now, 1000, 2).unwrap().is_empty(),

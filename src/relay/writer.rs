@@ -27,7 +27,7 @@ use super::worker::{Job, JobOutcome};
 use super::{ConsumerEntry, Control, Settings, DEFAULT_DROP_GRACE};
 use crate::clock::{Clock, Timestamp};
 use crate::consumer::Outcome;
-use crate::envelope::EventId;
+use crate::envelope::{check_head, check_row, EnvelopeError, EventId};
 use crate::error::{is_busy, Error, Result};
 use crate::integrity::Depth;
 use crate::router::{Dispatch, Finish, Routes};
@@ -843,8 +843,11 @@ impl Unwritten {
 const MAX_GRACE: Duration = Duration::from_secs(365 * 86_400);
 
 /// Routes a claimed row ([`Routes::dispatch`]) and carries the decision
-/// out: a dead letter, a delivered mark, or a job for the workers. A row
-/// whose columns make no valid envelope is dead-lettered with the reason.
+/// out: a dead letter, a delivered mark, or a job for the workers. Routing
+/// needs only the event type and id ([`check_head`]); a row going to a
+/// worker is checked whole there, one finished here is checked whole
+/// here, and a row whose columns make no valid envelope is dead-lettered
+/// with the reason ([`check_row`]) either way.
 #[allow(clippy::too_many_arguments)]
 fn dispatch_claimed(
     tx: &Connection,
@@ -857,19 +860,21 @@ fn dispatch_claimed(
     step: &mut Step,
 ) -> rusqlite::Result<()> {
     let row_id = row.row_id;
-    let envelope = match row.envelope {
-        Ok(env) => env,
-        Err(e) => {
-            let reason = format!("invalid row: {e}");
-            claim::dead_letter(tx, row_id, token, &reason, now, false)?;
-            step.counts.dead += 1;
-            step.notes.push(Note::Invalid { row_id, reason });
-            return Ok(());
-        }
+    let invalid = |e: EnvelopeError, step: &mut Step| -> rusqlite::Result<()> {
+        let reason = format!("invalid row: {e}");
+        claim::dead_letter(tx, row_id, token, &reason, now, false)?;
+        step.counts.dead += 1;
+        step.notes.push(Note::Invalid { row_id, reason });
+        Ok(())
     };
-    let event_id = envelope.event_id;
+    let raw = row.raw.as_raw();
+    let (event_type, event_id) = match check_head(&raw) {
+        Ok(head) => head,
+        // The whole check's first failure, which may be a time's.
+        Err(e) => return invalid(check_row(&raw).err().unwrap_or(e), step),
+    };
     let replay = row.replay_consumers.as_deref();
-    match routes.dispatch(&envelope, &row.delivered_to, replay, |i| {
+    match routes.dispatch(&event_type, &row.delivered_to, replay, |i| {
         consumers[i].name.as_str()
     }) {
         Dispatch::Deliver(missing) => {
@@ -886,9 +891,8 @@ fn dispatch_claimed(
                 row_id,
                 token: token.clone(),
                 event_key: row.event_key,
-                envelope,
+                raw: row.raw,
                 legacy: row.legacy,
-                tenant_id: row.tenant_id,
                 ordering_key: row.ordering_key,
                 attempt: row.attempts.saturating_add(1),
                 consumers: missing,
@@ -896,13 +900,16 @@ fn dispatch_claimed(
             step.claimed.push((job, flight));
         }
         Dispatch::Finish(finish) => {
+            if let Err(e) = check_row(&raw) {
+                return invalid(e, step);
+            }
             claim::finish_delivered(tx, row_id, token, now)?;
             step.counts.delivered += 1;
             step.notes.push(match finish {
                 Finish::AlreadyDelivered => Note::AlreadyDelivered { row_id, event_id },
                 Finish::SkippedUnrouted => Note::Skipped {
                     row_id,
-                    event_type: envelope.event_type.to_string(),
+                    event_type: event_type.to_string(),
                 },
                 Finish::NoReplayedConsumer => Note::ReplayedToNobody {
                     row_id,
@@ -912,6 +919,9 @@ fn dispatch_claimed(
             });
         }
         Dispatch::Unrouted(reason) => {
+            if let Err(e) = check_row(&raw) {
+                return invalid(e, step);
+            }
             claim::dead_letter(tx, row_id, token, &reason, now, false)?;
             step.counts.dead += 1;
             step.notes.push(Note::Unrouted {
@@ -935,13 +945,27 @@ fn record(
     now: Timestamp,
     step: &mut Step,
 ) -> rusqlite::Result<()> {
+    let (row_id, event_id) = (o.row_id, flight.event_id);
+    if let Some(reason) = &o.invalid {
+        // The worker found the row invalid: no consumer ran.
+        if claim::dead_letter(tx, row_id, &o.token, reason, now, false)? {
+            step.counts.dead += 1;
+            step.notes.push(Note::Invalid {
+                row_id,
+                reason: reason.clone(),
+            });
+        } else {
+            step.notes.push(Note::Fenced { row_id });
+            step.counts.fenced += 1;
+        }
+        return Ok(());
+    }
     let reports = o.results.iter().map(|(i, outcome)| retry::Report {
         consumer: &consumers[*i].name,
         policy: &consumers[*i].retry,
         outcome,
     });
     let verdict = retry::verdict(reports, flight.attempts, now, rand::random);
-    let (row_id, event_id) = (o.row_id, flight.event_id);
     let kept = match &verdict {
         Verdict::Delivered => claim::finish_delivered(tx, row_id, &o.token, now)?,
         Verdict::Retry { at, reason, .. } => {
