@@ -275,6 +275,7 @@ impl Writer {
         // commits, which must survive, are made with FULL on their connections.
         conn.execute_batch("PRAGMA synchronous = NORMAL")
             .map_err(Error::db("set the relay's synchronous mode"))?;
+        claim::stable_plans(&conn).map_err(Error::db("set the relay's query planning"))?;
         let data_version = data_version(&conn).map_err(Error::db("read data_version"))?;
         let capacity = settings.batch_size.max(settings.workers * 2);
         let planner = Planner::new(Limits {
