@@ -199,13 +199,36 @@ pub(crate) fn finish_delivered(
 ) -> rusqlite::Result<bool> {
     fenced(
         conn,
-        "UPDATE event_outbox
-            SET status = coalesce(status_before_replay, 'delivered'), finished_at = ?3,
-                claim_token = NULL, lease_until = NULL,
-                replay_consumers = NULL, status_before_replay = NULL
-          WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
+        FINISH_DELIVERED,
         params![row_id, token, now.as_millis()],
     )
+}
+
+const FINISH_DELIVERED: &str = "UPDATE event_outbox
+    SET status = coalesce(status_before_replay, 'delivered'), finished_at = ?3,
+        claim_token = NULL, lease_until = NULL,
+        replay_consumers = NULL, status_before_replay = NULL
+  WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'";
+
+/// Marks many rows delivered, each as [`finish_delivered`] does (`rows`:
+/// row id and the claim token it must still carry), with the statement
+/// prepared once for all. Returns the ids whose fence held.
+pub(crate) fn finish_delivered_many(
+    conn: &Connection,
+    rows: &[(i64, &str)],
+    now: Timestamp,
+) -> rusqlite::Result<Vec<i64>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut stmt = conn.prepare_cached(FINISH_DELIVERED)?;
+    let mut kept = Vec::with_capacity(rows.len());
+    for &(row_id, token) in rows {
+        if stmt.execute(params![row_id, token, now.as_millis()])? == 1 {
+            kept.push(row_id);
+        }
+    }
+    Ok(kept)
 }
 
 /// Schedules another attempt: one more failed attempt, due at `at`, lease
@@ -443,6 +466,44 @@ mod tests {
         assert!(!extend(&conn, id, "T1", later).unwrap());
         assert!(!release(&conn, id, "T1", later).unwrap());
         assert!(finish_delivered(&conn, id, "T2", later).unwrap());
+    }
+
+    /// The grouped finish keeps the fence of the one-row finish: a row
+    /// whose token changed, or that is no longer pending, is left alone and
+    /// not returned; the others are finished as `finish_delivered` would.
+    #[test]
+    fn finishing_many_at_once_keeps_each_rows_fence() {
+        let (_d, conn) = db();
+        for _ in 0..4 {
+            put(&conn, "a.b.v1", None);
+        }
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let until = now.plus(std::time::Duration::from_secs(30));
+        assert_eq!(claim(&conn, "T", now, until, 2).unwrap().len(), 2);
+        assert_eq!(claim(&conn, "U", now, until, 2).unwrap().len(), 2);
+        // Row 2 was finished already; row 3 is claimed by U, not T.
+        assert!(finish_delivered(&conn, 2, "T", now).unwrap());
+        let mut kept =
+            finish_delivered_many(&conn, &[(1, "T"), (2, "T"), (3, "T"), (4, "U")], now).unwrap();
+        kept.sort();
+        assert_eq!(kept, [1, 4]);
+        let states: Vec<(String, Option<String>)> = conn
+            .prepare("SELECT status, claim_token FROM event_outbox ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            states,
+            [
+                ("delivered".to_string(), None),
+                ("delivered".to_string(), None),
+                ("pending".to_string(), Some("U".to_string())),
+                ("delivered".to_string(), None),
+            ]
+        );
+        assert!(finish_delivered_many(&conn, &[], now).unwrap().is_empty());
     }
 
     /// Regression (found while writing fuzz/foreign_row): one foreign row with text in

@@ -712,12 +712,8 @@ impl Writer {
         } = self;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut step = Step::default();
-        for o in outcomes {
-            if let Some(flight) = in_flight.get(&o.row_id) {
-                record(&tx, consumers, flight, o, now, &mut step)?;
-            }
-            step.finished_rows.push(o.row_id);
-        }
+        record(&tx, consumers, in_flight, outcomes, now, &mut step)?;
+        step.finished_rows.extend(outcomes.iter().map(|o| o.row_id));
         for (id, token) in releases {
             if !claim::release(&tx, *id, token, now)? {
                 step.notes.push(Note::NothingToRelease { row_id: *id });
@@ -935,17 +931,89 @@ fn dispatch_claimed(
     Ok(())
 }
 
-/// Records one job's outcome. The row's own update is fenced by the token
-/// and made first; the consumers' progress is written only when it took, so
-/// a relay that lost its lease records nothing at all.
+/// Records the outcomes of finished jobs (those of rows still in flight).
+/// Each row's own update is fenced by its token and made first; the
+/// consumers' progress is written only for the rows whose update took, so
+/// a relay that lost a lease records nothing for that row. The common
+/// case, a row delivered to every consumer, is grouped: the rows' updates,
+/// then their ledger entries, each through one statement prepared once.
+/// (One statement over a JSON array of the group, json_each with
+/// RETURNING, was measured too: 6 % more instructions per event than
+/// this, for parsing the JSON back.)
 fn record(
+    tx: &Connection,
+    consumers: &[ConsumerEntry],
+    in_flight: &HashMap<i64, InFlight>,
+    outcomes: &[JobOutcome],
+    now: Timestamp,
+    step: &mut Step,
+) -> rusqlite::Result<()> {
+    let mut delivered: Vec<(&JobOutcome, &InFlight)> = Vec::new();
+    let mut ledger: Vec<(&str, &str, i64)> = Vec::new();
+    for o in outcomes {
+        let Some(flight) = in_flight.get(&o.row_id) else {
+            continue;
+        };
+        if o.invalid.is_none() && o.results.iter().all(|(_, r)| *r == Outcome::Delivered) {
+            delivered.push((o, flight));
+        } else if record_one(tx, consumers, flight, o, now, step)? {
+            progress(consumers, flight, o, step, &mut ledger);
+        }
+    }
+    let group: Vec<(i64, &str)> = delivered
+        .iter()
+        .map(|(o, _)| (o.row_id, &*o.token))
+        .collect();
+    let kept: HashSet<i64> = claim::finish_delivered_many(tx, &group, now)?
+        .into_iter()
+        .collect();
+    for (o, flight) in delivered {
+        if kept.contains(&o.row_id) {
+            step.counts.delivered += 1;
+            progress(consumers, flight, o, step, &mut ledger);
+        } else {
+            step.notes.push(Note::Fenced { row_id: o.row_id });
+            step.counts.fenced += 1;
+        }
+    }
+    // A transactional consumer committed its entry with its own writes
+    // already: the insert then leaves it as it is.
+    crate::dedup::record_many(tx, &ledger, now)
+}
+
+/// The consumers' progress of a job whose row update took: a ledger entry
+/// for each that delivered, and the per-consumer counts.
+fn progress<'a>(
+    consumers: &'a [ConsumerEntry],
+    flight: &'a InFlight,
+    o: &JobOutcome,
+    step: &mut Step,
+    ledger: &mut Vec<(&'a str, &'a str, i64)>,
+) {
+    for (i, outcome) in &o.results {
+        let result = match outcome {
+            Outcome::Delivered => {
+                ledger.push((&flight.event_key, &consumers[*i].name, o.row_id));
+                ConsumerResult::Delivered
+            }
+            Outcome::Retry { .. } => ConsumerResult::Retried,
+            Outcome::Poison { .. } => ConsumerResult::Poisoned,
+        };
+        step.counts.per_consumer.push((*i, result));
+    }
+}
+
+/// Records one job's outcome other than "delivered to all": the row's
+/// fenced update for its verdict (retry, dead letter). True when the
+/// update took (the caller then records the consumers' progress).
+fn record_one(
     tx: &Connection,
     consumers: &[ConsumerEntry],
     flight: &InFlight,
     o: &JobOutcome,
     now: Timestamp,
     step: &mut Step,
-) -> rusqlite::Result<()> {
+) -> rusqlite::Result<bool> {
     let (row_id, event_id) = (o.row_id, flight.event_id);
     if let Some(reason) = &o.invalid {
         // The worker found the row invalid: no consumer ran.
@@ -959,7 +1027,7 @@ fn record(
             step.notes.push(Note::Fenced { row_id });
             step.counts.fenced += 1;
         }
-        return Ok(());
+        return Ok(false);
     }
     let reports = o.results.iter().map(|(i, outcome)| retry::Report {
         consumer: &consumers[*i].name,
@@ -986,7 +1054,7 @@ fn record(
     if !kept {
         step.notes.push(Note::Fenced { row_id });
         step.counts.fenced += 1;
-        return Ok(());
+        return Ok(false);
     }
     match verdict {
         Verdict::Delivered => step.counts.delivered += 1,
@@ -1017,21 +1085,7 @@ fn record(
             });
         }
     }
-    for (i, outcome) in &o.results {
-        let result = match outcome {
-            Outcome::Delivered => {
-                // A transactional consumer committed this entry with its
-                // own writes already: the insert is then a no-op.
-                let name = &consumers[*i].name;
-                crate::dedup::record(tx, &flight.event_key, name, row_id, now)?;
-                ConsumerResult::Delivered
-            }
-            Outcome::Retry { .. } => ConsumerResult::Retried,
-            Outcome::Poison { .. } => ConsumerResult::Poisoned,
-        };
-        step.counts.per_consumer.push((*i, result));
-    }
-    Ok(())
+    Ok(true)
 }
 
 fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
