@@ -13,7 +13,7 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use outboxd::envelope::{check_row, RawRow, ROW_COLUMNS};
 use outboxd::{Delivery, Envelope, ManualClock, Outcome, Relay, Timestamp};
-use rusqlite::types::{Value, ValueRef};
+use rusqlite::types::Value;
 
 /// One column's value: a sensible default, or anything at all.
 #[derive(Arbitrary, Debug)]
