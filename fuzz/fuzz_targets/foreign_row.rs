@@ -111,7 +111,7 @@ fuzz_target!(|cols: [V; 19]| {
         return; // the schema refused it: not a row the relay can meet
     }
 
-    // The envelope straight from the columns, when the times are integers.
+    // The row checked straight from its columns, as the relay checks it.
     conn.query_row(
         &format!("SELECT {ROW_COLUMNS} FROM event_outbox"),
         [],
