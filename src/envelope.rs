@@ -341,7 +341,9 @@ pub(crate) use row_columns;
 #[doc(hidden)]
 pub const ROW_COLUMNS: &str = row_columns!();
 
-/// A row of `event_outbox` the relay can deliver: its envelope and tenant.
+/// A row of `event_outbox` the relay can deliver: its envelope and tenant
+/// ([`check_row`]'s answer; public with it, for the tests and fuzz targets).
+#[doc(hidden)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckedRow {
     /// The envelope every consumer receives.
