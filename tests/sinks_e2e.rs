@@ -39,6 +39,13 @@ const OLD_WEBHOOK_SECRET: &str = "whsec_RTJlT2xkU2lnbmluZ0tleUZvclJvdGF0aW9uLTc3
 const OLD_WEBHOOK_KEY: &str = "E2eOldSigningKeyForRotation-77";
 const SECRET_VAR: &str = "E2E_HOOK_SECRET";
 const OLD_SECRET_VAR: &str = "E2E_HOOK_OLD_SECRET";
+/// The console's tokens: one named by `[http] token_env`, one by
+/// `--http-token-env` (no console is served; the variables are secrets all
+/// the same).
+const HTTP_TOKEN: &str = "HttpConsoleToken-Jk29Pq7Lm3";
+const HTTP_TOKEN_VAR: &str = "E2E_HTTP_TOKEN";
+const CLI_HTTP_TOKEN: &str = "CliConsoleToken-Rt58Wx1Zc6";
+const CLI_HTTP_TOKEN_VAR: &str = "E2E_CLI_HTTP_TOKEN";
 
 fn secrets() -> Vec<&'static str> {
     vec![
@@ -50,6 +57,8 @@ fn secrets() -> Vec<&'static str> {
         OLD_WEBHOOK_SECRET,
         OLD_WEBHOOK_SECRET.strip_prefix("whsec_").unwrap(),
         OLD_WEBHOOK_KEY,
+        HTTP_TOKEN,
+        CLI_HTTP_TOKEN,
     ]
 }
 
@@ -174,7 +183,10 @@ fn secrets_config(db: &Sandbox, receiver: &EchoReceiver) -> PathBuf {
 if [ "$OUTBOXD_ATTEMPT" = 1 ]; then env >&2; exit 1; fi"#,
     );
     let toml = format!(
-        r#"[[consumer]]
+        r#"[http]
+token_env = "{HTTP_TOKEN_VAR}"
+
+[[consumer]]
 name = "hook"
 types = ["*"]
 retry = {{ initial = "100ms", max_attempts = 2 }}
@@ -206,9 +218,12 @@ fn run_until_delivered(db: &TestDb, config: &Path, log_args: &[&str]) -> (String
     let id = enqueue_one(db);
     let mut args = log_args.to_vec();
     args.extend(["run", "--config", config.to_str().unwrap()]);
+    args.extend(["--http-token-env", CLI_HTTP_TOKEN_VAR]);
     let mut cmd = outboxd(db, &args);
     cmd.env(SECRET_VAR, WEBHOOK_SECRET)
         .env(OLD_SECRET_VAR, OLD_WEBHOOK_SECRET)
+        .env(HTTP_TOKEN_VAR, HTTP_TOKEN)
+        .env(CLI_HTTP_TOKEN_VAR, CLI_HTTP_TOKEN)
         .env("E2E_PLAIN", "plain-value");
     run_until(cmd, "the event to be delivered to both consumers", || {
         status_of(db, id) == "delivered"
@@ -261,7 +276,12 @@ fn command_consumers_inherit_no_variable_outboxd_reads_a_secret_from() {
     run_until_delivered(&db, &config, &[]);
     for attempt in [1, 2] {
         let env = std::fs::read_to_string(db.file(&format!("env-{attempt}"))).unwrap();
-        for var in [SECRET_VAR, OLD_SECRET_VAR] {
+        for var in [
+            SECRET_VAR,
+            OLD_SECRET_VAR,
+            HTTP_TOKEN_VAR,
+            CLI_HTTP_TOKEN_VAR,
+        ] {
             assert!(
                 !env.lines().any(|l| l.starts_with(&format!("{var}="))),
                 "{var} in\n{env}"

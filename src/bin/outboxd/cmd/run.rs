@@ -72,7 +72,17 @@ pub struct Args {
 /// Validates everything, migrates, starts the relay and waits for a signal.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let config = match &args.config {
-        Some(file) => Config::load(file).map_err(|e| Failure::config(e.to_string()))?,
+        // The console's token variable from the command line holds a
+        // secret as much as the file's `*_env` keys do.
+        Some(file) => Config::load_with_secret_env(
+            file,
+            &args
+                .http_token_env
+                .as_deref()
+                .into_iter()
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| Failure::config(e.to_string()))?,
         None => Config::stdout_default(),
     };
     crate::init_logging(&global.log, &config.log, "info");

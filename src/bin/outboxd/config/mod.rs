@@ -143,14 +143,33 @@ impl Config {
 
     /// Reads, parses and validates a config file.
     pub fn load(file: &Path) -> Result<Config, ConfigError> {
-        Config::parse(&read(file)?, file)
+        Config::load_with_secret_env(file, &[])
+    }
+
+    /// [`Config::load`], where `also_secret` names environment variables
+    /// given outside the file that hold secrets too (`--http-token-env`):
+    /// command sinks keep them from their programs as they keep the file's
+    /// own ([`secret_env_vars`]).
+    pub fn load_with_secret_env(file: &Path, also_secret: &[&str]) -> Result<Config, ConfigError> {
+        Config::parse_with_secret_env(&read(file)?, file, also_secret)
     }
 
     /// Parses and validates config text said to come from `file` (relative
     /// paths inside are resolved against its directory).
+    #[cfg(test)]
     pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
+        Config::parse_with_secret_env(text, file, &[])
+    }
+
+    fn parse_with_secret_env(
+        text: &str,
+        file: &Path,
+        also_secret: &[&str],
+    ) -> Result<Config, ConfigError> {
         let raw = parse_raw(text, file)?;
-        validate(raw, file)
+        let mut secret_vars = secret_env_vars(text);
+        secret_vars.extend(also_secret.iter().map(|v| v.to_string()));
+        validate(raw, file, &secret_vars)
     }
 
     /// A relay builder for `db` with every setting and consumer of this
@@ -422,11 +441,46 @@ impl Checker<'_> {
     }
 }
 
-fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
+/// Every environment variable the config text names as holding a secret:
+/// the value of every key whose name ends in `_env` (a variable's name, or
+/// a list of them), in any section: `[http] token_env`, a webhook's
+/// `secret_env` and `secrets_env`, nats' `token_env` and `password_env`,
+/// and whatever such key a section adds later. Command sinks keep them all
+/// from their programs. (The naming rule is the contract: a new key that
+/// reads a secret from the environment is named `*_env`.) Text that does
+/// not parse names none; [`parse_raw`] reports it.
+pub fn secret_env_vars(text: &str) -> Vec<String> {
+    fn walk(value: &toml::Value, key: Option<&str>, out: &mut Vec<String>) {
+        let names_vars = key.is_some_and(|k| k.ends_with("_env"));
+        match value {
+            toml::Value::String(name) if names_vars => out.push(name.clone()),
+            toml::Value::Array(items) => {
+                for item in items {
+                    walk(item, key, out);
+                }
+            }
+            toml::Value::Table(table) => {
+                for (k, v) in table {
+                    walk(v, Some(k), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(table) = text.parse::<toml::Table>() {
+        walk(&toml::Value::Table(table), None, &mut out);
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn validate(raw: RawConfig, file: &Path, secret_vars: &[String]) -> Result<Config, ConfigError> {
     let c = Checker::new(file);
     let s = check_settings(&c, &raw)?;
     let captures = capture::check(&c, raw.capture)?;
-    let consumers = consumer::build(&c, raw.consumer, s.relay.lease, &s.retry)?;
+    let consumers = consumer::build(&c, raw.consumer, s.relay.lease, &s.retry, secret_vars)?;
     Ok(Config {
         file: Some(file.to_path_buf()),
         database: s.database,
@@ -798,6 +852,47 @@ pub(crate) mod tests {
         let e = parse(&format!("{STDOUT}[relay]\nworkerz = 2\n")).unwrap_err();
         assert!(e.field.starts_with("relay"), "{e}");
         assert!(e.message.contains("workers"), "{e}");
+    }
+
+    #[test]
+    fn every_env_key_in_any_section_names_a_secret_variable() {
+        let text = r#"
+[http]
+token_env = "HTTP_TOKEN"
+[[consumer]]
+name = "hook"
+types = ["*"]
+[consumer.sink]
+kind = "webhook"
+secret_env = "HOOK_SECRET"
+secrets_env = ["HOOK_NEW", "HOOK_OLD"]
+[[consumer]]
+name = "bus"
+types = ["*"]
+[consumer.sink]
+kind = "nats"
+token_env = "NATS_TOKEN"
+password_env = "NATS_PASSWORD"
+[[consumer]]
+name = "cmd"
+types = ["*"]
+[consumer.sink]
+kind = "command"
+clear_env = false
+env = { PLAIN = "not-a-secret" }
+"#;
+        assert_eq!(
+            secret_env_vars(text),
+            [
+                "HOOK_NEW",
+                "HOOK_OLD",
+                "HOOK_SECRET",
+                "HTTP_TOKEN",
+                "NATS_PASSWORD",
+                "NATS_TOKEN"
+            ]
+        );
+        assert!(secret_env_vars("not [toml").is_empty());
     }
 
     #[test]

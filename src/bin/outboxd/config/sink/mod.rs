@@ -316,24 +316,8 @@ pub fn default_retry(kind: SinkKind) -> Option<RetryPolicy> {
     }
 }
 
-/// Every environment variable the config's sinks read a secret from. Each
-/// command sink keeps them from its program; a kind that adds a `*_env`
-/// secret key lists it here.
-pub fn secret_env_vars<'a>(sinks: impl Iterator<Item = &'a RawSink>) -> Vec<String> {
-    sinks
-        .flat_map(|s| {
-            s.secret_env
-                .iter()
-                .chain(s.secrets_env.iter().flatten())
-                .chain(s.token_env.iter())
-                .chain(s.password_env.iter())
-        })
-        .cloned()
-        .collect()
-}
-
 /// Builds the sink at `at` (`consumer[0].sink`); `secret_vars` are the
-/// config's [`secret_env_vars`].
+/// config's [`super::secret_env_vars`].
 pub fn build(
     c: &Checker<'_>,
     at: &str,
