@@ -242,7 +242,7 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     );
     assert_eq!(r.status, 401);
 
-    // Logging in once sets an HttpOnly, SameSite=Strict cookie.
+    // Logging in once sets an HttpOnly, SameSite=Strict cookie with an expiry.
     let login = get(&addr, "/login");
     let own = format!("http://{addr}");
     let post_login = |given: &str| {
@@ -264,6 +264,10 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     assert!(
         cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
         "{cookie}"
+    );
+    assert!(
+        cookie.contains("; Max-Age=43200"),
+        "a 12h session: {cookie}"
     );
     assert!(!cookie.contains(token), "the cookie never holds the token");
     let session = cookie.split(';').next().unwrap();

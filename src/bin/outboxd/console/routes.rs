@@ -66,7 +66,7 @@ pub fn handle(app: &App, req: &Request) -> Response {
             _ => Response::text(405, "only GET /metrics and /healthz\n"),
         };
     }
-    match app.auth.admit(req) {
+    match app.auth.admit(req, Timestamp::now()) {
         Ok(()) => {}
         Err(Refusal::Forbidden(m)) => return Response::text(403, format!("{m}\n")),
         Err(Refusal::Unauthenticated) => {
@@ -740,7 +740,11 @@ fn login(app: &App, req: &Request) -> Response {
         return refused(app, refusal);
     }
     let behind_tls = req.header("x-forwarded-proto") == Some("https");
-    match app.auth.login(form.get("token").unwrap_or(""), behind_tls) {
+    match app.auth.login(
+        form.get("token").unwrap_or(""),
+        behind_tls,
+        Timestamp::now(),
+    ) {
         Some(cookie) => Response::see_other("/").with_header("Set-Cookie", cookie),
         None => login_page(app, 401, Some("That is not the token.")),
     }
