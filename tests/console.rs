@@ -98,9 +98,77 @@ fn a_post_without_the_csrf_token_or_from_another_origin_changes_nothing() {
         &form(&[("op", "requeue:all"), ("csrf", &token)]),
     );
     assert_eq!(r.status, 303, "{}", r.body);
-    assert_eq!(r.header("Location"), Some("/dead?requeued=3"));
+    assert_eq!(notice_in(&r, "/dead"), "requeued:3");
     assert_eq!(dead(), 0);
     assert_eq!(db.count("status = 'pending' AND attempts = 0"), 3);
+}
+
+/// The notice an action's redirect to `path` carries: the Location is
+/// `{path}?done=`, then the sealed value (`{time}.{notice}.{mac}`,
+/// percent-encoded), whose notice this returns.
+fn notice_in(reply: &console_support::Reply, path: &str) -> String {
+    let location = reply.header("Location").expect("a redirect");
+    let sealed = location
+        .strip_prefix(&format!("{path}?done="))
+        .unwrap_or_else(|| panic!("{location}"));
+    let mut bytes = Vec::new();
+    let mut rest = sealed.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        if b == b'%' {
+            let hex = std::str::from_utf8(&tail[..2]).unwrap();
+            bytes.push(u8::from_str_radix(hex, 16).unwrap());
+            rest = &tail[2..];
+        } else {
+            bytes.push(b);
+            rest = tail;
+        }
+    }
+    let sealed = String::from_utf8(bytes).unwrap();
+    let (_, rest) = sealed.split_once('.').unwrap();
+    rest.rsplit_once('.').unwrap().0.to_string()
+}
+
+#[test]
+fn a_banner_shows_only_what_the_console_itself_did() {
+    let db = common::TestDb::new();
+    dead_letters(&db, "article.created.v1", 2);
+    let (_p, addr) = console(&db, &[], &[]);
+    let banner = |path: &str| {
+        let page = get(&addr, path);
+        assert_eq!(page.status, 200, "{path}: {}", page.body);
+        page.body
+            .split_once("id=\"done\">")
+            .map(|(_, rest)| rest.split('<').next().unwrap().to_string())
+    };
+    // Links made elsewhere show no banner, whatever they claim.
+    for forged in [
+        "/dead?requeued=5",
+        "/dead?discarded=5",
+        "/dead?done=requeued+5",
+        "/dead?done=requeued%3A5",
+        "/dead?done=1764487080.requeued%3A5.00",
+        "/replay?replayed=5&to=everyone",
+        "/replay?done=replayed%3A5%3Aeveryone",
+    ] {
+        assert_eq!(banner(forged), None, "{forged}");
+    }
+    // The console's own redirect does, in its own words.
+    let token = csrf(&get(&addr, "/dead").body);
+    let r = post_form(
+        &addr,
+        "/dead/apply",
+        &[("op", "requeue:all"), ("csrf", &token)],
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    let location = r.header("Location").unwrap().to_string();
+    assert_eq!(
+        banner(&location).as_deref(),
+        Some("Requeued 2 dead letters; the relay delivers them now.")
+    );
+    // Its count changed, the seal no longer holds.
+    let altered = location.replace("requeued%3A2", "requeued%3A9");
+    assert_ne!(altered, location);
+    assert_eq!(banner(&altered), None);
 }
 
 #[test]
@@ -142,14 +210,14 @@ fn the_confirmation_names_how_many_rows_each_action_changes() {
         "/dead/apply",
         &[("op", "discard:type"), ("type", "order.*.v1")],
     );
-    assert_eq!(r.header("Location"), Some("/dead?discarded=2"));
+    assert_eq!(notice_in(&r, "/dead"), "discarded:2");
     assert_eq!(db.count("status = 'dead'"), 4);
     let one: i64 = db.scalar("SELECT min(id) FROM event_outbox WHERE status = 'dead'");
     let r = post(
         "/dead/apply",
         &[("op", "requeue:selected"), ("id", &one.to_string())],
     );
-    assert_eq!(r.header("Location"), Some("/dead?requeued=1"));
+    assert_eq!(notice_in(&r, "/dead"), "requeued:1");
     assert_eq!(db.count("status = 'dead'"), 3);
 }
 
@@ -416,10 +484,7 @@ fn sigterm_lets_a_long_console_action_finish_and_answer() {
     p.signal("-TERM");
     let reply = post.join().unwrap();
     assert_eq!(reply.status, 303, "{reply:?}");
-    assert_eq!(
-        reply.header("Location"),
-        Some(format!("/dead?requeued={N}").as_str())
-    );
+    assert_eq!(notice_in(&reply, "/dead"), format!("requeued:{N}"));
     assert_eq!(p.wait(WAIT).code(), Some(code::OK), "{}", p.stderr());
     assert_eq!(db.count("status = 'dead'"), 0);
 }

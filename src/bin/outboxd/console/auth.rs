@@ -8,6 +8,17 @@
 //!   its issue time and an HMAC (keyed with the token) of it, never the token
 //!   itself: an older cookie is refused, whatever the browser kept. Every
 //!   comparison is constant-time.
+//! - **Banners.** The message an action shows after its redirect ("Requeued
+//!   5 dead letters") travels in the URL sealed with a key of this process
+//!   ([`Auth::seal_notice`]): a link someone else made cannot put words in
+//!   the console's mouth.
+//! - **Host.** On loopback, a request must name a loopback host: a page
+//!   from another site whose name resolves to 127.0.0.1 (DNS rebinding)
+//!   cannot read the console.
+//! - **CSRF.** Every state change is a POST that carries the console's CSRF
+//!   token (random per process, written into each form) and comes from the
+//!   console's own origin: the `Origin` (else `Referer`) names the `Host`, or
+//!   the `X-Forwarded-Host` of a reverse proxy in front (either scheme).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -28,6 +39,10 @@ pub const CSRF_FIELD: &str = "csrf";
 /// a cookie may carry.
 pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 
+/// How long a banner's sealed value is shown: long enough to follow the
+/// redirect (and reload), not to be passed around.
+pub const NOTICE_LIFETIME: Duration = Duration::from_secs(10 * 60);
+
 /// How far ahead of this clock an issue time may be (clocks of one machine
 /// agree; this only forgives a step of the wall clock).
 const FUTURE_SKEW: Duration = Duration::from_secs(60);
@@ -36,6 +51,8 @@ const FUTURE_SKEW: Duration = Duration::from_secs(60);
 pub struct Auth {
     token: Option<Token>,
     csrf: String,
+    /// Seals the banners' values (random per process).
+    notice_key: [u8; 32],
     loopback: bool,
     /// The address bound, named in the refusal of a foreign Host.
     bound: SocketAddr,
@@ -60,6 +77,7 @@ impl Auth {
         Auth {
             token: token.map(|secret| Token { secret }),
             csrf: hex(&rand::random::<[u8; 32]>()),
+            notice_key: rand::random::<[u8; 32]>(),
             loopback: bind.ip().is_loopback(),
             bound: bind,
         }
@@ -169,6 +187,18 @@ impl Auth {
                 if secure { "; Secure" } else { "" }
             )
         })
+    }
+
+    /// `notice` (what an action did, in the server's own terms) sealed at
+    /// `now`, for the URL an action redirects to.
+    pub fn seal_notice(&self, notice: &str, now: Timestamp) -> String {
+        seal(&self.notice_key, "notice", now, notice)
+    }
+
+    /// The notice a [`seal_notice`](Self::seal_notice) value carries, if
+    /// this process sealed it at most [`NOTICE_LIFETIME`] before `now`.
+    pub fn open_notice<'a>(&self, value: &'a str, now: Timestamp) -> Option<&'a str> {
+        unseal(&self.notice_key, "notice", value, now, NOTICE_LIFETIME)
     }
 
     /// The Set-Cookie value that logs out.
@@ -362,6 +392,32 @@ mod tests {
             other.admit(&req(&[("host", "h"), ("cookie", &cookie)]), NOW),
             Err(Refusal::Unauthenticated)
         );
+    }
+
+    #[test]
+    fn only_notices_this_process_sealed_are_opened() {
+        let auth = Auth::new(None, "127.0.0.1:9464".parse().unwrap());
+        let sealed = auth.seal_notice("replayed:5:search.index", NOW);
+        assert_eq!(
+            auth.open_notice(&sealed, NOW),
+            Some("replayed:5:search.index")
+        );
+        assert_eq!(
+            auth.open_notice(&sealed, NOW.plus(NOTICE_LIFETIME + Duration::from_secs(1))),
+            None
+        );
+        let other = Auth::new(None, "127.0.0.1:9464".parse().unwrap());
+        assert_eq!(other.open_notice(&sealed, NOW), None, "another key");
+        let (head, mac) = sealed.rsplit_once('.').unwrap();
+        let forged = format!("{}.{mac}", head.replace(":5:", ":500:"));
+        assert_eq!(auth.open_notice(&forged, NOW), None);
+        for junk in ["", "requeued+5", "1.2", "x.y.z"] {
+            assert_eq!(auth.open_notice(junk, NOW), None, "{junk}");
+        }
+        // A session cookie is no notice, even under the same key.
+        let key = [7u8; 32];
+        let cookie = seal(&key, "session", NOW, "");
+        assert_eq!(unseal(&key, "notice", &cookie, NOW, NOTICE_LIFETIME), None);
     }
 
     #[test]

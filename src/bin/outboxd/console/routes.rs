@@ -448,17 +448,7 @@ fn dead(app: &App, req: &Request) -> Result<Response> {
         (Some(at), Some(id)) => at.parse().ok().zip(id.parse().ok()),
         _ => None,
     };
-    let done = match (q.get("requeued"), q.get("discarded")) {
-        (Some(n), _) => Some(format!(
-            "Requeued {} dead letters; the relay delivers them now.",
-            n.parse::<u64>().unwrap_or(0)
-        )),
-        (_, Some(n)) => Some(format!(
-            "Discarded {} dead letters.",
-            n.parse::<u64>().unwrap_or(0)
-        )),
-        _ => None,
-    };
+    let done = Notice::from_query(app, &q).map(|n| n.text());
     let conn = app.pool.get()?;
     let total = queries::dead_total(&conn)?;
     let rows = if error.is_none() {
@@ -584,17 +574,17 @@ fn dead_apply(app: &App, form: &Params) -> Result<Response> {
             Err(e) => return Err(e).context("cannot change the dead letters"),
         };
     }
-    let verb = if action.requeue {
-        "requeued"
+    let notice = if action.requeue {
+        Notice::Requeued(changed)
     } else {
-        "discarded"
+        Notice::Discarded(changed)
     };
     tracing::info!(
         changed,
-        action = verb,
+        action = notice.verb(),
         "dead letters changed from the console"
     );
-    Ok(Response::see_other(&format!("/dead?{verb}={changed}")))
+    Ok(notice.redirect(app, "/dead"))
 }
 
 // ---------------------------------------------------------------------------
@@ -638,13 +628,7 @@ fn replay_filter(app: &App, f: &ReplayForm) -> std::result::Result<ReplayFilter,
 fn replay(app: &App, req: &Request) -> Result<Response> {
     let q = req.query_pairs();
     let form = replay_form(&q);
-    let done = q.get("replayed").map(|n| {
-        format!(
-            "Replayed {} events to {}; the relay delivers them now.",
-            n.parse::<u64>().unwrap_or(0),
-            q.get("to").unwrap_or("?")
-        )
-    });
+    let done = Notice::from_query(app, &q).map(|n| n.text());
     let (error, count) = if form.consumer.is_empty() {
         (None, None)
     } else {
@@ -688,10 +672,91 @@ fn replay_apply(app: &App, form: &Params) -> Result<Response> {
     let n =
         outboxd::replay::replay(&mut conn, &filter, Timestamp::now()).context("cannot replay")?;
     tracing::info!(replayed = n, consumer = %f.consumer, "replayed from the console");
-    Ok(Response::see_other(&format!(
-        "/replay?replayed={n}&to={}",
-        encode(&f.consumer)
-    )))
+    Ok(Notice::Replayed {
+        events: n,
+        to: f.consumer,
+    }
+    .redirect(app, "/replay"))
+}
+
+// ---------------------------------------------------------------------------
+// Banners.
+
+/// What an action did, shown as a banner on the page its POST redirects to.
+/// The redirect carries it in `done`, sealed by
+/// [`Auth::seal_notice`](super::auth::Auth::seal_notice); a `done` the
+/// console did not seal (a link made elsewhere, `?done=requeued+5`) shows
+/// nothing, so every banner is one the server issued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Notice {
+    /// Dead letters requeued.
+    Requeued(u64),
+    /// Dead letters discarded.
+    Discarded(u64),
+    /// Events replayed to a consumer.
+    Replayed { events: u64, to: String },
+}
+
+impl Notice {
+    /// The query parameter that carries a sealed notice.
+    const PARAM: &'static str = "done";
+
+    fn verb(&self) -> &'static str {
+        match self {
+            Notice::Requeued(_) => "requeued",
+            Notice::Discarded(_) => "discarded",
+            Notice::Replayed { .. } => "replayed",
+        }
+    }
+
+    /// `requeued:5`, `discarded:5`, `replayed:5:search`.
+    fn encode(&self) -> String {
+        match self {
+            Notice::Requeued(n) | Notice::Discarded(n) => format!("{}:{n}", self.verb()),
+            Notice::Replayed { events, to } => format!("{}:{events}:{to}", self.verb()),
+        }
+    }
+
+    fn decode(s: &str) -> Option<Notice> {
+        let (verb, rest) = s.split_once(':')?;
+        match verb {
+            "requeued" => rest.parse().ok().map(Notice::Requeued),
+            "discarded" => rest.parse().ok().map(Notice::Discarded),
+            "replayed" => {
+                let (n, to) = rest.split_once(':')?;
+                Some(Notice::Replayed {
+                    events: n.parse().ok()?,
+                    to: to.to_string(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The banner's text.
+    fn text(&self) -> String {
+        match self {
+            Notice::Requeued(n) => {
+                format!("Requeued {n} dead letters; the relay delivers them now.")
+            }
+            Notice::Discarded(n) => format!("Discarded {n} dead letters."),
+            Notice::Replayed { events, to } => {
+                format!("Replayed {events} events to {to}; the relay delivers them now.")
+            }
+        }
+    }
+
+    /// The 303 to `path` showing this notice.
+    fn redirect(&self, app: &App, path: &str) -> Response {
+        let sealed = app.auth.seal_notice(&self.encode(), Timestamp::now());
+        Response::see_other(&format!("{path}?{}={}", Self::PARAM, encode(&sealed)))
+    }
+
+    /// The notice a page's query carries, if the console sealed it.
+    fn from_query(app: &App, q: &Params) -> Option<Notice> {
+        let sealed = q.get(Self::PARAM)?;
+        Notice::decode(app.auth.open_notice(sealed, Timestamp::now())?)
+    }
 }
 
 // ---------------------------------------------------------------------------
