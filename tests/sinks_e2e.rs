@@ -297,6 +297,91 @@ fn command_consumers_inherit_no_variable_outboxd_reads_a_secret_from() {
 }
 
 // ---------------------------------------------------------------------------
+// Shutdown.
+
+/// The pid written into `file`, once it is there whole.
+fn pid_in(file: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.strip_suffix('\n')?.parse().ok()
+}
+
+/// True while `pid` is a process that has not ended (a zombie has).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn a_command_running_past_the_shutdown_grace_is_killed_with_what_it_started() {
+    let db = Sandbox::migrated();
+    // A program that hangs, with a process of its own in the background.
+    let hang = db.script(
+        "hang.sh",
+        r#"sleep 300 &
+echo $! > "$OUT/grandchild.tmp" && mv "$OUT/grandchild.tmp" "$OUT/grandchild"
+echo $$ > "$OUT/child.tmp" && mv "$OUT/child.tmp" "$OUT/child"
+wait"#,
+    );
+    let config = db.write(
+        "outboxd.toml",
+        &format!(
+            r#"[relay]
+lease = "5m"
+[[consumer]]
+name = "hang"
+types = ["*"]
+[consumer.sink]
+kind = "command"
+program = "{}"
+timeout = "4m"
+env = {{ OUT = "{}" }}
+"#,
+            hang.display(),
+            db.dir.path().display()
+        ),
+    );
+    let id = enqueue_one(&db);
+    let mut cmd = outboxd(
+        &db,
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--shutdown-grace",
+            "200ms",
+        ],
+    );
+    let mut run = Running::spawn(&mut cmd);
+    let (child, grandchild) = (db.file("child"), db.file("grandchild"));
+    wait_until("the program to start", WAIT, || {
+        run.assert_alive();
+        pid_in(&child).is_some() && pid_in(&grandchild).is_some()
+    });
+    let pids = [pid_in(&child).unwrap(), pid_in(&grandchild).unwrap()];
+    assert!(pids.iter().all(|&p| alive(p)), "{pids:?}");
+    run.signal("-TERM");
+    let status = run.wait(WAIT);
+    assert!(status.success(), "{status}:\n{}", run.stderr());
+    // The program and its background process end with outboxd, rather
+    // than run on beside the next relay's delivery of the same event.
+    wait_until("the program and what it started to be killed", WAIT, || {
+        pids.iter().all(|&p| !alive(p))
+    });
+    assert!(
+        run.stderr().contains("killed command sink programs"),
+        "{}",
+        run.stderr()
+    );
+    // Its row was given back, to be delivered again.
+    assert_eq!(status_of(&db, id), "pending");
+}
+
+// ---------------------------------------------------------------------------
 // Log lines.
 
 #[test]

@@ -185,8 +185,23 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     Ok(Exit::Ok)
 }
 
+/// Kills the programs of command sinks still running (deliveries the relay
+/// left behind after its grace: their rows are released, and another run
+/// will deliver them again), and says how many at WARN.
+pub fn kill_programs_left_behind() {
+    let killed = outboxd::sinks::command::kill_running();
+    if killed > 0 {
+        tracing::warn!(
+            killed,
+            "killed command sink programs still running after the shutdown grace; their \
+             events will be delivered again"
+        );
+    }
+}
+
 /// The first SIGINT/SIGTERM/SIGHUP is sent on the channel; a second one
-/// exits the process at once with 130.
+/// exits the process at once with 130 (killing command sinks' programs
+/// first).
 pub fn install_signal_handler() -> Result<Receiver<()>> {
     static SIGNALS: AtomicUsize = AtomicUsize::new(0);
     let (tx, rx) = crossbeam_channel::bounded(1);
@@ -195,6 +210,7 @@ pub fn install_signal_handler() -> Result<Receiver<()>> {
             let _ = tx.try_send(());
         } else {
             eprintln!("outboxd: second signal; exiting without waiting for deliveries in flight (their leases expire)");
+            outboxd::sinks::command::kill_running();
             std::process::exit(130);
         }
     })
