@@ -507,6 +507,80 @@ fn a_foreign_host_name_is_refused_on_loopback() {
     assert_eq!(get(&addr, "/").status, 200);
 }
 
+/// Regression: with its database file deleted, or another file moved into
+/// its place, `outboxd run` went on writing to the old file, which nobody
+/// reads, and /healthz said healthy. Now it logs an error, /healthz turns
+/// 503 while it stops, and it exits 3.
+#[test]
+fn a_database_file_deleted_or_replaced_under_run_turns_health_red_and_exits_3() {
+    for how in ["was deleted", "was replaced by another file"] {
+        let db = common::TestDb::new();
+        let addr = free_addr();
+        // A delivery in flight holds the shutdown open until the test lets
+        // it go: the time to read /healthz while outboxd stops.
+        let hold = db.write(
+            "hold.sh",
+            "#!/bin/sh
+touch \"$OUT/started\"
+while [ ! -e \"$OUT/release\" ]; do sleep 0.05; done
+",
+        );
+        std::fs::set_permissions(&hold, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let config = db.write(
+            "outboxd.toml",
+            &format!(
+                "[http]\nlisten = \"{addr}\"\n[[consumer]]\nname = \"hold\"\ntypes = [\"*\"]\n\
+                 [consumer.sink]\nkind = \"command\"\nprogram = \"{}\"\nenv = {{ OUT = \"{}\" }}\n",
+                hold.display(),
+                db.dir.path().display()
+            ),
+        );
+        db.enqueue(&[common::event("article.created.v1", 1)]);
+        let mut p = spawn(
+            &db.path,
+            &[
+                "run",
+                "--config",
+                config.to_str().unwrap(),
+                "--shutdown-grace",
+                "1m",
+            ],
+            &[],
+        );
+        wait_http(&mut p, &addr);
+        wait_until("the delivery to start", WAIT, || {
+            p.assert_alive();
+            db.file("started").exists()
+        });
+        assert_eq!(get(&addr, "/healthz").status, 200);
+        if how == "was deleted" {
+            std::fs::remove_file(&db.path).unwrap();
+        } else {
+            let other = db.write("other.db", "");
+            std::fs::rename(other, &db.path).unwrap();
+        }
+        let mut health = None;
+        wait_until("/healthz to turn unhealthy", WAIT, || {
+            p.assert_alive();
+            let r = get(&addr, "/healthz");
+            let red = r.status == 503;
+            health = Some(r);
+            red
+        });
+        let body = health.unwrap().body;
+        assert!(
+            body.contains(how) && body.contains("\"database\""),
+            "{body}"
+        );
+        std::fs::write(db.file("release"), "").unwrap();
+        let status = p.wait(WAIT);
+        assert_eq!(status.code(), Some(code::DATABASE), "{}", p.stderr());
+        let stderr = p.stderr();
+        assert!(stderr.contains("ERROR") && stderr.contains(how), "{stderr}");
+    }
+}
+
 #[test]
 fn run_serves_the_console_metrics_and_health_beside_its_relay() {
     let db = common::TestDb::new();

@@ -29,7 +29,7 @@ pub mod server;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -104,6 +104,9 @@ pub struct App {
     pub status: Cached<StatusView>,
     /// The overview's extras, measured on demand.
     pub extras: Cached<Extras>,
+    /// Why the process serving this is stopping ([`Console::fail`]):
+    /// /healthz reports it, whatever the status says.
+    pub failure: Arc<OnceLock<String>>,
 }
 
 impl App {
@@ -127,9 +130,17 @@ impl App {
 /// A running console.
 pub struct Console {
     server: server::Server,
+    failure: Arc<OnceLock<String>>,
 }
 
 impl Console {
+    /// Makes /healthz unhealthy from now on, saying `why` (the process is
+    /// stopping on a failure the status cannot see, such as its database
+    /// file deleted). The first reason stays.
+    pub fn fail(&self, why: &str) {
+        let _ = self.failure.set(why.to_string());
+    }
+
     /// The address served.
     pub fn addr(&self) -> SocketAddr {
         self.server.addr()
@@ -208,11 +219,13 @@ pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
         history,
         status,
         extras,
+        failure: Arc::new(OnceLock::new()),
     });
+    let failure = app.failure.clone();
     let handler = move |req: &server::Request| routes::handle(&app, req);
     let server = server::Server::start(listener, server::Limits::default(), Arc::new(handler))
         .context("cannot start the HTTP server")?;
-    Ok(Console { server })
+    Ok(Console { server, failure })
 }
 
 /// Starts the thread that records the relay's totals at the start of each

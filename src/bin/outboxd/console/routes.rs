@@ -189,6 +189,9 @@ fn healthz(app: &App) -> Response {
             "problems": [{ "threshold": threshold, "message": message }],
         })
     };
+    if let Some(why) = app.failure.get() {
+        return Response::json(503, &problem("database", why.clone()));
+    }
     match probe_status(app).as_deref().map(|m| &m.value) {
         None => Response::json(
             503,
