@@ -189,8 +189,7 @@ pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
                     }
                 }
             };
-            let since =
-                Timestamp::now().as_millis() / 60_000 * 60_000 - (chart::MINUTES - 1) * 60_000;
+            let since = chart::hour_start(Timestamp::now()).as_millis();
             Extras {
                 backlog: (!consumers.is_empty()).then(|| {
                     queries::consumer_backlog(&conn, &consumers).map_err(|e| e.to_string())
@@ -243,10 +242,10 @@ fn sample_every_minute(relay: Arc<Metrics>, pool: Pool) -> Result<Arc<History>> 
             .ok()
             .and_then(|c| queries::enqueued_total(&c).ok())
     };
-    let now = Timestamp::now().as_millis();
+    let now = Timestamp::now();
     if let Some(enqueued) = enqueued(&pool) {
         history.record(
-            now / 60_000,
+            chart::minute_of(now),
             Counts {
                 enqueued,
                 ..Counts::default()
@@ -260,16 +259,14 @@ fn sample_every_minute(relay: Arc<Metrics>, pool: Pool) -> Result<Arc<History>> 
             let mut now = now;
             loop {
                 // The next minute's start: a timer, not synchronisation.
-                let next = (now / 60_000 + 1) * 60_000;
-                std::thread::sleep(Duration::from_millis(
-                    u64::try_from(next - Timestamp::now().as_millis()).unwrap_or(0) + 5,
-                ));
-                now = Timestamp::now().as_millis();
+                let next = chart::start_of(chart::minute_of(now) + 1);
+                std::thread::sleep(next.since(Timestamp::now()) + Duration::from_millis(5));
+                now = Timestamp::now();
                 let Some(history) = h.upgrade() else { return };
                 if let Some(enqueued) = enqueued(&pool) {
                     let m = relay.snapshot();
                     history.record(
-                        now / 60_000,
+                        chart::minute_of(now),
                         Counts {
                             enqueued,
                             delivered: m.delivered,
@@ -331,7 +328,7 @@ mod tests {
             retried: m.retried,
             dead: m.dead_lettered,
         };
-        let now_minute = Timestamp::now().as_millis() / 60_000;
+        let now_minute = chart::minute_of(Timestamp::now());
         assert_eq!(history.series(now_minute, live).total().delivered, 7);
         relay.shutdown(Duration::from_secs(10)).unwrap();
     }

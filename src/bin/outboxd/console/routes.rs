@@ -29,6 +29,7 @@ use super::queries::{self, EventFilter, StateFilter};
 use super::server::{encode, Method, Params, Request, Response};
 use super::App;
 use crate::args::parse_duration;
+use crate::cmd::support::count;
 
 /// A measure this recent is reused rather than asked for again.
 const FRESH: Duration = Duration::from_secs(1);
@@ -275,7 +276,7 @@ fn overview(app: &App) -> Result<Response> {
         Some(Err(e)) => Some(format!("Cannot count retrying and dead per consumer: {e}")),
         _ => None,
     };
-    let now_minute = now.as_millis() / 60_000;
+    let now_minute = super::chart::minute_of(now);
     let (chart, chart_note) = match &app.history {
         Some(h) => (
             app.live_totals().map(|live| h.series(now_minute, live)),
@@ -322,8 +323,7 @@ fn parse_time(field: &str, s: &str, now: Timestamp) -> std::result::Result<Times
         }
     }
     if let Ok(d) = parse_duration(s) {
-        let ago = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        return Ok(Timestamp::from_millis(now.as_millis().saturating_sub(ago)));
+        return Ok(now.minus(d));
     }
     Err(format!(
         "{field}: {s:?} is not a time; use RFC 3339 (2026-11-30T07:18:00Z) or how long ago (30m, 2h, 1d)"
@@ -739,13 +739,17 @@ impl Notice {
     /// The banner's text.
     fn text(&self) -> String {
         match self {
-            Notice::Requeued(n) => {
-                format!("Requeued {n} dead letters; the relay delivers them now.")
+            Notice::Requeued(n) => format!(
+                "Requeued {}; the relay delivers them now.",
+                count(*n, "dead letter", "dead letters")
+            ),
+            Notice::Discarded(n) => {
+                format!("Discarded {}.", count(*n, "dead letter", "dead letters"))
             }
-            Notice::Discarded(n) => format!("Discarded {n} dead letters."),
-            Notice::Replayed { events, to } => {
-                format!("Replayed {events} events to {to}; the relay delivers them now.")
-            }
+            Notice::Replayed { events, to } => format!(
+                "Replayed {} to {to}; the relay delivers them now.",
+                count(*events, "event", "events")
+            ),
         }
     }
 
