@@ -142,7 +142,7 @@ impl Plan {
         let serve = serve(&with_token_env(config.http.clone(), token_env)?, listen)?;
         if let Some(s) = &serve {
             crate::config::http::distinct_from_metrics(s.listen, metrics)
-                .map_err(|(field, m)| Failure::config(format!("{field}: {m}")))?;
+                .map_err(|e| Failure::config(format!("{}: {e}", e.field())))?;
         }
         let console = match serve {
             Some(s) => Some((bind(s.listen, "the console", "--http or http.listen")?, s)),
@@ -221,7 +221,7 @@ fn with_token_env(mut http: HttpSettings, flag: Option<&str>) -> Result<HttpSett
 /// The server to start, or a config error naming the field.
 fn serve(http: &HttpSettings, listen: Option<SocketAddr>) -> Result<Option<HttpServe>> {
     http.serve(listen)
-        .map_err(|(field, m)| Failure::config(format!("{field}: {m}")).into())
+        .map_err(|e| Failure::config(format!("{}: {e}", e.field())).into())
 }
 
 fn bind(addr: SocketAddr, what: &str, flag: &str) -> Result<TcpListener> {

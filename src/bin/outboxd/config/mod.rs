@@ -441,6 +441,50 @@ impl Checker<'_> {
     }
 }
 
+/// An environment variable that should hold a secret does not. Never
+/// holds the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretEnvError {
+    /// The variable is not set.
+    #[error("environment variable {var} is not set; set it to {what}")]
+    NotSet {
+        /// The variable.
+        var: String,
+        /// What it should hold.
+        what: String,
+    },
+    /// Its value is not UTF-8.
+    #[error("environment variable {var} is not valid UTF-8; set it to {what}")]
+    NotUnicode {
+        /// The variable.
+        var: String,
+        /// What it should hold.
+        what: String,
+    },
+    /// Its value is empty or only whitespace.
+    #[error("environment variable {var} is empty; set it to {what}")]
+    Empty {
+        /// The variable.
+        var: String,
+        /// What it should hold.
+        what: String,
+    },
+}
+
+/// A secret from the environment variable `var`, which should hold `what`
+/// (said in the error): unset, non-UTF-8 and empty values are refused. The
+/// one reader of secrets from the environment (the sinks' `*_env` keys,
+/// the console's token).
+pub fn secret_from_env(var: &str, what: &str) -> Result<String, SecretEnvError> {
+    let (var, what) = (var.to_string(), what.to_string());
+    match std::env::var(&var) {
+        Ok(value) if value.trim().is_empty() => Err(SecretEnvError::Empty { var, what }),
+        Ok(value) => Ok(value),
+        Err(std::env::VarError::NotPresent) => Err(SecretEnvError::NotSet { var, what }),
+        Err(std::env::VarError::NotUnicode(_)) => Err(SecretEnvError::NotUnicode { var, what }),
+    }
+}
+
 /// Every environment variable the config text names as holding a secret:
 /// the value of every key whose name ends in `_env` (a variable's name, or
 /// a list of them), in any section: `[http] token_env`, a webhook's
@@ -576,7 +620,8 @@ fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigEr
     let metrics = metrics::check(c, &raw.metrics)?;
     let http = http::check(c, &raw.http)?;
     if let Some(console) = http.listen {
-        http::distinct_from_metrics(console, metrics).map_err(|(field, m)| c.err(field, m))?;
+        http::distinct_from_metrics(console, metrics)
+            .map_err(|e| c.err(e.field(), e.to_string()))?;
     }
     let settings = RelayWide {
         relay: &relay,

@@ -350,26 +350,9 @@ pub fn build(
 }
 
 /// A secret from the environment variable `var`, which the key at `field`
-/// names; unset, non-UTF-8 and empty values are refused, saying the
-/// variable should hold `what`. The value never appears in an error.
+/// names ([`crate::config::secret_from_env`], its error at `field`).
 fn env_secret(c: &Checker<'_>, field: &str, var: &str, what: &str) -> Result<String, ConfigError> {
-    let value = std::env::var(var).map_err(|e| {
-        let why = match e {
-            std::env::VarError::NotPresent => "is not set",
-            std::env::VarError::NotUnicode(_) => "is not valid UTF-8",
-        };
-        c.err(
-            field,
-            format!("environment variable {var} {why}; set it to {what}"),
-        )
-    })?;
-    if value.trim().is_empty() {
-        return Err(c.err(
-            field,
-            format!("environment variable {var} is empty; set it to {what}"),
-        ));
-    }
-    Ok(value)
+    super::secret_from_env(var, what).map_err(|e| c.err(field, e.to_string()))
 }
 
 /// At most one of `keys` (each with whether it is set): the second one set
