@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use outboxd::relay::Metrics;
-use outboxd::router::Pattern;
+use outboxd::router::Subscriptions;
 use outboxd::status::Thresholds;
 
 use super::Global;
@@ -96,10 +96,10 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             thresholds: config
                 .as_ref()
                 .map_or_else(alerts::without_config, |c| c.alerts),
-            consumers: config
-                .as_ref()
-                .map(|c| patterns(c.consumers.iter().zip(&c.consumer_types)))
-                .unwrap_or_default(),
+            consumers: match &config {
+                Some(c) => subscriptions(c.consumers.iter().zip(&c.consumer_types))?,
+                None => Subscriptions::default(),
+            },
             relay: None,
         },
     )?;
@@ -121,7 +121,7 @@ pub struct Plan {
     console: Option<(TcpListener, HttpServe)>,
     metrics: Option<TcpListener>,
     thresholds: Thresholds,
-    consumers: Vec<(String, Vec<Pattern>)>,
+    consumers: Subscriptions,
 }
 
 impl Plan {
@@ -156,7 +156,7 @@ impl Plan {
             console,
             metrics,
             thresholds: config.alerts,
-            consumers: patterns(config.consumers.iter().map(|c| (&c.name, &c.types))),
+            consumers: subscriptions(config.consumers.iter().map(|c| (&c.name, &c.types)))?,
         })
     }
 
@@ -233,18 +233,43 @@ fn bind(addr: SocketAddr, what: &str, flag: &str) -> Result<TcpListener> {
     })
 }
 
-/// Each consumer's name and the patterns it takes (a pattern the config
-/// check let through always parses).
-fn patterns<'a>(
+/// Each consumer's name and the patterns it takes, routed by the library's
+/// router. The config check refuses a bad pattern first; one that got here
+/// anyway is refused at its field, never dropped.
+fn subscriptions<'a>(
     consumers: impl Iterator<Item = (&'a String, &'a Vec<String>)>,
-) -> Vec<(String, Vec<Pattern>)> {
-    consumers
-        .map(|(name, types)| {
-            let patterns = types
-                .iter()
-                .filter_map(|t| Pattern::parse(t).ok())
-                .collect();
-            (name.clone(), patterns)
-        })
-        .collect()
+) -> Result<Subscriptions> {
+    Subscriptions::parse(consumers.map(|(name, types)| (name.as_str(), types))).map_err(|e| {
+        Failure::config(format!(
+            "consumer[{}].types[{}]: {}",
+            e.consumer(),
+            e.index(),
+            e.pattern_error()
+        ))
+        .into()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_pattern_is_refused_at_its_field_not_dropped() {
+        let (a, b) = ("hook".to_string(), "audit".to_string());
+        let (good, bad) = (
+            vec!["article.*.v1".to_string()],
+            vec!["*".to_string(), "Article.created".to_string()],
+        );
+        let e = subscriptions([(&a, &good), (&b, &bad)].into_iter()).unwrap_err();
+        let failure = e.downcast_ref::<Failure>().unwrap();
+        assert_eq!(failure.exit, crate::exit::Exit::Config);
+        assert!(
+            failure.to_string().starts_with("consumer[1].types[1]: "),
+            "{failure}"
+        );
+        let subs = subscriptions([(&a, &good), (&b, &bad[..1].to_vec())].into_iter()).unwrap();
+        let to: Vec<&str> = subs.consumers_for("article.created.v1").collect();
+        assert_eq!(to, ["hook", "audit"]);
+    }
 }

@@ -35,7 +35,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use outboxd::connection::ConnectionManager;
 use outboxd::relay::Metrics;
-use outboxd::router::Pattern;
+use outboxd::router::{Pattern, Subscriptions};
 use outboxd::status::Status;
 use outboxd::Timestamp;
 
@@ -64,7 +64,7 @@ pub struct Settings {
     pub thresholds: Thresholds,
     /// The configured consumers and the types they take (empty without a
     /// config).
-    pub consumers: Vec<(String, Vec<Pattern>)>,
+    pub consumers: Subscriptions,
     /// The running relay's counters, under `outboxd run`.
     pub relay: Option<Arc<Metrics>>,
 }
@@ -95,7 +95,7 @@ pub struct App {
     /// Serve /metrics and /healthz only.
     pub metrics_only: bool,
     /// Configured consumers.
-    pub consumers: Vec<(String, Vec<Pattern>)>,
+    pub consumers: Subscriptions,
     /// The relay's counters.
     pub relay: Option<Arc<Metrics>>,
     /// The relay's per-minute history.
@@ -177,7 +177,12 @@ pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
     };
     let extras = {
         let pool = pool.clone();
-        let consumers = settings.consumers.clone();
+        // consumer_backlog's input (it takes the pairs for now).
+        let consumers: Vec<(String, Vec<Pattern>)> = settings
+            .consumers
+            .iter()
+            .map(|s| (s.name.clone(), s.patterns.clone()))
+            .collect();
         let from_table = settings.relay.is_none();
         Cached::start("outboxd-overview", move || {
             let conn = match pool.get() {

@@ -243,7 +243,7 @@ fn overview(app: &App) -> Result<Response> {
         .map(|(s, _)| s.delivered_by_consumer.clone())
         .unwrap_or_default();
     let backlog = extras.as_deref().and_then(|e| e.value.backlog.as_ref());
-    let mut names: Vec<String> = app.consumers.iter().map(|(n, _)| n.clone()).collect();
+    let mut names: Vec<String> = app.consumers.names().map(str::to_string).collect();
     for name in ledger.keys() {
         if !names.contains(name) {
             names.push(name.clone());
@@ -256,8 +256,7 @@ fn overview(app: &App) -> Result<Response> {
             delivered: ledger.get(name).copied().unwrap_or(0),
             backlog: app
                 .consumers
-                .iter()
-                .position(|(n, _)| n == name)
+                .position(name)
                 .and_then(|i| backlog?.as_ref().ok()?.per_consumer.get(i).copied()),
             since_start: relay.as_ref().and_then(|m| {
                 m.per_consumer
@@ -336,7 +335,7 @@ fn parse_pattern(s: &str) -> std::result::Result<Pattern, String> {
 
 /// The consumer names the console knows: configured, then from the ledger.
 fn known_consumers(app: &App) -> Vec<String> {
-    let mut names: Vec<String> = app.consumers.iter().map(|(n, _)| n.clone()).collect();
+    let mut names: Vec<String> = app.consumers.names().map(str::to_string).collect();
     if let Some(m) = app.status.get(Duration::from_secs(3600), Duration::ZERO) {
         if let Ok((s, _)) = &m.value {
             for n in s.delivered_by_consumer.keys() {
@@ -423,9 +422,8 @@ fn event(app: &App, id: &str) -> Result<Response> {
     };
     let expected: Vec<String> = app
         .consumers
-        .iter()
-        .filter(|(_, types)| types.iter().any(|p| p.matches(&detail.row.event_type)))
-        .map(|(n, _)| n.clone())
+        .consumers_for(&detail.row.event_type)
+        .map(str::to_string)
         .collect();
     let title = format!("Event {}", detail.row.id);
     Ok(page(
@@ -607,8 +605,8 @@ fn replay_filter(app: &App, f: &ReplayForm) -> std::result::Result<ReplayFilter,
     if f.consumer.is_empty() {
         return Err("choose the consumer to replay to".into());
     }
-    let mut filter = ReplayFilter::new(&f.consumer)
-        .known_consumers(app.consumers.iter().map(|(n, _)| n.clone()));
+    let mut filter =
+        ReplayFilter::new(&f.consumer).known_consumers(app.consumers.names().map(str::to_string));
     if !f.event_type.is_empty() {
         filter = filter.event_type(parse_pattern(&f.event_type)?);
     }
