@@ -581,6 +581,55 @@ while [ ! -e \"$OUT/release\" ]; do sleep 0.05; done
     }
 }
 
+/// The threads of process `pid` named `name`.
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// Regression: `[metrics] listen` beside the console started a second
+/// console app: its own read pool, status and overview threads, server.
+/// Now one app and one server answer both addresses, each with its rules.
+#[test]
+fn the_console_and_the_metrics_address_share_one_app() {
+    let db = common::TestDb::new();
+    let (console_addr, metrics_addr) = (free_addr(), free_addr());
+    let token = "a-token-for-the-console-only-1234";
+    let mut p = spawn(
+        &db.path,
+        &[
+            "run",
+            "--http",
+            &console_addr,
+            "--http-token-env",
+            "SHARE_TEST_TOKEN",
+            "--metrics",
+            &metrics_addr,
+        ],
+        &[("SHARE_TEST_TOKEN", token)],
+    );
+    wait_http(&mut p, &console_addr);
+    wait_http(&mut p, &metrics_addr);
+    // Each address keeps its rules: the console wants the token, the
+    // metrics address serves counts to anyone and nothing else.
+    assert_eq!(get(&console_addr, "/metrics").status, 401);
+    let m = get(&metrics_addr, "/metrics");
+    assert_eq!(m.status, 200);
+    assert!(m.body.contains("outboxd_status_up 1"), "{}", m.body);
+    assert_eq!(get(&metrics_addr, "/healthz").status, 200);
+    assert_eq!(get(&metrics_addr, "/").status, 404);
+    let bearer = format!("Bearer {token}");
+    let r = http(&console_addr, "GET", "/", &[("Authorization", &bearer)], "");
+    assert_eq!(r.status, 200);
+    // One status measure, one overview measure, one poller.
+    for name in ["outboxd-status", "outboxd-overvie", "outboxd-http"] {
+        assert_eq!(threads_named(p.pid(), name), 1, "threads named {name}");
+    }
+}
+
 #[test]
 fn run_serves_the_console_metrics_and_health_beside_its_relay() {
     let db = common::TestDb::new();

@@ -13,7 +13,7 @@ use outboxd::status::Thresholds;
 
 use super::Global;
 use crate::config::{alerts, resolve_listen, Config, HttpServe, HttpSettings};
-use crate::console::{self, Console, Settings};
+use crate::console::{self, Console, Listeners, Settings};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd console --help`.
@@ -85,14 +85,17 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     };
     let serve = serve(&http, listen)?.context("no address to serve on")?;
     let listener = bind(serve.listen, "the console", "--http or http.listen")?;
+    // The address bound (the port given may be 0).
+    let addr = listener.local_addr().unwrap_or(serve.listen);
     super::database::for_reading(&db)?;
     let signals = super::run::install_signal_handler()?;
     let started = console::start(
-        listener,
+        Listeners {
+            console: Some((listener, serve)),
+            probes: None,
+        },
         Settings {
             db: db.clone(),
-            serve,
-            metrics_only: false,
             thresholds: config
                 .as_ref()
                 .map_or_else(alerts::without_config, |c| c.alerts),
@@ -106,7 +109,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     tracing::info!(
         database = %db.display(),
         "serving the console at http://{}/ (no relay in this process); SIGINT or SIGTERM stops it",
-        started.addr()
+        addr
     );
     let _ = signals.recv();
     started.stop();
@@ -160,51 +163,34 @@ impl Plan {
         })
     }
 
-    /// Starts the servers for the relay whose counters are `relay`.
-    pub fn start(self, db: &Path, relay: Arc<Metrics>) -> Result<Vec<Console>> {
-        let mut started = Vec::new();
-        let servers = self
-            .console
-            .map(|(l, s)| (l, s, false))
-            .into_iter()
-            .chain(self.metrics.map(|l| {
-                let listen = l
-                    .local_addr()
-                    .unwrap_or_else(|_| ([127, 0, 0, 1], 0).into());
-                // /metrics and /healthz only, without a token, as before
-                // the console existed.
-                let serve = HttpServe {
-                    listen,
-                    token: None,
-                    read_only: true,
-                };
-                (l, serve, true)
-            }));
-        for (listener, serve, metrics_only) in servers {
-            let c = console::start(
-                listener,
-                Settings {
-                    db: db.to_path_buf(),
-                    serve,
-                    metrics_only,
-                    thresholds: self.thresholds,
-                    consumers: self.consumers.clone(),
-                    relay: Some(relay.clone()),
-                },
-            )?;
-            if metrics_only {
-                // As the metrics server logged it before the console (scripts
-                // and tests read the address from this line).
-                tracing::info!(address = ?Some(c.addr()), "serving Prometheus metrics at /metrics (and /healthz)");
-            } else {
-                tracing::info!(
-                    "serving the console at http://{}/ (with /metrics and /healthz)",
-                    c.addr()
-                );
-            }
-            started.push(c);
+    /// Starts the servers for the relay whose counters are `relay`: one
+    /// console app (one read pool, one set of measures and threads)
+    /// answering both addresses; None when neither is configured.
+    pub fn start(self, db: &Path, relay: Arc<Metrics>) -> Result<Option<Console>> {
+        if self.console.is_none() && self.metrics.is_none() {
+            return Ok(None);
         }
-        Ok(started)
+        let c = console::start(
+            Listeners {
+                console: self.console,
+                probes: self.metrics,
+            },
+            Settings {
+                db: db.to_path_buf(),
+                thresholds: self.thresholds,
+                consumers: self.consumers,
+                relay: Some(relay),
+            },
+        )?;
+        if let Some(addr) = c.console_addr() {
+            tracing::info!("serving the console at http://{addr}/ (with /metrics and /healthz)");
+        }
+        if let Some(addr) = c.probes_addr() {
+            // As the metrics server logged it before the console (scripts
+            // and tests read the address from this line).
+            tracing::info!(address = ?Some(addr), "serving Prometheus metrics at /metrics (and /healthz)");
+        }
+        Ok(Some(c))
     }
 }
 

@@ -182,7 +182,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
                 db.display()
             );
             tracing::error!("{message}");
-            for s in &servers {
+            if let Some(s) = &servers {
                 s.fail(&message);
             }
             failure = Some(message);

@@ -52,14 +52,21 @@ pub type Pool = r2d2::Pool<ConnectionManager>;
 /// the background measures.
 const POOL_SIZE: u32 = 6;
 
+/// Where to serve: the console (with /metrics and /healthz), and the
+/// legacy `[metrics] listen` address (/metrics and /healthz alone, without
+/// a token). One [`App`] and one server's threads answer both.
+#[derive(Default)]
+pub struct Listeners {
+    /// The console's listener, with its address, token and read-only switch.
+    pub console: Option<(TcpListener, HttpServe)>,
+    /// The `[metrics] listen` listener.
+    pub probes: Option<TcpListener>,
+}
+
 /// What the server is started with.
 pub struct Settings {
     /// The database.
     pub db: PathBuf,
-    /// Address, token and read-only switch.
-    pub serve: HttpServe,
-    /// Serve only /metrics and /healthz (the legacy `[metrics] listen`).
-    pub metrics_only: bool,
     /// The health thresholds (as `outboxd status` takes them).
     pub thresholds: Thresholds,
     /// The configured consumers and the types they take (empty without a
@@ -92,8 +99,6 @@ pub struct App {
     pub auth: auth::Auth,
     /// Hide every action.
     pub read_only: bool,
-    /// Serve /metrics and /healthz only.
-    pub metrics_only: bool,
     /// Configured consumers.
     pub consumers: Subscriptions,
     /// The relay's counters.
@@ -131,6 +136,9 @@ impl App {
 pub struct Console {
     server: server::Server,
     failure: Arc<OnceLock<String>>,
+    /// Which of the server's addresses is the console's, and the probes'.
+    console_site: Option<usize>,
+    probes_site: Option<usize>,
 }
 
 impl Console {
@@ -141,9 +149,14 @@ impl Console {
         let _ = self.failure.set(why.to_string());
     }
 
-    /// The address served.
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
+    /// The console's address, if it serves one.
+    pub fn console_addr(&self) -> Option<SocketAddr> {
+        self.console_site.map(|i| self.server.addrs()[i])
+    }
+
+    /// The `[metrics] listen` address, if it serves one.
+    pub fn probes_addr(&self) -> Option<SocketAddr> {
+        self.probes_site.map(|i| self.server.addrs()[i])
     }
 
     /// Stops taking requests and waits for those being answered.
@@ -153,8 +166,8 @@ impl Console {
 }
 
 /// Opens the pool (the database must exist and be migrated), starts the
-/// background measures and serves on `listener`.
-pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
+/// background measures and serves on the listeners.
+pub fn start(listeners: Listeners, settings: Settings) -> Result<Console> {
     let manager = ConnectionManager::read_only(&settings.db);
     let pool = r2d2::Pool::builder()
         .max_size(POOL_SIZE)
@@ -208,16 +221,23 @@ pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
         Some(relay) => Some(sample_every_minute(relay.clone(), pool.clone())?),
         None => None,
     };
-    let app = Arc::new(App {
-        // The address bound (the config's port may be 0), for messages.
-        auth: auth::Auth::new(
-            settings.serve.token.clone(),
-            listener.local_addr().unwrap_or(settings.serve.listen),
+    // The probes' listener needs no rules: it serves counts to anyone.
+    let (auth, read_only) = match &listeners.console {
+        Some((listener, serve)) => (
+            // The address bound (the config's port may be 0), for messages.
+            auth::Auth::new(
+                serve.token.clone(),
+                listener.local_addr().unwrap_or(serve.listen),
+            ),
+            serve.read_only,
         ),
+        None => (auth::Auth::new(None, ([127, 0, 0, 1], 0).into()), true),
+    };
+    let app = Arc::new(App {
+        auth,
         db: settings.db,
         pool,
-        read_only: settings.serve.read_only,
-        metrics_only: settings.metrics_only,
+        read_only,
         consumers: settings.consumers,
         relay: settings.relay,
         history,
@@ -226,10 +246,31 @@ pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
         failure: Arc::new(OnceLock::new()),
     });
     let failure = app.failure.clone();
-    let handler = move |req: &server::Request| routes::handle(&app, req);
-    let server = server::Server::start(listener, server::Limits::default(), Arc::new(handler))
+    let mut sites: Vec<(TcpListener, Arc<server::Handler>)> = Vec::new();
+    let console_site = listeners.console.map(|(listener, _)| {
+        let app = app.clone();
+        sites.push((
+            listener,
+            Arc::new(move |req: &server::Request| routes::handle(&app, req)),
+        ));
+        sites.len() - 1
+    });
+    let probes_site = listeners.probes.map(|listener| {
+        let app = app.clone();
+        sites.push((
+            listener,
+            Arc::new(move |req: &server::Request| routes::handle_probes(&app, req)),
+        ));
+        sites.len() - 1
+    });
+    let server = server::Server::start(sites, server::Limits::default())
         .context("cannot start the HTTP server")?;
-    Ok(Console { server, failure })
+    Ok(Console {
+        server,
+        failure,
+        console_site,
+        probes_site,
+    })
 }
 
 /// Starts the thread that records the relay's totals at the start of each

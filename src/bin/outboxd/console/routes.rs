@@ -51,22 +51,23 @@ fn probe_status(app: &App) -> Option<std::sync::Arc<super::cache::Measured<super
 
 const CSS: &str = include_str!("console.css");
 
-/// Answers one request.
+/// Answers one request on the `[metrics] listen` address: counts only, no
+/// token, any Host, as it was before the console existed.
+pub fn handle_probes(app: &App, req: &Request) -> Response {
+    match (req.method, req.path.as_str()) {
+        (Method::Get, "/metrics") => metrics(app),
+        (Method::Get, "/healthz") => healthz(app),
+        (Method::Get, _) => Response::text(
+            404,
+            "not found; this address serves /metrics and /healthz ([http] listen serves the console)\n",
+        ),
+        _ => Response::text(405, "only GET /metrics and /healthz\n"),
+    }
+}
+
+/// Answers one request on the console's address.
 pub fn handle(app: &App, req: &Request) -> Response {
     let path = req.path.as_str();
-    if app.metrics_only {
-        // The `[metrics]` server: counts only, no token, any Host, as it
-        // was before the console existed.
-        return match (req.method, path) {
-            (Method::Get, "/metrics") => metrics(app),
-            (Method::Get, "/healthz") => healthz(app),
-            (Method::Get, _) => Response::text(
-                404,
-                "not found; this address serves /metrics and /healthz ([http] listen serves the console)\n",
-            ),
-            _ => Response::text(405, "only GET /metrics and /healthz\n"),
-        };
-    }
     match app.auth.admit(req, Timestamp::now()) {
         Ok(()) => {}
         Err(Refusal::Forbidden(m)) => return Response::text(403, format!("{m}\n")),
