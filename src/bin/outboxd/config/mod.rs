@@ -698,7 +698,12 @@ fn check_with_library(
     match b.build() {
         Ok(_) => Ok(()),
         Err(outboxd::Error::InvalidSetting(e)) => Err(setting_error(c, &e)),
-        Err(other) => Err(c.err("", other.to_string())),
+        // `build` documents no other error; should one come, it is about
+        // the relay's settings as a whole, and said at that section.
+        Err(other) => Err(c.err(
+            "relay",
+            format!("the relay refused these settings: {other}"),
+        )),
     }
 }
 

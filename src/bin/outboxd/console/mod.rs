@@ -76,17 +76,31 @@ pub struct Settings {
     pub relay: Option<Arc<Metrics>>,
 }
 
+/// Why a background measure could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    /// No read connection could be had from the pool.
+    #[error("no read connection to the database: {0}")]
+    Pool(#[from] r2d2::Error),
+    /// The library's status failed.
+    #[error(transparent)]
+    Status(#[from] outboxd::Error),
+    /// One of the console's own queries failed.
+    #[error(transparent)]
+    Query(#[from] rusqlite::Error),
+}
+
 /// The status and its health verdict, or why it could not be read.
-pub type StatusView = std::result::Result<(Status, Vec<Problem>), String>;
+pub type StatusView = std::result::Result<(Status, Vec<Problem>), MeasureError>;
 
 /// What the overview adds to the status, measured in the background.
 #[derive(Debug, Default)]
 pub struct Extras {
     /// Per configured consumer (retrying, dead) not yet delivered by it, and
     /// whether a bound cut the count short.
-    pub backlog: Option<std::result::Result<queries::Backlog, String>>,
+    pub backlog: Option<std::result::Result<queries::Backlog, MeasureError>>,
     /// The chart's rows from the table (`outboxd console`, no relay).
-    pub chart_rows: Option<std::result::Result<Vec<(i64, Counts)>, String>>,
+    pub chart_rows: Option<std::result::Result<Vec<(i64, Counts)>, MeasureError>>,
 }
 
 /// Everything the handlers share.
@@ -180,13 +194,7 @@ pub fn start(listeners: Listeners, settings: Settings) -> Result<Console> {
     let status = {
         let pool = pool.clone();
         let thresholds = settings.thresholds;
-        Cached::start("outboxd-status", move || {
-            let conn = pool.get().map_err(|e| e.to_string())?;
-            let status =
-                outboxd::status::status(&conn, Timestamp::now()).map_err(|e| e.to_string())?;
-            let problems = crate::cmd::status::problems(&status, &thresholds);
-            Ok((status, problems))
-        })?
+        Cached::start("outboxd-status", move || measure_status(&pool, &thresholds))?
     };
     let extras = {
         let pool = pool.clone();
@@ -202,18 +210,17 @@ pub fn start(listeners: Listeners, settings: Settings) -> Result<Console> {
                 Ok(c) => c,
                 Err(e) => {
                     return Extras {
-                        backlog: Some(Err(e.to_string())),
+                        backlog: Some(Err(e.into())),
                         chart_rows: None,
                     }
                 }
             };
             let since = chart::hour_start(Timestamp::now()).as_millis();
             Extras {
-                backlog: (!consumers.is_empty()).then(|| {
-                    queries::consumer_backlog(&conn, &consumers).map_err(|e| e.to_string())
-                }),
+                backlog: (!consumers.is_empty())
+                    .then(|| queries::consumer_backlog(&conn, &consumers).map_err(Into::into)),
                 chart_rows: from_table
-                    .then(|| queries::minute_counts(&conn, since).map_err(|e| e.to_string())),
+                    .then(|| queries::minute_counts(&conn, since).map_err(Into::into)),
             }
         })?
     };
@@ -273,6 +280,14 @@ pub fn start(listeners: Listeners, settings: Settings) -> Result<Console> {
     })
 }
 
+/// The status now and its verdict against `thresholds`.
+fn measure_status(pool: &Pool, thresholds: &Thresholds) -> StatusView {
+    let conn = pool.get()?;
+    let status = outboxd::status::status(&conn, Timestamp::now())?;
+    let problems = crate::cmd::status::problems(&status, thresholds);
+    Ok((status, problems))
+}
+
 /// Starts the thread that records the relay's totals at the start of each
 /// minute, for the chart.
 ///
@@ -329,6 +344,25 @@ fn sample_every_minute(relay: Arc<Metrics>, pool: Pool) -> Result<Arc<History>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_that_cannot_be_read_says_why_in_a_typed_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("app.db");
+        let mut conn = outboxd::connection::open(&db).unwrap();
+        outboxd::schema::migrate(&mut conn).unwrap();
+        let pool = r2d2::Pool::builder()
+            .max_size(1)
+            .build(ConnectionManager::read_only(&db))
+            .unwrap();
+        let thresholds = crate::config::alerts::without_config();
+        assert!(measure_status(&pool, &thresholds).is_ok());
+        conn.execute_batch("DROP TABLE event_outbox").unwrap();
+        match measure_status(&pool, &thresholds) {
+            Err(MeasureError::Status(e)) => assert!(e.to_string().contains("event_outbox"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn the_chart_counts_the_relays_deliveries_from_its_start() {

@@ -213,10 +213,10 @@ fn healthz(app: &App) -> Response {
 fn metrics(app: &App) -> Response {
     let measured = probe_status(app);
     let relay = app.relay.as_ref().map(|r| r.snapshot());
-    let status = match measured.as_deref().map(|m| &m.value) {
+    let status: Result<_, &dyn std::fmt::Display> = match measured.as_deref().map(|m| &m.value) {
         Some(Ok((s, _))) => Ok(s),
-        Some(Err(e)) => Err(e.as_str()),
-        None => Err("not measured yet"),
+        Some(Err(e)) => Err(e),
+        None => Err(&"not measured yet"),
     };
     if let Err(e) = status {
         tracing::warn!(error = %e, "cannot read the outbox status for metrics");
