@@ -271,7 +271,7 @@ fn webhook_deliveries_are_signed_retried_and_dead_lettered_by_status() {
 [[consumer]]
 name = "hook"
 types = ["order.*.v1"]
-retry = {{ initial = "100ms", max_delay = "200ms", max_attempts = 4, jitter = 0.0 }}
+retry = {{ initial = "100ms", max_delay = "2s", max_attempts = 4, jitter = 0.0 }}
 [consumer.sink]
 kind = "webhook"
 url = "{url}"
@@ -317,7 +317,7 @@ connect_timeout = "1s"
     assert_eq!(ra.len(), 2, "429 is retried");
     assert!(
         ra[1].at.duration_since(ra[0].at) >= Duration::from_millis(950),
-        "Retry-After: 1 is honoured over the 100ms backoff: {:?}",
+        "Retry-After: 1 is honoured over the 100ms backoff (up to max_delay 2s): {:?}",
         ra[1].at.duration_since(ra[0].at)
     );
     let (st, _, err) = row(&sb, id("gone"));

@@ -860,7 +860,7 @@ pub(crate) mod tests {
             (
                 "[relay]\nlease = \"0s\"",
                 "relay.lease",
-                "0s is too short; allowed: 1s or more",
+                "0s is out of range; allowed: 1s to 10m",
             ),
             (
                 "[relay]\npoll_interval = \"2m\"",
