@@ -11,7 +11,7 @@ mod console_support;
 use std::time::Duration;
 
 use common::bin::{code, Outboxd, Running};
-use console_support::{csrf, form, free_addr, get, http, post_form, spawn, wait_http, wait_until};
+use console_support::{csrf, form, get, post_form, request, spawn, wait_until};
 use rusqlite::params;
 
 const T0: i64 = 1_764_487_080_000;
@@ -32,11 +32,10 @@ fn dead_letters(db: &common::TestDb, ty: &str, n: usize) {
 }
 
 fn console(db: &common::TestDb, extra: &[&str], env: &[(&str, &str)]) -> (Running, String) {
-    let addr = free_addr();
-    let mut args = vec!["console", "--http", &addr];
+    let mut args = vec!["console", "--http", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     let mut p = spawn(&db.path, &args, env);
-    wait_http(&mut p, &addr);
+    let addr = p.console_address();
     (p, addr)
 }
 
@@ -82,12 +81,12 @@ fn a_post_without_the_csrf_token_or_from_another_origin_changes_nothing() {
     for (case, headers, body) in &attempts {
         let mut h = headers.clone();
         h.push(("Content-Type", "application/x-www-form-urlencoded"));
-        let r = http(&addr, "POST", "/dead/apply", &h, body);
+        let r = request(&addr, "POST", "/dead/apply", &h, body);
         assert_eq!(r.status, 403, "{case}: {}", r.body);
         assert_eq!(dead(), 3, "{case} changed nothing");
     }
     // The control: the same POST from the console's own page is taken.
-    let r = http(
+    let r = request(
         &addr,
         "POST",
         "/dead/apply",
@@ -182,7 +181,7 @@ fn the_confirmation_names_how_many_rows_each_action_changes() {
     let post = |path: &str, pairs: &[(&str, &str)]| {
         let mut pairs = pairs.to_vec();
         pairs.push(("csrf", &token));
-        http(
+        request(
             &addr,
             "POST",
             path,
@@ -231,7 +230,7 @@ fn read_only_hides_every_action_and_refuses_posts() {
     assert!(!page.body.contains("method=\"post\""), "{}", page.body);
     let event = get(&addr, "/events/1");
     assert!(!event.body.contains("Requeue"), "{}", event.body);
-    let r = http(
+    let r = request(
         &addr,
         "POST",
         "/dead/apply",
@@ -247,9 +246,8 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     let db = common::TestDb::new();
     dead_letters(&db, "article.created.v1", 1);
     // Without a token, outboxd refuses to start (a config error).
-    let port = free_addr().rsplit(':').next().unwrap().to_string();
-    let any = format!("0.0.0.0:{port}");
-    let mut p = spawn(&db.path, &["console", "--http", &any], &[]);
+    let any = "0.0.0.0:0";
+    let mut p = spawn(&db.path, &["console", "--http", any], &[]);
     assert_eq!(
         p.wait(Duration::from_secs(30)).code(),
         Some(code::CONFIG),
@@ -278,14 +276,13 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
         &[
             "console",
             "--http",
-            &any,
+            any,
             "--config",
             config.to_str().unwrap(),
         ],
         &[("CONSOLE_TEST_TOKEN", token)],
     );
-    let addr = format!("127.0.0.1:{port}");
-    wait_http(&mut p, &addr);
+    let addr = p.console_address().replace("0.0.0.0", "127.0.0.1");
     for path in ["/", "/dead", "/events/1", "/metrics", "/healthz"] {
         let r = get(&addr, path);
         assert_eq!(r.status, 401, "{path}: {}", r.body);
@@ -298,10 +295,10 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     assert!(get(&addr, "/metrics").header("WWW-Authenticate").is_some());
     for scheme in ["Bearer", "bearer", "BEARER"] {
         let bearer = format!("{scheme} {token}");
-        let r = http(&addr, "GET", "/metrics", &[("Authorization", &bearer)], "");
+        let r = request(&addr, "GET", "/metrics", &[("Authorization", &bearer)], "");
         assert_eq!(r.status, 200, "{scheme}: {}", r.body);
     }
-    let r = http(
+    let r = request(
         &addr,
         "GET",
         "/",
@@ -314,7 +311,7 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     let login = get(&addr, "/login");
     let own = format!("http://{addr}");
     let post_login = |given: &str| {
-        http(
+        request(
             &addr,
             "POST",
             "/login",
@@ -339,7 +336,7 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     );
     assert!(!cookie.contains(token), "the cookie never holds the token");
     let session = cookie.split(';').next().unwrap();
-    let r = http(&addr, "GET", "/dead", &[("Cookie", session)], "");
+    let r = request(&addr, "GET", "/dead", &[("Cookie", session)], "");
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.body.contains("article.created.v1"));
 }
@@ -347,19 +344,22 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
 #[test]
 fn run_takes_the_console_token_variable_from_the_command_line() {
     let db = common::TestDb::new();
-    let port = free_addr().rsplit(':').next().unwrap().to_string();
-    let any = format!("0.0.0.0:{port}");
     let token = "a-token-from-the-command-line-42";
     let mut p = spawn(
         &db.path,
-        &["run", "--http", &any, "--http-token-env", "RUN_TEST_TOKEN"],
+        &[
+            "run",
+            "--http",
+            "0.0.0.0:0",
+            "--http-token-env",
+            "RUN_TEST_TOKEN",
+        ],
         &[("RUN_TEST_TOKEN", token)],
     );
-    let addr = format!("127.0.0.1:{port}");
-    wait_http(&mut p, &addr);
+    let addr = p.console_address().replace("0.0.0.0", "127.0.0.1");
     assert_eq!(get(&addr, "/healthz").status, 401);
     let bearer = format!("Bearer {token}");
-    let r = http(&addr, "GET", "/healthz", &[("Authorization", &bearer)], "");
+    let r = request(&addr, "GET", "/healthz", &[("Authorization", &bearer)], "");
     assert_eq!(r.status, 200, "{}", r.body);
     // An unset variable is refused, naming it.
     let mut p = spawn(
@@ -367,7 +367,7 @@ fn run_takes_the_console_token_variable_from_the_command_line() {
         &[
             "console",
             "--http",
-            &free_addr(),
+            "127.0.0.1:0",
             "--http-token-env",
             "UNSET_TOKEN_VAR_9z",
         ],
@@ -493,12 +493,15 @@ fn sigterm_lets_a_long_console_action_finish_and_answer() {
 fn a_foreign_host_name_is_refused_on_loopback() {
     let db = common::TestDb::new();
     let (_p, addr) = console(&db, &[], &[]);
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    use std::io::{Read, Write};
-    write!(s, "GET / HTTP/1.0\r\nHost: rebound.evil.example:80\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(out.starts_with("HTTP/1.0 403"), "{out}");
+    let r = request(
+        &addr,
+        "GET",
+        "/",
+        &[("Host", "rebound.evil.example:80")],
+        "",
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    let out = r.body;
     assert!(out.contains("DNS rebinding"), "{out}");
     assert!(
         out.contains(&format!("open the console at http://{addr}/")),
@@ -515,7 +518,6 @@ fn a_foreign_host_name_is_refused_on_loopback() {
 fn a_database_file_deleted_or_replaced_under_run_turns_health_red_and_exits_3() {
     for how in ["was deleted", "was replaced by another file"] {
         let db = common::TestDb::new();
-        let addr = free_addr();
         // A delivery in flight holds the shutdown open until the test lets
         // it go: the time to read /healthz while outboxd stops.
         let hold = db.write(
@@ -530,7 +532,7 @@ while [ ! -e \"$OUT/release\" ]; do sleep 0.05; done
         let config = db.write(
             "outboxd.toml",
             &format!(
-                "[http]\nlisten = \"{addr}\"\n[[consumer]]\nname = \"hold\"\ntypes = [\"*\"]\n\
+                "[http]\nlisten = \"127.0.0.1:0\"\n[[consumer]]\nname = \"hold\"\ntypes = [\"*\"]\n\
                  [consumer.sink]\nkind = \"command\"\nprogram = \"{}\"\nenv = {{ OUT = \"{}\" }}\n",
                 hold.display(),
                 db.dir.path().display()
@@ -548,7 +550,7 @@ while [ ! -e \"$OUT/release\" ]; do sleep 0.05; done
             ],
             &[],
         );
-        wait_http(&mut p, &addr);
+        let addr = p.console_address();
         wait_until("the delivery to start", WAIT, || {
             p.assert_alive();
             db.file("started").exists()
@@ -596,23 +598,22 @@ fn threads_named(pid: u32, name: &str) -> usize {
 #[test]
 fn the_console_and_the_metrics_address_share_one_app() {
     let db = common::TestDb::new();
-    let (console_addr, metrics_addr) = (free_addr(), free_addr());
     let token = "a-token-for-the-console-only-1234";
     let mut p = spawn(
         &db.path,
         &[
             "run",
             "--http",
-            &console_addr,
+            "127.0.0.1:0",
             "--http-token-env",
             "SHARE_TEST_TOKEN",
             "--metrics",
-            &metrics_addr,
+            "127.0.0.1:0",
         ],
         &[("SHARE_TEST_TOKEN", token)],
     );
-    wait_http(&mut p, &console_addr);
-    wait_http(&mut p, &metrics_addr);
+    let console_addr = p.console_address();
+    let metrics_addr = p.logged_address("address=Some(");
     // Each address keeps its rules: the console wants the token, the
     // metrics address serves counts to anyone and nothing else.
     assert_eq!(get(&console_addr, "/metrics").status, 401);
@@ -622,7 +623,7 @@ fn the_console_and_the_metrics_address_share_one_app() {
     assert_eq!(get(&metrics_addr, "/healthz").status, 200);
     assert_eq!(get(&metrics_addr, "/").status, 404);
     let bearer = format!("Bearer {token}");
-    let r = http(&console_addr, "GET", "/", &[("Authorization", &bearer)], "");
+    let r = request(&console_addr, "GET", "/", &[("Authorization", &bearer)], "");
     assert_eq!(r.status, 200);
     // One status measure, one overview measure, one poller.
     for name in ["outboxd-status", "outboxd-overvie", "outboxd-http"] {
@@ -633,12 +634,11 @@ fn the_console_and_the_metrics_address_share_one_app() {
 #[test]
 fn run_serves_the_console_metrics_and_health_beside_its_relay() {
     let db = common::TestDb::new();
-    let addr = free_addr();
     let out = db.file("out.jsonl");
     let config = db.write(
         "outboxd.toml",
         &format!(
-            "[http]\nlisten = \"{addr}\"\n[alerts]\nmax_dead = 0\n[[consumer]]\nname = \"file\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"{}\"\n",
+            "[http]\nlisten = \"127.0.0.1:0\"\n[alerts]\nmax_dead = 0\n[[consumer]]\nname = \"file\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"{}\"\n",
             out.display()
         ),
     );
@@ -647,7 +647,7 @@ fn run_serves_the_console_metrics_and_health_beside_its_relay() {
         &["run", "--config", config.to_str().unwrap()],
         &[],
     );
-    wait_http(&mut run, &addr);
+    let addr = run.console_address();
     db.enqueue(&[
         common::event("article.created.v1", 1),
         common::event("article.created.v1", 2),
@@ -700,9 +700,8 @@ fn run_serves_the_console_metrics_and_health_beside_its_relay() {
 fn health_under_run_status_and_the_console_agree_without_a_config() {
     let db = common::TestDb::new();
     dead_letters(&db, "order.placed.v1", 10);
-    let run_addr = free_addr();
-    let mut run = spawn(&db.path, &["run", "--http", &run_addr], &[]);
-    wait_http(&mut run, &run_addr);
+    let mut run = spawn(&db.path, &["run", "--http", "127.0.0.1:0"], &[]);
+    let run_addr = run.console_address();
     let (_console, console_addr) = console(&db, &[], &[]);
 
     let status = Outboxd::on(&db.path).json(&["status", "--json"], code::PROBLEMS);
@@ -782,7 +781,6 @@ fn pages_show_rows_that_foreign_producers_wrote_badly() {
 fn a_console_requeue_under_run_keeps_the_relays_locks_and_its_wal() {
     let db = common::TestDb::new();
     dead_letters(&db, "article.created.v1", 1);
-    let addr = free_addr();
     let out = db.file("out.jsonl");
     let config = db.write(
         "outboxd.toml",
@@ -793,10 +791,16 @@ fn a_console_requeue_under_run_keeps_the_relays_locks_and_its_wal() {
     );
     let mut run = spawn(
         &db.path,
-        &["run", "--config", config.to_str().unwrap(), "--http", &addr],
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--http",
+            "127.0.0.1:0",
+        ],
         &[],
     );
-    wait_http(&mut run, &addr);
+    let addr = run.console_address();
     let lines = || -> Vec<String> {
         std::fs::read_to_string(&out)
             .unwrap_or_default()

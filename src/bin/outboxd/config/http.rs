@@ -16,7 +16,9 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use super::{resolve_listen, secret_from_env, Checker, ConfigError, SecretEnvError};
+use super::{
+    process_env, resolve_listen, secret_from_env, Checker, ConfigError, Env, SecretEnvError,
+};
 
 /// The shortest token accepted: shorter ones can be guessed.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -150,7 +152,7 @@ pub fn check(c: &Checker<'_>, raw: &RawHttp) -> Result<HttpSettings, ConfigError
         token_env: raw.token_env.clone(),
         read_only: raw.read_only.unwrap_or(false),
     };
-    settings.serve(None).map_err(at)?;
+    settings.serve_with(None, c.env_lookup()).map_err(at)?;
     Ok(settings)
 }
 
@@ -162,7 +164,8 @@ pub fn distinct_from_metrics(
     metrics: Option<SocketAddr>,
 ) -> Result<(), HttpError> {
     match metrics {
-        Some(addr) if addr == console => Err(HttpError::SameAsMetrics { addr }),
+        // Port 0 asks the system for a free port: two of them differ.
+        Some(addr) if addr == console && addr.port() != 0 => Err(HttpError::SameAsMetrics { addr }),
         _ => Ok(()),
     }
 }
@@ -182,17 +185,26 @@ impl HttpSettings {
     /// The server to start, with `listen` (from `--http`) winning over the
     /// section's address; None when neither gives one. Refuses an address
     /// other than loopback without a token, and a token variable that is
-    /// unset or holds too short a token (read with
-    /// [`secret_from_env`](crate::config::secret_from_env), like every
-    /// secret).
+    /// unset or holds too short a token (read from the process's
+    /// environment with [`secret_from_env`](crate::config::secret_from_env),
+    /// like every secret).
     pub fn serve(&self, listen: Option<SocketAddr>) -> Result<Option<HttpServe>, HttpError> {
+        self.serve_with(listen, &process_env)
+    }
+
+    /// [`serve`](Self::serve), the token's variable looked up in `env`.
+    pub fn serve_with(
+        &self,
+        listen: Option<SocketAddr>,
+        env: Env<'_>,
+    ) -> Result<Option<HttpServe>, HttpError> {
         let Some(addr) = listen.or(self.listen) else {
             return Ok(None);
         };
         let token = match &self.token_env {
             None => None,
             Some(var) => {
-                let value = secret_from_env(var, &token_wanted())?;
+                let value = secret_from_env(env, var, &token_wanted())?;
                 let token = value.trim();
                 if token.len() < MIN_TOKEN_LEN {
                     return Err(HttpError::TokenTooShort {
@@ -261,37 +273,34 @@ mod tests {
 
     #[test]
     fn the_token_is_read_like_every_secret_and_must_be_long() {
-        let settings = |var: &str| HttpSettings {
+        let settings = HttpSettings {
             listen: Some("0.0.0.0:1".parse().unwrap()),
-            token_env: Some(var.into()),
+            token_env: Some("TOKEN".into()),
             read_only: false,
         };
-        std::env::set_var("OUTBOXD_TEST_HTTP_TOKEN_BLANK_4b1e", "   ");
-        let e = settings("OUTBOXD_TEST_HTTP_TOKEN_BLANK_4b1e")
-            .serve(None)
-            .unwrap_err();
+        let with = |value: &'static str| {
+            let env = move |var: &str| match var {
+                "TOKEN" => Ok(value.to_string()),
+                _ => Err(std::env::VarError::NotPresent),
+            };
+            settings.serve_with(None, &env)
+        };
+        let e = with("   ").unwrap_err();
         assert!(
             matches!(e, HttpError::Token(SecretEnvError::Empty { .. })),
             "{e}"
         );
         assert_eq!(e.field(), "http.token_env");
-        std::env::set_var("OUTBOXD_TEST_HTTP_TOKEN_SHORT_4b1e", " short ");
-        let e = settings("OUTBOXD_TEST_HTTP_TOKEN_SHORT_4b1e")
-            .serve(None)
-            .unwrap_err();
+        let e = with(" short ").unwrap_err();
         assert_eq!(
             e,
             HttpError::TokenTooShort {
-                var: "OUTBOXD_TEST_HTTP_TOKEN_SHORT_4b1e".into(),
+                var: "TOKEN".into(),
                 len: 5
             }
         );
         assert!(!e.to_string().contains("short "), "never the value: {e}");
-        std::env::set_var("OUTBOXD_TEST_HTTP_TOKEN_GOOD_4b1e", " 0123456789abcdef ");
-        let serve = settings("OUTBOXD_TEST_HTTP_TOKEN_GOOD_4b1e")
-            .serve(None)
-            .unwrap()
-            .unwrap();
+        let serve = with(" 0123456789abcdef ").unwrap().unwrap();
         assert_eq!(serve.token.as_deref(), Some("0123456789abcdef"));
     }
 

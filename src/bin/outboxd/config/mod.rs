@@ -405,20 +405,41 @@ fn line_of(text: &str, offset: usize) -> usize {
 // ---------------------------------------------------------------------------
 // Validation.
 
-/// What every section's `check` needs: the file (for errors) and its
-/// directory (for relative paths).
+/// Where `*_env` keys are looked up.
+pub type Env<'a> = &'a dyn Fn(&str) -> Result<String, std::env::VarError>;
+
+/// The process's own environment, as an [`Env`].
+pub fn process_env(var: &str) -> Result<String, std::env::VarError> {
+    std::env::var(var)
+}
+
+/// What every section's `check` needs: the file (for errors), its
+/// directory (for relative paths) and the environment (for `*_env` keys:
+/// the process's, or a unit test's own, so no test has to change the
+/// process environment under the others' feet).
 pub struct Checker<'a> {
     file: &'a Path,
     dir: PathBuf,
+    env: Env<'a>,
 }
 
-impl Checker<'_> {
-    fn new(file: &Path) -> Checker<'_> {
+impl<'a> Checker<'a> {
+    fn new(file: &'a Path) -> Checker<'a> {
+        Checker::with_env(file, &process_env)
+    }
+
+    fn with_env(file: &'a Path, env: Env<'a>) -> Checker<'a> {
         let dir = file
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-        Checker { file, dir }
+        Checker { file, dir, env }
+    }
+
+    /// Where `*_env` keys are looked up (read them with
+    /// [`secret_from_env`]).
+    pub fn env_lookup(&self) -> Env<'a> {
+        self.env
     }
 
     /// An error at `field` (a path such as `consumer[0].sink.url`).
@@ -471,13 +492,14 @@ pub enum SecretEnvError {
     },
 }
 
-/// A secret from the environment variable `var`, which should hold `what`
-/// (said in the error): unset, non-UTF-8 and empty values are refused. The
-/// one reader of secrets from the environment (the sinks' `*_env` keys,
-/// the console's token).
-pub fn secret_from_env(var: &str, what: &str) -> Result<String, SecretEnvError> {
+/// A secret from the environment variable `var` as `env` looks it up
+/// ([`process_env`], or a test's own), which should hold `what` (said in
+/// the error): unset, non-UTF-8 and empty values are refused. The one
+/// reader of secrets from the environment (the sinks' `*_env` keys, the
+/// console's token).
+pub fn secret_from_env(env: Env<'_>, var: &str, what: &str) -> Result<String, SecretEnvError> {
     let (var, what) = (var.to_string(), what.to_string());
-    match std::env::var(&var) {
+    match env(&var) {
         Ok(value) if value.trim().is_empty() => Err(SecretEnvError::Empty { var, what }),
         Ok(value) => Ok(value),
         Err(std::env::VarError::NotPresent) => Err(SecretEnvError::NotSet { var, what }),
@@ -521,10 +543,20 @@ pub fn secret_env_vars(text: &str) -> Vec<String> {
 }
 
 fn validate(raw: RawConfig, file: &Path, secret_vars: &[String]) -> Result<Config, ConfigError> {
-    let c = Checker::new(file);
-    let s = check_settings(&c, &raw)?;
-    let captures = capture::check(&c, raw.capture)?;
-    let consumers = consumer::build(&c, raw.consumer, s.relay.lease, &s.retry, secret_vars)?;
+    validate_in(raw, &Checker::new(file), secret_vars)
+}
+
+/// Checks `raw` with `c`; command sinks keep `secret_vars` (the config's
+/// [`secret_env_vars`] and any given outside it) from their programs.
+fn validate_in(
+    raw: RawConfig,
+    c: &Checker<'_>,
+    secret_vars: &[String],
+) -> Result<Config, ConfigError> {
+    let file = c.file;
+    let s = check_settings(c, &raw)?;
+    let captures = capture::check(c, raw.capture)?;
+    let consumers = consumer::build(c, raw.consumer, s.relay.lease, &s.retry, secret_vars)?;
     Ok(Config {
         file: Some(file.to_path_buf()),
         database: s.database,
@@ -753,6 +785,22 @@ pub(crate) mod tests {
 
     pub(crate) fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("/etc/outboxd/outboxd.toml"))
+    }
+
+    /// [`parse`] with `vars` as the whole environment.
+    pub(crate) fn parse_with_env(text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let file = Path::new("/etc/outboxd/outboxd.toml");
+        let env = |var: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| v.to_string())
+                .ok_or(std::env::VarError::NotPresent)
+        };
+        validate_in(
+            parse_raw(text, file)?,
+            &Checker::with_env(file, &env),
+            &secret_env_vars(text),
+        )
     }
 
     pub(crate) const STDOUT: &str = "[[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n";

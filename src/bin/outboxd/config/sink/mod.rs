@@ -352,7 +352,7 @@ pub fn build(
 /// A secret from the environment variable `var`, which the key at `field`
 /// names ([`crate::config::secret_from_env`], its error at `field`).
 fn env_secret(c: &Checker<'_>, field: &str, var: &str, what: &str) -> Result<String, ConfigError> {
-    super::secret_from_env(var, what).map_err(|e| c.err(field, e.to_string()))
+    super::secret_from_env(c.env_lookup(), var, what).map_err(|e| c.err(field, e.to_string()))
 }
 
 /// At most one of `keys` (each with whether it is set): the second one set
