@@ -287,6 +287,11 @@ impl Subscriptions {
         self.consumers.iter()
     }
 
+    /// How many consumers there are.
+    pub fn len(&self) -> usize {
+        self.consumers.len()
+    }
+
     /// True when there are no consumers.
     pub fn is_empty(&self) -> bool {
         self.consumers.is_empty()

@@ -35,7 +35,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use outboxd::connection::ConnectionManager;
 use outboxd::relay::Metrics;
-use outboxd::router::{Pattern, Subscriptions};
+use outboxd::router::Subscriptions;
 use outboxd::status::Status;
 use outboxd::Timestamp;
 
@@ -198,12 +198,7 @@ pub fn start(listeners: Listeners, settings: Settings) -> Result<Console> {
     };
     let extras = {
         let pool = pool.clone();
-        // consumer_backlog's input (it takes the pairs for now).
-        let consumers: Vec<(String, Vec<Pattern>)> = settings
-            .consumers
-            .iter()
-            .map(|s| (s.name.clone(), s.patterns.clone()))
-            .collect();
+        let consumers = settings.consumers.clone();
         let from_table = settings.relay.is_none();
         Cached::start("outboxd-overview", move || {
             let conn = match pool.get() {
