@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::envelope::Envelope;
+use crate::envelope::EventType;
 
 /// An event-type pattern: an exact type (`article.created.v1`) or one with
 /// `*` segments. A `*` stands for one or more whole segments, so
@@ -159,6 +159,145 @@ impl std::fmt::Display for Pattern {
     }
 }
 
+/// True when one of `patterns` matches `event_type`: the one rule by which
+/// an event type reaches a consumer (the relay's routing table and
+/// [`Subscriptions`] both ask it).
+fn takes(patterns: &[Pattern], event_type: &str) -> bool {
+    patterns.iter().any(|p| p.matches(event_type))
+}
+
+/// A consumer's name and the patterns it subscribes with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    /// The consumer's name.
+    pub name: String,
+    /// The event types or patterns it takes.
+    pub patterns: Vec<Pattern>,
+}
+
+impl Subscription {
+    /// True when the consumer takes `event_type`.
+    pub fn takes(&self, event_type: &str) -> bool {
+        takes(&self.patterns, event_type)
+    }
+}
+
+/// Which consumers take which event types, outside a relay (an operator's
+/// console, a report): the consumers in order, each with its patterns,
+/// routed by the rule the relay routes by.
+///
+/// ```
+/// use outboxd::router::Subscriptions;
+/// let subs = Subscriptions::parse([
+///     ("search", vec!["article.*.v1"]),
+///     ("audit", vec!["*"]),
+/// ])?;
+/// let to: Vec<&str> = subs.consumers_for("article.created.v1").collect();
+/// assert_eq!(to, ["search", "audit"]);
+/// let e = Subscriptions::parse([("x", vec!["a.b.v1", "Bad"])]).unwrap_err();
+/// assert_eq!((e.consumer(), e.index()), (0, 1));
+/// # Ok::<(), outboxd::router::SubscriptionError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Subscriptions {
+    consumers: Vec<Subscription>,
+}
+
+/// A consumer's type pattern that does not parse: which consumer (its
+/// position), which of its types, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("consumer {name:?}: {source}")]
+pub struct SubscriptionError {
+    consumer: usize,
+    index: usize,
+    name: String,
+    source: PatternError,
+}
+
+impl SubscriptionError {
+    /// The consumer's position in the list given.
+    pub fn consumer(&self) -> usize {
+        self.consumer
+    }
+
+    /// The pattern's position in that consumer's types.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Why the pattern was refused.
+    pub fn pattern_error(&self) -> &PatternError {
+        &self.source
+    }
+}
+
+impl Subscriptions {
+    /// Parses each consumer's types, in order; the first that does not
+    /// parse is an error naming its consumer and position.
+    pub fn parse<N, T, S>(
+        consumers: impl IntoIterator<Item = (N, T)>,
+    ) -> Result<Subscriptions, SubscriptionError>
+    where
+        N: Into<String>,
+        T: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut parsed = Vec::new();
+        for (consumer, (name, types)) in consumers.into_iter().enumerate() {
+            let name = name.into();
+            let mut patterns = Vec::new();
+            for (index, t) in types.into_iter().enumerate() {
+                match Pattern::parse(t.as_ref()) {
+                    Ok(p) => patterns.push(p),
+                    Err(source) => {
+                        return Err(SubscriptionError {
+                            consumer,
+                            index,
+                            name,
+                            source,
+                        })
+                    }
+                }
+            }
+            parsed.push(Subscription { name, patterns });
+        }
+        Ok(Subscriptions { consumers: parsed })
+    }
+
+    /// The names of the consumers that take `event_type`, in order.
+    pub fn consumers_for<'a>(&'a self, event_type: &'a str) -> impl Iterator<Item = &'a str> {
+        self.consumers
+            .iter()
+            .filter(move |s| s.takes(event_type))
+            .map(|s| s.name.as_str())
+    }
+
+    /// The consumers' names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.consumers.iter().map(|s| s.name.as_str())
+    }
+
+    /// The position of the consumer `name`, if it is one.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.consumers.iter().position(|s| s.name == name)
+    }
+
+    /// Each consumer, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Subscription> {
+        self.consumers.iter()
+    }
+
+    /// How many consumers there are.
+    pub fn len(&self) -> usize {
+        self.consumers.len()
+    }
+
+    /// True when there are no consumers.
+    pub fn is_empty(&self) -> bool {
+        self.consumers.is_empty()
+    }
+}
+
 /// What to do with an event no consumer subscribes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum UnroutedPolicy {
@@ -226,7 +365,7 @@ impl Routes {
             .patterns
             .iter()
             .enumerate()
-            .filter(|(_, ps)| ps.iter().any(|p| p.matches(event_type)))
+            .filter(|(_, ps)| takes(ps, event_type))
             .map(|(i, _)| i)
             .collect();
         if self.cache.len() >= MAX_CACHED_TYPES {
@@ -236,27 +375,26 @@ impl Routes {
         r
     }
 
-    /// Decides what to do with a claimed row: its envelope, the consumers
+    /// Decides what to do with a claimed row: its event type, the consumers
     /// that have its event already (the ledger), and the consumers a replay
     /// asked for (None: all). `name` gives a consumer's name by index.
     pub(crate) fn dispatch<'a>(
         &mut self,
-        envelope: &Envelope,
+        event_type: &EventType,
         delivered_to: &[String],
         replay: Option<&[String]>,
         name: impl Fn(usize) -> &'a str,
     ) -> Dispatch {
-        let routed = self.consumers_for(envelope.event_type.as_str());
+        let routed = self.consumers_for(event_type.as_str());
         let in_scope = |i: usize| replay.is_none_or(|scope| scope.iter().any(|s| s == name(i)));
         if replay.is_some() && !routed.iter().any(|&i| in_scope(i)) {
             return Dispatch::Finish(Finish::NoReplayedConsumer);
         }
         if routed.is_empty() {
             return match self.unrouted {
-                UnroutedPolicy::DeadLetter => Dispatch::Unrouted(format!(
-                    "no consumer takes event type {}",
-                    envelope.event_type
-                )),
+                UnroutedPolicy::DeadLetter => {
+                    Dispatch::Unrouted(format!("no consumer takes event type {event_type}"))
+                }
                 UnroutedPolicy::Skip => Dispatch::Finish(Finish::SkippedUnrouted),
             };
         }
@@ -305,12 +443,8 @@ mod tests {
         }
     }
 
-    fn envelope(event_type: &str) -> Envelope {
-        serde_json::from_value(serde_json::json!({
-            "event_id": crate::EventId::new().to_string(), "event_type": event_type,
-            "event_version": 1, "causation_id": null, "correlation_id": null,
-            "occurred_at": "2026-11-30T07:18:00Z", "payload": null}))
-        .unwrap()
+    fn ty(event_type: &str) -> EventType {
+        EventType::parse(event_type).unwrap()
     }
 
     fn routes(unrouted: UnroutedPolicy) -> Routes {
@@ -334,14 +468,14 @@ mod tests {
         assert_eq!(&*r.consumers_for("b.x.v1"), [1, 2]);
         assert_eq!(&*r.consumers_for("c.d.v2"), [1, 2]);
         assert_eq!(&*r.consumers_for("a.b.v1"), [0, 1], "cached");
-        let d = r.dispatch(&envelope("a.b.v1"), &[], None, |i| NAMES[i]);
+        let d = r.dispatch(&ty("a.b.v1"), &[], None, |i| NAMES[i]);
         assert_eq!(d, Dispatch::Deliver(vec![0, 1]));
     }
 
     #[test]
     fn dispatch_skips_the_consumers_the_ledger_has_and_finishes_a_row_all_have() {
         let mut r = routes(UnroutedPolicy::DeadLetter);
-        let env = envelope("a.b.v1");
+        let env = ty("a.b.v1");
         let done = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
             r.dispatch(&env, &done(&["all"]), None, |i| NAMES[i]),
@@ -356,7 +490,7 @@ mod tests {
     #[test]
     fn a_replay_runs_only_the_consumers_it_names() {
         let mut r = routes(UnroutedPolicy::DeadLetter);
-        let env = envelope("a.b.v1");
+        let env = ty("a.b.v1");
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         // "first" has no entry (added since, or its entry is gone): a replay
         // for "all" runs "all" alone.
@@ -380,7 +514,7 @@ mod tests {
     #[test]
     fn an_unrouted_event_follows_the_policy() {
         let only = |unrouted| Routes::new(vec![vec![Pattern::parse("a.*.v1").unwrap()]], unrouted);
-        let env = envelope("nobody.wants.v1");
+        let env = ty("nobody.wants.v1");
         assert_eq!(
             only(UnroutedPolicy::DeadLetter).dispatch(&env, &[], None, |_| "a"),
             Dispatch::Unrouted("no consumer takes event type nobody.wants.v1".into())
