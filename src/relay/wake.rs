@@ -8,11 +8,12 @@
 //!
 //! - **A file-system notification** on the database's `-wal` file (inotify
 //!   on Linux, through rustix; other systems have only the floor): every
-//!   commit in WAL mode writes that file. One small thread reads the
-//!   notifications into a stack buffer and never allocates, so it adds no
-//!   malloc arena (glibc reserves 64 MB of address space for each thread
-//!   that allocates, which a relay under an address-space limit cannot
-//!   spare). The notification comes when the commit *starts* writing, and
+//!   commit in WAL mode writes that file. One small thread (64 KiB stack)
+//!   reads the notifications into a stack buffer. Under glibc it still
+//!   costs a malloc arena's 64 MB of address space (the thread's start-up
+//!   allocates), which matters only under an address-space limit
+//!   (tests/run_faults.rs leaves room for it); musl, the release
+//!   binaries' libc, has no per-thread arenas. The notification comes when the commit *starts* writing, and
 //!   the commit becomes visible only after its last frame (and, at
 //!   `synchronous=FULL`, its fsync), so after a notification the writer
 //!   reads `data_version` in a short burst: every [`BURST_STEP`] for
@@ -170,7 +171,7 @@ impl Watch {
 const WATCH_STACK: usize = 64 * 1024;
 
 /// The watch thread: a signal per batch of events, until the watch is
-/// removed or the writer has gone. Allocates nothing.
+/// removed or the writer has gone. Allocates nothing itself.
 #[cfg(target_os = "linux")]
 fn read_events(fd: &rustix::fd::OwnedFd, tx: &crossbeam_channel::Sender<()>) {
     use rustix::fs::inotify::{ReadFlags, Reader};
