@@ -30,7 +30,7 @@ fn template(dir: &Path, name: &str, pending: usize, delivered: usize) -> PathBuf
     let started = Instant::now();
     let path = dir.join(format!("{name}.db"));
     let mut conn = migrated(&path, "NORMAL");
-    fill_delivered(&mut conn, delivered);
+    common::fill_delivered(&mut conn, delivered, "archive");
     let mut i = 0;
     while i < pending {
         let k = (pending - i).min(10_000);
@@ -50,36 +50,6 @@ fn template(dir: &Path, name: &str, pending: usize, delivered: usize) -> PathBuf
         std::fs::metadata(&path).unwrap().len() / 1_000_000
     );
     path
-}
-
-/// `n` delivered rows finished now and one `delivered_events` row each,
-/// with plain SQL, 500,000 rows per transaction.
-fn fill_delivered(conn: &mut rusqlite::Connection, n: usize) {
-    let now = outboxd::Timestamp::now().as_millis();
-    let mut done = 0;
-    while done < n {
-        let k = (n - done).min(500_000);
-        let tx = conn.transaction().unwrap();
-        tx.execute(
-            "WITH RECURSIVE c(x) AS (SELECT ?1 UNION ALL SELECT x + 1 FROM c WHERE x < ?2)
-             INSERT INTO event_outbox (event_id, event_type, event_version, payload,
-                                       occurred_at, created_at, available_at, status, finished_at)
-             SELECT printf('00000000000000%012d', x), 'bench.old.v1', 1, '{\"i\":' || x || '}',
-                    ?3, ?3, ?3, 'delivered', ?3
-               FROM c",
-            rusqlite::params![done as i64 + 1, (done + k) as i64, now],
-        )
-        .unwrap();
-        tx.execute(
-            "INSERT INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
-             SELECT event_id, 'archive', id, finished_at FROM event_outbox
-              WHERE id > ?1 AND status = 'delivered'",
-            [done as i64],
-        )
-        .unwrap();
-        tx.commit().unwrap();
-        done += k;
-    }
 }
 
 fn copy_of(template: &Path) -> PathBuf {
