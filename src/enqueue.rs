@@ -342,10 +342,10 @@ impl Enqueuer {
 }
 
 /// Events per multi-row INSERT in [`Enqueuer::enqueue_many`]. Measured
-/// with callgrind on 100-event batches (BENCHMARKS.md, section 1): 4 rows a
-/// statement cost 24.2 k instructions per event, 8 rows 21.0 k, 16 rows
-/// 20.7 k, 32 rows 21.5 k, against 28.9 k one row at a time. 8 keeps the
-/// statement small (96 parameters) and the one-row tail short.
+/// with callgrind (BENCHMARKS.md, section 1), SQLite's instructions per row
+/// on schema version 5: one row a statement 23.2 k, 4 rows 17.4 k, 8 rows
+/// 15.8 k, 16 rows 15.3 k, 32 rows 15.8 k. 8 keeps the statement small (96
+/// parameters) and the one-row tail of a batch short.
 const ROWS_PER_INSERT: usize = 8;
 
 /// The columns every enqueue writes, in the order [`bind_row`] binds them.
