@@ -9,7 +9,7 @@
 //! For profiling, OUTBOXD_BENCH_SIDE=plain|outboxd runs one side only,
 //! OUTBOXD_BENCH_SYNC=FULL|NORMAL one setting only, OUTBOXD_BENCH_SHAPE=1|100
 //! one shape only and OUTBOXD_BENCH_PAYLOADS the payload sizes (bytes of
-//! JSON, comma-separated; default 200,2000). Ratios print as — when one side
+//! JSON, comma-separated; default 200,2048). Ratios print as — when one side
 //! runs alone:
 //!
 //!   OUTBOXD_BENCH_SIDE=outboxd OUTBOXD_BENCH_SYNC=NORMAL OUTBOXD_BENCH_SHAPE=100 \
@@ -42,13 +42,13 @@ struct Payload<'a> {
     body: &'a str,
 }
 
-/// A body that makes the payload's JSON about `bytes` long (the other
-/// fields take ~75 bytes).
+/// A body that makes the payload's JSON `bytes` long (the other fields
+/// take 69 bytes with a four-digit article id).
 fn body_for(bytes: usize) -> String {
     "Lorem ipsum dolor sit amet, consectetur adipiscing elit. "
         .chars()
         .cycle()
-        .take(bytes.saturating_sub(75))
+        .take(bytes.saturating_sub(69))
         .collect()
 }
 
@@ -160,7 +160,7 @@ fn list_or(name: &str, default: &[usize]) -> Vec<usize> {
 fn main() {
     let txns = env_or("OUTBOXD_BENCH_TXNS", 2000);
     let runs = env_or("OUTBOXD_BENCH_RUNS", 5);
-    let payloads = list_or("OUTBOXD_BENCH_PAYLOADS", &[200, 2000]);
+    let payloads = list_or("OUTBOXD_BENCH_PAYLOADS", &[200, 2048]);
     let shapes = list_or("OUTBOXD_BENCH_SHAPE", &[1, 100]);
     let dir = bench_dir();
     header(
