@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The long forms of every reliability suite (RELIABILITY.md), in release
-# mode, then the fuzz targets when a nightly toolchain and cargo-fuzz are
-# installed, then the arm64 smoke of the static release binary (`release`:
+# mode: among them process_faults' 2-minute operator soak (three relays, two
+# producers, purge/replay/requeue; issue 11.1) and run_faults' eight 50 MB
+# payloads under prlimit (11.3); then the fuzz targets when a nightly
+# toolchain and cargo-fuzz are installed, then the arm64 smoke of the
+# static release binary (`release`:
 # tests/release.rs cross-builds it with scripts/release.sh and runs it under
 # qemu-user). Prints each suite's figures and a summary; exits non-zero if
 # any suite failed. Takes about an hour on a 2-core machine.
@@ -17,7 +20,7 @@ cd "$(dirname "$0")/.."
 
 suites=("$@")
 if [ ${#suites[@]} -eq 0 ]; then
-    suites=(process_faults exactly_once storage_faults host_contention model nats_e2e fuzz release)
+    suites=(process_faults run_faults exactly_once storage_faults host_contention model nats_e2e fuzz release)
 fi
 logs="${SOAK_LOG_DIR:-target/soak}"
 mkdir -p "$logs"

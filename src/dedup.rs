@@ -9,7 +9,8 @@
 //! Every read and write of the table is here: the key, the claim's look-up,
 //! the relay's record of a success (made by the writer, or for a
 //! transactional consumer inside that consumer's own transaction), the
-//! purge, the counts `status` shows and replay's forgetting.
+//! purge, the counts `status` shows, replay's selection and forgetting, and
+//! the look-ups the console's pages make (a row's progress).
 //!
 //! ## The key
 //!
@@ -212,46 +213,112 @@ pub(crate) fn consumer_names(conn: &Connection) -> rusqlite::Result<Vec<String>>
     names.collect()
 }
 
-/// One entry of a consumer, with what replay filters its row by.
-pub(crate) struct Entry {
-    /// The row the entry was recorded for.
-    pub row_id: i64,
-    /// The entry's key.
-    pub event_key: String,
-    /// The row's event type, as stored (None if it is not text).
-    pub event_type: Option<String>,
+// ---------------------------------------------------------------------------
+// Reads for operators: what a replay selects, and a row's progress as the
+// console shows it.
+
+/// Which of a consumer's entries a replay selects: those whose rows still
+/// exist and pass every filter given (they combine with AND).
+pub(crate) struct Selection<'a> {
+    /// The consumer whose entries are selected.
+    pub consumer: &'a str,
+    /// Only these keys (canonical event ids); empty: any.
+    pub keys: &'a [String],
+    /// Only rows whose event type, as text, matches this GLOB. The text of
+    /// a [`Pattern`](crate::router::Pattern) is a GLOB with its meaning.
+    pub type_glob: Option<&'a str>,
+    /// Only rows that occurred at or after this time.
+    pub since: Option<Timestamp>,
+    /// Only rows that occurred before this time.
+    pub until: Option<Timestamp>,
 }
 
-/// The consumer's entries whose rows still exist and occurred in
-/// [`since`, `until`), in row order.
-pub(crate) fn entries_of(
+/// The entries a [`Selection`] takes, `d` joined with their rows `o`; its
+/// parameters are [`Selection::params`].
+const SELECTED: &str = "FROM delivered_events d JOIN event_outbox o ON o.id = d.outbox_id
+     WHERE d.consumer = ?1
+       AND (?2 IS NULL OR o.occurred_at >= ?2)
+       AND (?3 IS NULL OR o.occurred_at < ?3)
+       AND (?4 IS NULL OR CAST(o.event_type AS TEXT) GLOB ?4)
+       AND (?5 IS NULL OR d.event_key IN (SELECT value FROM json_each(?5)))";
+
+impl Selection<'_> {
+    fn params(&self) -> rusqlite::Result<[rusqlite::types::Value; 5]> {
+        use rusqlite::types::Value;
+        let keys = if self.keys.is_empty() {
+            Value::Null
+        } else {
+            // A JSON array, read back by json_each: one parameter for any
+            // number of keys.
+            Value::Text(
+                serde_json::to_string(self.keys)
+                    .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?,
+            )
+        };
+        let time = |t: Option<Timestamp>| t.map_or(Value::Null, |t| Value::Integer(t.as_millis()));
+        Ok([
+            Value::Text(self.consumer.to_string()),
+            time(self.since),
+            time(self.until),
+            self.type_glob
+                .map_or(Value::Null, |g| Value::Text(g.to_string())),
+            keys,
+        ])
+    }
+}
+
+/// How many entries the selection takes (a count in SQL: nothing is
+/// loaded).
+pub(crate) fn count_selected(conn: &Connection, s: &Selection<'_>) -> rusqlite::Result<u64> {
+    conn.prepare_cached(&format!("SELECT count(*) {SELECTED}"))?
+        .query_row(s.params()?, |r| r.get::<_, i64>(0))
+        .map(|n| n.max(0) as u64)
+}
+
+/// (row id, key) of each entry the selection takes, in row order.
+pub(crate) fn selected(
     conn: &Connection,
-    consumer: &str,
-    since: Option<Timestamp>,
-    until: Option<Timestamp>,
-) -> rusqlite::Result<Vec<Entry>> {
-    let mut stmt = conn.prepare(
-        "SELECT o.id, d.event_key, CAST(o.event_type AS TEXT)
-           FROM delivered_events d JOIN event_outbox o ON o.id = d.outbox_id
-          WHERE d.consumer = ?1
-            AND (?2 IS NULL OR o.occurred_at >= ?2)
-            AND (?3 IS NULL OR o.occurred_at < ?3)
-          ORDER BY o.id",
-    )?;
-    let rows = stmt.query_map(
-        params![
-            consumer,
-            since.map(Timestamp::as_millis),
-            until.map(Timestamp::as_millis)
-        ],
-        |r| {
-            Ok(Entry {
-                row_id: r.get(0)?,
-                event_key: r.get(1)?,
-                event_type: r.get(2)?,
-            })
-        },
-    )?;
+    s: &Selection<'_>,
+) -> rusqlite::Result<Vec<(i64, String)>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT o.id, d.event_key {SELECTED} ORDER BY o.id"
+    ))?;
+    let rows = stmt.query_map(s.params()?, |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
+}
+
+/// The ledger key of a row, from its event id as stored (None for a legacy
+/// row) and its row id: what `event_key_sql!` computes in SQL, for a caller
+/// that read the row already.
+///
+/// ```
+/// assert_eq!(outboxd::dedup::key(Some("01jdq7x6zb5n4q2w8v1k3m9t0r"), 7), "01JDQ7X6ZB5N4Q2W8V1K3M9T0R");
+/// assert_eq!(outboxd::dedup::key(None, 7), "#7");
+/// ```
+pub fn key(event_id: Option<&str>, row_id: i64) -> String {
+    match event_id {
+        Some(id) => id.to_ascii_uppercase(),
+        None => format!("#{row_id}"),
+    }
+}
+
+/// True when the consumer has the event whose ledger key is `event_key`
+/// (see [`key`]).
+pub fn has(conn: &Connection, event_key: &str, consumer: &str) -> rusqlite::Result<bool> {
+    is_recorded(conn, event_key, consumer)
+}
+
+/// The entries under `event_key` in SQL (a look-up on the primary key).
+const SQL_PROGRESS: &str =
+    "SELECT consumer, delivered_at FROM delivered_events WHERE event_key = ?1 ORDER BY consumer";
+
+/// Every consumer that has the event whose ledger key is `event_key`, with
+/// when it succeeded, in name order: the row's progress.
+pub fn progress(conn: &Connection, event_key: &str) -> rusqlite::Result<Vec<(String, Timestamp)>> {
+    let mut stmt = conn.prepare_cached(SQL_PROGRESS)?;
+    let rows = stmt.query_map([event_key], |r| {
+        Ok((r.get(0)?, Timestamp::from_millis(r.get(1)?)))
+    })?;
     rows.collect()
 }
 
@@ -333,5 +400,145 @@ mod tests {
         assert_eq!(missing(&[0, 1, 2], &done, |i| names[i]), [0, 2]);
         assert!(missing(&[1], &done, |i| names[i]).is_empty());
         assert!(missing(&[], &done, |i| names[i]).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod operator_read_tests {
+    use super::*;
+
+    fn db() -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::connection::open(dir.path().join("o.db")).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        (dir, conn)
+    }
+
+    #[test]
+    fn key_agrees_with_the_sql_key() {
+        let (_d, conn) = db();
+        let id = crate::EventId::new().to_string();
+        conn.execute(
+            "INSERT INTO event_outbox (id, event_id, event_type) VALUES (1, lower(?1), 'a.b.v1'),
+                    (2, NULL, 'a.b.v1')",
+            [&id],
+        )
+        .unwrap();
+        let mut stmt = conn
+            .prepare(concat!(
+                "SELECT event_id, id, ",
+                event_key_sql!(),
+                " FROM event_outbox ORDER BY id"
+            ))
+            .unwrap();
+        let rows: Vec<(Option<String>, i64, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        for (event_id, row_id, sql_key) in rows {
+            assert_eq!(key(event_id.as_deref(), row_id), sql_key);
+        }
+    }
+
+    #[test]
+    fn progress_and_has_read_what_record_wrote_on_the_primary_key() {
+        let (_d, conn) = db();
+        let id = crate::EventId::new().to_string();
+        record(&conn, &id, "b", 1, Timestamp::from_millis(7)).unwrap();
+        record(&conn, &id, "a", 1, Timestamp::from_millis(5)).unwrap();
+        assert_eq!(
+            progress(&conn, &id).unwrap(),
+            [
+                ("a".to_string(), Timestamp::from_millis(5)),
+                ("b".to_string(), Timestamp::from_millis(7))
+            ]
+        );
+        assert!(progress(&conn, "#9").unwrap().is_empty());
+        assert!(has(&conn, &id, "a").unwrap() && !has(&conn, &id, "c").unwrap());
+        // A page reads it per row: one look-up, never a scan.
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {SQL_PROGRESS}"))
+            .unwrap()
+            .query_map([&id], |r| r.get(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert!(plan.iter().all(|s| s.starts_with("SEARCH")), "{plan:?}");
+    }
+
+    #[test]
+    fn a_selection_counts_what_it_selects() {
+        let (_d, conn) = db();
+        let ids: Vec<String> = (0..4).map(|_| crate::EventId::new().to_string()).collect();
+        for (n, (id, ty)) in ids
+            .iter()
+            .zip(["a.x.v1", "a.y.v1", "b.x.v1", "a.x.v2"])
+            .enumerate()
+        {
+            let row = n as i64 + 1;
+            conn.execute(
+                "INSERT INTO event_outbox (id, event_id, event_type, status, occurred_at, finished_at)
+                 VALUES (?1, ?2, ?3, 'delivered', ?4, ?4)",
+                params![row, id, ty, row * 10],
+            )
+            .unwrap();
+            record(&conn, id, "c", row, Timestamp::from_millis(1)).unwrap();
+        }
+        // An entry whose row is gone is never selected.
+        record(&conn, "GONE", "c", 99, Timestamp::from_millis(1)).unwrap();
+        let all = Selection {
+            consumer: "c",
+            keys: &[],
+            type_glob: None,
+            since: None,
+            until: None,
+        };
+        let check = |s: &Selection<'_>, want: &[i64]| {
+            let got: Vec<i64> = selected(&conn, s)
+                .unwrap()
+                .into_iter()
+                .map(|(r, _)| r)
+                .collect();
+            assert_eq!(got, want);
+            assert_eq!(count_selected(&conn, s).unwrap(), want.len() as u64);
+        };
+        check(&all, &[1, 2, 3, 4]);
+        check(
+            &Selection {
+                consumer: "other",
+                ..all
+            },
+            &[],
+        );
+        check(
+            &Selection {
+                type_glob: Some("a.*.v1"),
+                ..all
+            },
+            &[1, 2],
+        );
+        check(
+            &Selection {
+                since: Some(Timestamp::from_millis(20)),
+                until: Some(Timestamp::from_millis(40)),
+                ..all
+            },
+            &[2, 3],
+        );
+        let some = [
+            ids[3].clone(),
+            ids[0].clone(),
+            "01JDQ7X6ZB5N4Q2W8V1K3M9T0R".into(),
+        ];
+        check(&Selection { keys: &some, ..all }, &[1, 4]);
+        check(
+            &Selection {
+                keys: &some,
+                type_glob: Some("*.v2"),
+                ..all
+            },
+            &[4],
+        );
     }
 }

@@ -280,6 +280,8 @@ pub enum Setting {
     IntentPurgeBatch,
     /// `ReplayFilter`'s consumer.
     ReplayConsumer,
+    /// `ReplayFilter`'s until, which must be after its since.
+    ReplayUntil,
 }
 
 impl Setting {
@@ -290,7 +292,7 @@ impl Setting {
     /// `retry_policy_for`, `retry.initial`, `retry.max_delay`,
     /// `retry.max_attempts`, `retry.jitter`,
     /// `purge.dedup_ttl`, `purge.batch_size`, `intents.lease`,
-    /// `intents.purge_batch`, `replay.consumer`.
+    /// `intents.purge_batch`, `replay.consumer`, `replay.until`.
     pub fn as_str(self) -> &'static str {
         match self {
             Setting::Workers => "workers",
@@ -315,6 +317,7 @@ impl Setting {
             Setting::IntentLease => "intents.lease",
             Setting::IntentPurgeBatch => "intents.purge_batch",
             Setting::ReplayConsumer => "replay.consumer",
+            Setting::ReplayUntil => "replay.until",
         }
     }
 }

@@ -48,7 +48,7 @@ fn report(out: &Output) -> Value {
 
 #[test]
 fn python_on_the_systems_sqlite_writes_every_kind_of_value() {
-    if !available("python3") {
+    if !available("python3", &["--version"]) {
         return;
     }
     let db = TestDb::new();
@@ -105,7 +105,7 @@ fn python_on_the_systems_sqlite_writes_every_kind_of_value() {
 
 #[test]
 fn php_pdo_a_rolled_back_transaction_leaves_no_event_a_committed_one_leaves_one() {
-    if !available("php") {
+    if !available("php", &["--version"]) {
         return;
     }
     let db = TestDb::new();
@@ -145,7 +145,7 @@ fn php_pdo_a_rolled_back_transaction_leaves_no_event_a_committed_one_leaves_one(
 
 #[test]
 fn three_writer_processes_every_committed_change_delivered_once_in_order_per_row() {
-    if !available("python3") {
+    if !available("python3", &["--version"]) {
         return;
     }
     let db = TestDb::new();

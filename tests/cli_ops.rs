@@ -1141,15 +1141,10 @@ fn every_operator_command_has_help_with_an_example() {
 }
 
 /// On a terminal, purge draws a progress line on stderr (`\r`-redrawn and
-/// erased at the end). Runs under util-linux `script` for a pseudo-terminal;
-/// skipped where it is not installed.
+/// erased at the end). Runs under util-linux `script` for a pseudo-terminal.
 #[test]
 fn purge_shows_progress_on_a_terminal() {
-    let probe = Command::new("script")
-        .args(["-qc", "true", "/dev/null"])
-        .output();
-    if !matches!(probe, Ok(ref o) if o.status.success()) {
-        eprintln!("skipped: no `script` to make a pseudo-terminal");
+    if !common::available("script", &["-qc", "true", "/dev/null"]) {
         return;
     }
     let db = TestDb::new();

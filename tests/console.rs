@@ -11,7 +11,7 @@ mod console_support;
 use std::time::Duration;
 
 use common::bin::{code, Outboxd, Running};
-use console_support::{csrf, form, free_addr, get, http, post_form, spawn, wait_http, wait_until};
+use console_support::{csrf, form, get, post_form, request, spawn, wait_until};
 use rusqlite::params;
 
 const T0: i64 = 1_764_487_080_000;
@@ -32,11 +32,10 @@ fn dead_letters(db: &common::TestDb, ty: &str, n: usize) {
 }
 
 fn console(db: &common::TestDb, extra: &[&str], env: &[(&str, &str)]) -> (Running, String) {
-    let addr = free_addr();
-    let mut args = vec!["console", "--http", &addr];
+    let mut args = vec!["console", "--http", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     let mut p = spawn(&db.path, &args, env);
-    wait_http(&mut p, &addr);
+    let addr = p.console_address();
     (p, addr)
 }
 
@@ -82,12 +81,12 @@ fn a_post_without_the_csrf_token_or_from_another_origin_changes_nothing() {
     for (case, headers, body) in &attempts {
         let mut h = headers.clone();
         h.push(("Content-Type", "application/x-www-form-urlencoded"));
-        let r = http(&addr, "POST", "/dead/apply", &h, body);
+        let r = request(&addr, "POST", "/dead/apply", &h, body);
         assert_eq!(r.status, 403, "{case}: {}", r.body);
         assert_eq!(dead(), 3, "{case} changed nothing");
     }
     // The control: the same POST from the console's own page is taken.
-    let r = http(
+    let r = request(
         &addr,
         "POST",
         "/dead/apply",
@@ -114,7 +113,7 @@ fn the_confirmation_names_how_many_rows_each_action_changes() {
     let post = |path: &str, pairs: &[(&str, &str)]| {
         let mut pairs = pairs.to_vec();
         pairs.push(("csrf", &token));
-        http(
+        request(
             &addr,
             "POST",
             path,
@@ -163,7 +162,7 @@ fn read_only_hides_every_action_and_refuses_posts() {
     assert!(!page.body.contains("method=\"post\""), "{}", page.body);
     let event = get(&addr, "/events/1");
     assert!(!event.body.contains("Requeue"), "{}", event.body);
-    let r = http(
+    let r = request(
         &addr,
         "POST",
         "/dead/apply",
@@ -179,9 +178,8 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     let db = common::TestDb::new();
     dead_letters(&db, "article.created.v1", 1);
     // Without a token, outboxd refuses to start (a config error).
-    let port = free_addr().rsplit(':').next().unwrap().to_string();
-    let any = format!("0.0.0.0:{port}");
-    let mut p = spawn(&db.path, &["console", "--http", &any], &[]);
+    let any = "0.0.0.0:0";
+    let mut p = spawn(&db.path, &["console", "--http", any], &[]);
     assert_eq!(
         p.wait(Duration::from_secs(30)).code(),
         Some(code::CONFIG),
@@ -210,14 +208,13 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
         &[
             "console",
             "--http",
-            &any,
+            any,
             "--config",
             config.to_str().unwrap(),
         ],
         &[("CONSOLE_TEST_TOKEN", token)],
     );
-    let addr = format!("127.0.0.1:{port}");
-    wait_http(&mut p, &addr);
+    let addr = p.console_address().replace("0.0.0.0", "127.0.0.1");
     for path in ["/", "/dead", "/events/1", "/metrics", "/healthz"] {
         let r = get(&addr, path);
         assert_eq!(r.status, 401, "{path}: {}", r.body);
@@ -230,10 +227,10 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     assert!(get(&addr, "/metrics").header("WWW-Authenticate").is_some());
     for scheme in ["Bearer", "bearer", "BEARER"] {
         let bearer = format!("{scheme} {token}");
-        let r = http(&addr, "GET", "/metrics", &[("Authorization", &bearer)], "");
+        let r = request(&addr, "GET", "/metrics", &[("Authorization", &bearer)], "");
         assert_eq!(r.status, 200, "{scheme}: {}", r.body);
     }
-    let r = http(
+    let r = request(
         &addr,
         "GET",
         "/",
@@ -246,7 +243,7 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     let login = get(&addr, "/login");
     let own = format!("http://{addr}");
     let post_login = |given: &str| {
-        http(
+        request(
             &addr,
             "POST",
             "/login",
@@ -267,7 +264,7 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     );
     assert!(!cookie.contains(token), "the cookie never holds the token");
     let session = cookie.split(';').next().unwrap();
-    let r = http(&addr, "GET", "/dead", &[("Cookie", session)], "");
+    let r = request(&addr, "GET", "/dead", &[("Cookie", session)], "");
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.body.contains("article.created.v1"));
 }
@@ -275,19 +272,22 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
 #[test]
 fn run_takes_the_console_token_variable_from_the_command_line() {
     let db = common::TestDb::new();
-    let port = free_addr().rsplit(':').next().unwrap().to_string();
-    let any = format!("0.0.0.0:{port}");
     let token = "a-token-from-the-command-line-42";
     let mut p = spawn(
         &db.path,
-        &["run", "--http", &any, "--http-token-env", "RUN_TEST_TOKEN"],
+        &[
+            "run",
+            "--http",
+            "0.0.0.0:0",
+            "--http-token-env",
+            "RUN_TEST_TOKEN",
+        ],
         &[("RUN_TEST_TOKEN", token)],
     );
-    let addr = format!("127.0.0.1:{port}");
-    wait_http(&mut p, &addr);
+    let addr = p.console_address().replace("0.0.0.0", "127.0.0.1");
     assert_eq!(get(&addr, "/healthz").status, 401);
     let bearer = format!("Bearer {token}");
-    let r = http(&addr, "GET", "/healthz", &[("Authorization", &bearer)], "");
+    let r = request(&addr, "GET", "/healthz", &[("Authorization", &bearer)], "");
     assert_eq!(r.status, 200, "{}", r.body);
     // An unset variable is refused, naming it.
     let mut p = spawn(
@@ -295,7 +295,7 @@ fn run_takes_the_console_token_variable_from_the_command_line() {
         &[
             "console",
             "--http",
-            &free_addr(),
+            "127.0.0.1:0",
             "--http-token-env",
             "UNSET_TOKEN_VAR_9z",
         ],
@@ -424,12 +424,15 @@ fn sigterm_lets_a_long_console_action_finish_and_answer() {
 fn a_foreign_host_name_is_refused_on_loopback() {
     let db = common::TestDb::new();
     let (_p, addr) = console(&db, &[], &[]);
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    use std::io::{Read, Write};
-    write!(s, "GET / HTTP/1.0\r\nHost: rebound.evil.example:80\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    assert!(out.starts_with("HTTP/1.0 403"), "{out}");
+    let r = request(
+        &addr,
+        "GET",
+        "/",
+        &[("Host", "rebound.evil.example:80")],
+        "",
+    );
+    assert_eq!(r.status, 403, "{r:?}");
+    let out = r.body;
     assert!(out.contains("DNS rebinding"), "{out}");
     assert!(
         out.contains(&format!("open the console at http://{addr}/")),
@@ -441,12 +444,11 @@ fn a_foreign_host_name_is_refused_on_loopback() {
 #[test]
 fn run_serves_the_console_metrics_and_health_beside_its_relay() {
     let db = common::TestDb::new();
-    let addr = free_addr();
     let out = db.file("out.jsonl");
     let config = db.write(
         "outboxd.toml",
         &format!(
-            "[http]\nlisten = \"{addr}\"\n[alerts]\nmax_dead = 0\n[[consumer]]\nname = \"file\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"{}\"\n",
+            "[http]\nlisten = \"127.0.0.1:0\"\n[alerts]\nmax_dead = 0\n[[consumer]]\nname = \"file\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"{}\"\n",
             out.display()
         ),
     );
@@ -455,7 +457,7 @@ fn run_serves_the_console_metrics_and_health_beside_its_relay() {
         &["run", "--config", config.to_str().unwrap()],
         &[],
     );
-    wait_http(&mut run, &addr);
+    let addr = run.console_address();
     db.enqueue(&[
         common::event("article.created.v1", 1),
         common::event("article.created.v1", 2),
@@ -508,9 +510,8 @@ fn run_serves_the_console_metrics_and_health_beside_its_relay() {
 fn health_under_run_status_and_the_console_agree_without_a_config() {
     let db = common::TestDb::new();
     dead_letters(&db, "order.placed.v1", 10);
-    let run_addr = free_addr();
-    let mut run = spawn(&db.path, &["run", "--http", &run_addr], &[]);
-    wait_http(&mut run, &run_addr);
+    let mut run = spawn(&db.path, &["run", "--http", "127.0.0.1:0"], &[]);
+    let run_addr = run.console_address();
     let (_console, console_addr) = console(&db, &[], &[]);
 
     let status = Outboxd::on(&db.path).json(&["status", "--json"], code::PROBLEMS);
@@ -590,7 +591,6 @@ fn pages_show_rows_that_foreign_producers_wrote_badly() {
 fn a_console_requeue_under_run_keeps_the_relays_locks_and_its_wal() {
     let db = common::TestDb::new();
     dead_letters(&db, "article.created.v1", 1);
-    let addr = free_addr();
     let out = db.file("out.jsonl");
     let config = db.write(
         "outboxd.toml",
@@ -601,10 +601,16 @@ fn a_console_requeue_under_run_keeps_the_relays_locks_and_its_wal() {
     );
     let mut run = spawn(
         &db.path,
-        &["run", "--config", config.to_str().unwrap(), "--http", &addr],
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--http",
+            "127.0.0.1:0",
+        ],
         &[],
     );
-    wait_http(&mut run, &addr);
+    let addr = run.console_address();
     let lines = || -> Vec<String> {
         std::fs::read_to_string(&out)
             .unwrap_or_default()

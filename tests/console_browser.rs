@@ -15,14 +15,11 @@
 mod common;
 mod console_support;
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use console_support::{
-    browser_available, free_addr, get, screenshot_dir, spawn, wait_http, wait_until, Browser,
-};
+use common::http::{Answer, Receiver};
+use console_support::{browser_available, get, screenshot_dir, spawn, wait_until, Browser};
 use outboxd::{Event, Timestamp};
 use rusqlite::params;
 use serde_json::Value;
@@ -50,11 +47,12 @@ fn insert_dead(db: &common::TestDb, ty: &str, tenant: &str, key: Option<&str>, e
     conn.last_insert_rowid()
 }
 
-/// A file sink config with the console on `addr`.
-fn run_config(db: &common::TestDb, addr: &str, sink: &str) -> PathBuf {
+/// A config serving the console on port 0 (the test reads the port from
+/// the log: `Running::console_address`).
+fn run_config(db: &common::TestDb, sink: &str) -> PathBuf {
     db.write(
         "outboxd.toml",
-        &format!("[http]\nlisten = \"{addr}\"\n[alerts]\nmax_dead = 0\n{sink}"),
+        &format!("[http]\nlisten = \"127.0.0.1:0\"\n[alerts]\nmax_dead = 0\n{sink}"),
     )
 }
 
@@ -84,14 +82,13 @@ fn overview_figures_equal_status_json_and_every_page_is_screenshotted() {
         return;
     }
     let db = common::TestDb::new();
-    let addr = free_addr();
-    let config = run_config(&db, &addr, &jsonl_consumer(&db));
+    let config = run_config(&db, &jsonl_consumer(&db));
     let mut run = spawn(
         &db.path,
         &["run", "--config", config.to_str().unwrap()],
         &[],
     );
-    wait_http(&mut run, &addr);
+    let addr = run.console_address();
     let mut events: Vec<Event> = (0..7)
         .map(|n| common::event("article.created.v1", n))
         .collect();
@@ -248,7 +245,6 @@ fn a_dead_letter_requeued_from_its_page_is_delivered_by_the_running_relay() {
         return;
     }
     let db = common::TestDb::new();
-    let addr = free_addr();
     // Poisons every event until the file `fixed` exists, then takes them.
     let script = db.write(
         "deliver.sh",
@@ -265,13 +261,13 @@ fn a_dead_letter_requeued_from_its_page_is_delivered_by_the_running_relay() {
         "[[consumer]]\nname = \"billing\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"command\"\nprogram = \"{}\"\npoison_exit_code = 3\n",
         script.display()
     );
-    let config = run_config(&db, &addr, &sink);
+    let config = run_config(&db, &sink);
     let mut run = spawn(
         &db.path,
         &["run", "--config", config.to_str().unwrap()],
         &[],
     );
-    wait_http(&mut run, &addr);
+    let addr = run.console_address();
     let ids = db.enqueue(&[common::event("invoice.issued.v1", 1)]);
     wait_until("the event to be dead-lettered", WAIT, || {
         db.count("status = 'dead'") == 1
@@ -301,23 +297,12 @@ fn a_dead_letter_requeued_from_its_page_is_delivered_by_the_running_relay() {
 }
 
 /// Serves `body` as HTML (no CSP, no escaping) to every request, on a
-/// thread, until the process ends.
+/// thread, until the process ends; its address.
 fn control_server(body: String) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut s = stream;
-            let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf);
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
+    let server = Receiver::start(move |_, _| {
+        Answer::new("200 OK", &body).header("Content-Type", "text/html")
     });
-    addr
+    server.addr.to_string()
 }
 
 const SCRIPT_TENANT: &str = "<script>window.__xss=1</script>";
@@ -349,9 +334,8 @@ fn hostile_values_render_as_text_and_no_script_runs() {
         Some(IMG_KEY),
         &error,
     );
-    let addr = free_addr();
-    let mut p = spawn(&db.path, &["console", "--http", &addr], &[]);
-    wait_http(&mut p, &addr);
+    let mut p = spawn(&db.path, &["console", "--http", "127.0.0.1:0"], &[]);
+    let addr = p.console_address();
     for path in [format!("/events/{row}"), "/events".into(), "/dead".into()] {
         b.goto(&format!("http://{addr}{path}"));
         assert_eq!(
@@ -378,9 +362,8 @@ fn a_form_on_another_site_changes_nothing_even_with_the_csrf_token() {
     }
     let db = common::TestDb::new();
     insert_dead(&db, "order.placed.v1", "acme", None, "boom");
-    let addr = free_addr();
-    let mut p = spawn(&db.path, &["console", "--http", &addr], &[]);
-    wait_http(&mut p, &addr);
+    let mut p = spawn(&db.path, &["console", "--http", "127.0.0.1:0"], &[]);
+    let addr = p.console_address();
     // Even a token that leaked does not help a page on another origin.
     let token = console_support::csrf(&get(&addr, "/dead").body);
     let evil = control_server(format!(
@@ -480,19 +463,18 @@ fn readme_screenshot() {
          [[consumer]]\nname = \"search-index\"\ntypes = [\"article.*.v1\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n\
          [[consumer]]\nname = \"webhook\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n",
     );
-    let addr = free_addr();
     let mut p = spawn(
         &db.path,
         &[
             "console",
             "--http",
-            &addr,
+            "127.0.0.1:0",
             "--config",
             config.to_str().unwrap(),
         ],
         &[],
     );
-    wait_http(&mut p, &addr);
+    let addr = p.console_address();
     let b = Browser::start();
     overview_measured_after(&b, &addr, now);
     b.goto(&format!("http://{addr}/"));

@@ -527,6 +527,34 @@ fn run_case(ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Issue 11.1, the interleaving that repeated a consumer without a crash,
+/// step by step as the issue gives it: one event for `a` and `b`; replay
+/// of `b` (which finishes the row again, later); a purge whose retention
+/// the row's new finish time survives but `a`'s old ledger entry does not;
+/// replay of `b` again. Before the fix the purge deleted `a`'s entry by its
+/// own age and the second replay put the row back for every consumer
+/// without one: `a` ran twice. The model keeps a kept row's ledger whole,
+/// so `compare` fails at the purge (the ledger) and at the last run (`a`
+/// succeeded twice). The random cases reach it too (a jump of 61 s, a
+/// replay, a run, a jump of 11 s and a purge of 20 s), but rarely.
+#[test]
+fn a_purge_between_two_replays_of_b_never_runs_a_again() {
+    let ops = vec![
+        Op::Enqueue(vec![Kind::Ok]),
+        Op::RunRelay,
+        Op::Jump(5),
+        Op::Replay("b"),
+        Op::RunRelay,
+        Op::Jump(2),
+        Op::Purge(3),
+        Op::Replay("b"),
+        Op::RunRelay,
+    ];
+    if let Err(e) = run_case(ops) {
+        panic!("{e}");
+    }
+}
+
 fn cases() -> u32 {
     if std::env::var_os("OUTBOXD_FULL").is_some() {
         512

@@ -158,6 +158,7 @@ fn check_config(db: &TestDb, config: &Path) -> Output {
 
 #[test]
 fn every_event_becomes_exactly_one_message_with_the_envelope_as_body() {
+    skip_without_nats_server!();
     let n = events_n();
     let (server, admin) = server_with_stream();
     let db = TestDb::new();
@@ -182,6 +183,7 @@ fn every_event_becomes_exactly_one_message_with_the_envelope_as_body() {
 
 #[test]
 fn kill_9_ten_times_mid_run_still_gives_exactly_one_message_per_event() {
+    skip_without_nats_server!();
     let n = events_n();
     let (server, admin) = server_with_stream();
     let db = TestDb::new();
@@ -221,6 +223,7 @@ fn kill_9_ten_times_mid_run_still_gives_exactly_one_message_per_event() {
 
 #[test]
 fn a_server_stopped_for_ten_seconds_is_retried_and_nothing_is_lost() {
+    skip_without_nats_server!();
     let n = events_n();
     let mut server = NatsServer::start();
     StreamAdmin::connect(&[server.url()]).create("EVENTS", &["events.>"], 1);
@@ -279,6 +282,7 @@ fn a_server_stopped_for_ten_seconds_is_retried_and_nothing_is_lost() {
 
 #[test]
 fn a_cluster_node_killed_mid_run_loses_nothing_and_publishing_continues() {
+    skip_without_nats_server!();
     let n = events_n();
     let mut cluster = Cluster::start(3);
     let urls = cluster.urls();
@@ -309,6 +313,7 @@ fn a_cluster_node_killed_mid_run_loses_nothing_and_publishing_continues() {
 
 #[test]
 fn no_server_at_start_up_is_waited_for_without_holding_other_consumers_back() {
+    skip_without_nats_server!();
     let n = events_n();
     let mut server = NatsServer::prepare(Settings::default());
     let db = TestDb::new();
@@ -344,6 +349,7 @@ fn no_server_at_start_up_is_waited_for_without_holding_other_consumers_back() {
 
 #[test]
 fn a_missing_stream_refused_credentials_and_a_bad_template_are_errors_naming_the_field() {
+    skip_without_nats_server!();
     let server = NatsServer::with(Settings {
         auth: Auth::Token("the-right-token".into()),
         ..Settings::default()
@@ -430,6 +436,7 @@ fn a_missing_stream_refused_credentials_and_a_bad_template_are_errors_naming_the
 
 #[test]
 fn no_log_level_prints_the_nats_credentials() {
+    skip_without_nats_server!();
     const TOKEN: &str = "NatsToken-Zq81Lp0Xv-secret";
     let server = NatsServer::with(Settings {
         auth: Auth::Token(TOKEN.into()),

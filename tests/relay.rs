@@ -407,12 +407,21 @@ fn shutdown_finishes_in_flight_deliveries_and_releases_the_rest() {
     );
 }
 
+/// Waits until the relay has made its first write transaction (the claim
+/// every relay makes when it starts): from then on, with no notify and
+/// housekeeping an hour away, only `PRAGMA data_version` can make it claim
+/// again.
+fn wait_idle(relay: &outboxd::RelayHandle) {
+    wait_until("the relay's first claim", LONG, || {
+        relay.metrics().commits >= 1
+    });
+}
+
 #[test]
-fn picks_up_a_commit_from_another_process_within_milliseconds() {
-    let Ok(python) = which_python() else {
-        println!("skipped: python3 is not installed");
+fn picks_up_a_commit_from_another_process() {
+    if !common::available("python3", &["--version"]) {
         return;
-    };
+    }
     let db = TestDb::new();
     let (tx, rx) = crossbeam_channel::unbounded();
     let relay = db
@@ -423,7 +432,8 @@ fn picks_up_a_commit_from_another_process_within_milliseconds() {
         })
         .housekeeping_interval(Duration::from_secs(3600))
         .started();
-    let status = std::process::Command::new(python)
+    wait_idle(&relay);
+    let status = std::process::Command::new("python3")
         .args([
             "-c",
             "import sqlite3, sys\n\
@@ -436,26 +446,9 @@ fn picks_up_a_commit_from_another_process_within_milliseconds() {
         .unwrap();
     assert!(status.success());
     // The other process has committed and exited: from here only
-    // data_version can tell the relay, which polls it every 5 ms.
-    let committed = std::time::Instant::now();
-    assert_eq!(
-        rx.recv_timeout(Duration::from_secs(5)).unwrap(),
-        "other.process.v1"
-    );
-    let took = committed.elapsed();
+    // data_version can tell the relay (how soon is benches' business).
+    assert_eq!(rx.recv_timeout(LONG).unwrap(), "other.process.v1");
     stop(relay);
-    assert!(
-        took < Duration::from_millis(500),
-        "picked up after {took:?}"
-    );
-}
-
-fn which_python() -> Result<&'static str, ()> {
-    std::process::Command::new("python3")
-        .arg("--version")
-        .output()
-        .map(|_| "python3")
-        .map_err(|_| ())
 }
 
 #[test]
@@ -468,19 +461,12 @@ fn picks_up_a_commit_from_another_connection_without_notify() {
             tx.send(d.envelope.event_id).unwrap();
             Outcome::Delivered
         })
-        // A poll floor far above what the test allows: only data_version
-        // can explain a fast pick-up.
-        .poll_interval(Duration::from_millis(5))
         .housekeeping_interval(Duration::from_secs(3600))
         .started();
-    // Let the relay go idle first.
-    std::thread::sleep(Duration::from_millis(50));
-    let started = std::time::Instant::now();
+    wait_idle(&relay);
     let id = db.enqueue(&[event("a.b.v1", 1)])[0];
-    assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), id);
-    let took = started.elapsed();
+    assert_eq!(rx.recv_timeout(LONG).unwrap(), id);
     stop(relay);
-    assert!(took < Duration::from_secs(1), "picked up in {took:?}");
 }
 
 #[test]

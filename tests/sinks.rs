@@ -2,11 +2,12 @@
 //! server on 127.0.0.1.
 #![cfg(feature = "sinks")]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+mod common;
+
+use std::io::Write;
+use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -16,6 +17,8 @@ use outboxd::sinks::webhook::{sign, verify, SignatureError, WebhookSecret};
 use outboxd::sinks::{CommandError, CommandSink, JsonlSink, WebhookSink};
 use outboxd::{Envelope, EventId, EventType, Timestamp};
 use serde_json::value::RawValue;
+
+use common::http::{Answer, Receiver};
 
 fn delivery(payload: &str) -> Delivery {
     Delivery::new(Envelope {
@@ -558,127 +561,36 @@ fn signature_matches_the_standard_webhooks_vector() {
     );
 }
 
-struct Request {
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// A minimal HTTP/1.1 server: answers by path, sends every request it read
-/// to the test over a channel.
-struct Server {
-    addr: std::net::SocketAddr,
-    requests: mpsc::Receiver<Request>,
-}
-
-impl Server {
-    fn start() -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, requests) = mpsc::channel();
-        thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let tx = tx.clone();
-                thread::spawn(move || serve(stream, addr, tx));
-            }
-        });
-        Server { addr, requests }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn next(&self) -> Request {
-        self.requests
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the server saw a request")
-    }
-}
-
-fn serve(stream: TcpStream, addr: std::net::SocketAddr, tx: mpsc::Sender<Request>) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut line = String::new();
-    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
-    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        reader.read_line(&mut line).unwrap();
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').unwrap();
-        headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-    }
-    let len: usize = headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .map(|(_, v)| v.parse().unwrap())
-        .unwrap_or(0);
-    let mut body = vec![0; len];
-    reader.read_exact(&mut body).unwrap();
-    let _ = tx.send(Request {
-        path: path.clone(),
-        headers: headers.clone(),
-        body,
-    });
-
-    let big = "e".repeat(100_000);
-    let (status, extra, body): (&str, String, &str) = match path.as_str() {
-        "/ok" => ("200 OK", String::new(), "thanks"),
-        "/500" => ("500 Internal Server Error", String::new(), "database down"),
-        "/429" => (
-            "429 Too Many Requests",
-            "Retry-After: 7\r\n".into(),
-            "slow down",
+/// A webhook receiver answering by path: `/ok` 200, `/500`, `/429` (with
+/// Retry-After: 7), `/410`, `/400` (with a 100 kB body), `/302` (to `/ok`),
+/// `/echo…` a 500 whose body echoes the request's path and credentials (as
+/// some error pages do), `/slow` never; anything else 404.
+fn webhook_server() -> Receiver {
+    Receiver::start(|req, _| match req.path.as_str() {
+        "/ok" => Answer::new("200 OK", "thanks"),
+        "/500" => Answer::new("500 Internal Server Error", "database down"),
+        "/429" => Answer::new("429 Too Many Requests", "slow down").header("Retry-After", "7"),
+        "/410" => Answer::new("410 Gone", "gone for good"),
+        "/400" => Answer::new("400 Bad Request", &"e".repeat(100_000)),
+        "/302" => Answer::new("302 Found", "").header(
+            "Location",
+            &format!("http://{}/ok", req.header("host").unwrap_or_default()),
         ),
-        "/410" => ("410 Gone", String::new(), "gone for good"),
-        "/400" => ("400 Bad Request", String::new(), &big),
-        "/302" => ("302 Found", format!("Location: http://{addr}/ok\r\n"), ""),
         p if p.starts_with("/echo") => {
-            // Echoes what it was sent, as some error pages do.
-            let echoed: Vec<String> = headers
+            let echoed: Vec<String> = req
+                .headers
                 .iter()
                 .filter(|(k, _)| k == "authorization" || k == "x-source")
                 .map(|(k, v)| format!("{k}: {v}"))
                 .collect();
-            let echoed = format!("you sent {p} with {echoed:?}");
-            let mut stream = stream;
-            let _ = write!(
-                stream,
-                "HTTP/1.1 500 Internal Server Error\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{echoed}",
-                echoed.len()
-            );
-            return;
+            Answer::new(
+                "500 Internal Server Error",
+                &format!("you sent {p} with {echoed:?}"),
+            )
         }
-        "/slow" => {
-            // Never answer; hold the connection until the client gives up.
-            let mut rest = Vec::new();
-            let _ = reader.read_to_end(&mut rest);
-            return;
-        }
-        _ => ("404 Not Found", String::new(), ""),
-    };
-    let mut stream = stream;
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n{body}",
-        body.len()
-    );
+        "/slow" => Answer::Hang,
+        _ => Answer::new("404 Not Found", ""),
+    })
 }
 
 fn sink(url: &str) -> WebhookSink {
@@ -691,7 +603,7 @@ fn sink(url: &str) -> WebhookSink {
 
 #[test]
 fn webhook_2xx_delivers_a_signed_request() {
-    let server = Server::start();
+    let server = webhook_server();
     let sink = WebhookSink::builder(server.url("/ok"))
         .secret(OLD_SECRET)
         .secret(SECRET)
@@ -756,7 +668,7 @@ fn webhook_2xx_delivers_a_signed_request() {
 
 #[test]
 fn webhook_carries_the_tenant_and_the_legacy_flag_in_headers_not_the_body() {
-    let server = Server::start();
+    let server = webhook_server();
     let sink = sink(&server.url("/ok"));
     let mut d = delivery(AWKWARD_PAYLOADS[0]);
     d.tenant_id = Some("a b/é%".into());
@@ -787,7 +699,7 @@ fn webhook_carries_the_tenant_and_the_legacy_flag_in_headers_not_the_body() {
 
 #[test]
 fn webhook_reasons_never_carry_configured_secrets() {
-    let server = Server::start();
+    let server = webhook_server();
     let sink = WebhookSink::builder(server.url("/echo?token=Qry7Tok3nValue"))
         .secret(SECRET)
         .header("authorization", "Bearer H3aderT0kenValue")
@@ -840,7 +752,7 @@ fn webhook_schedule_in_the_docs_is_the_codes() {
 
 #[test]
 fn webhook_statuses_map_to_outcomes() {
-    let server = Server::start();
+    let server = webhook_server();
 
     let reason = retry_reason(sink(&server.url("/500")).deliver(&delivery("1")));
     assert!(
@@ -877,23 +789,22 @@ fn webhook_statuses_map_to_outcomes() {
     );
     // Exactly the five requests above reached the server: the redirect was
     // not followed.
-    let paths: Vec<String> = (0..5).map(|_| server.next().path).collect();
+    let paths: Vec<String> = server.requests().into_iter().map(|r| r.path).collect();
     assert_eq!(paths, ["/500", "/429", "/410", "/400", "/302"]);
-    assert!(server.requests.try_recv().is_err());
 }
 
 #[test]
 fn webhook_timeouts_and_network_errors_are_retries() {
-    let server = Server::start();
+    let server = webhook_server();
     let slow = WebhookSink::builder(server.url("/slow"))
         .secret(SECRET)
         .timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    let started = Instant::now();
+    // The receiver never answers (it drops the connection after a minute):
+    // "timed out" is the sink's own 500 ms limit.
     let reason = retry_reason(slow.deliver(&delivery("1")));
     assert!(reason.contains("timed out"), "{reason}");
-    assert!(started.elapsed() < Duration::from_secs(10));
 
     // A port nobody listens on.
     let closed = {
@@ -909,7 +820,7 @@ fn webhook_private_address_guard() {
     // A URL that names a non-public address is refused when the sink is
     // built, so check-config and start-up report it (the guard on resolved
     // addresses at each delivery is unit-tested in src/sinks/webhook.rs).
-    let server = Server::start();
+    let server = webhook_server();
     let port = server.addr.port();
     for url in [
         format!("http://127.0.0.1:{port}/ok"),
@@ -943,6 +854,6 @@ fn webhook_private_address_guard() {
         sink(&server.url("/ok")).deliver(&delivery("1")),
         Outcome::Delivered
     );
-    assert_eq!(server.next().path, "/ok");
-    assert!(server.requests.try_recv().is_err());
+    let paths: Vec<String> = server.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(paths, ["/ok"]);
 }

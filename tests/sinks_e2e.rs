@@ -17,15 +17,11 @@
 
 mod common;
 
-use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{Arc, Mutex};
-use std::thread;
 
 use common::bin::{code, Outboxd, Running, Sandbox, WAIT};
+use common::http::{Answer, Receiver};
 use common::{wait_until, TestDb};
 use outboxd::{Event, EventId};
 
@@ -101,73 +97,28 @@ fn status_of(db: &TestDb, id: EventId) -> String {
 /// A receiver that fails each event's first request with a 500 whose body
 /// echoes the request's path and authorization header (as some error pages
 /// do), and accepts the second.
-struct EchoReceiver {
-    addr: SocketAddr,
-}
-
-impl EchoReceiver {
-    fn start() -> EchoReceiver {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let seen = Arc::new(Mutex::new(HashSet::new()));
-        thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let seen = seen.clone();
-                thread::spawn(move || {
-                    let _ = answer(stream, &seen);
-                });
-            }
-        });
-        EchoReceiver { addr }
-    }
-}
-
-fn answer(stream: TcpStream, seen: &Mutex<HashSet<String>>) -> std::io::Result<()> {
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-    let (mut len, mut id, mut auth) = (0usize, String::new(), String::new());
-    loop {
-        line.clear();
-        reader.read_line(&mut line)?;
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
+fn echo_receiver() -> Receiver {
+    Receiver::start(|req, earlier| {
+        let id = req.header("webhook-id");
+        if earlier.iter().any(|e| e.header("webhook-id") == id) {
+            return Answer::new("200 OK", "ok");
         }
-        let (k, v) = l.split_once(':').unwrap_or((l, ""));
-        match k.trim().to_ascii_lowercase().as_str() {
-            "content-length" => len = v.trim().parse().unwrap_or(0),
-            "webhook-id" => id = v.trim().to_string(),
-            "authorization" => auth = v.trim().to_string(),
-            _ => {}
-        }
-    }
-    let mut body = vec![0; len];
-    reader.read_exact(&mut body)?;
-    let first = seen.lock().unwrap().insert(id);
-    let (status, body) = if first {
-        (
+        Answer::new(
             "500 Internal Server Error",
-            format!("cannot handle POST {path} (authorization: {auth})"),
+            &format!(
+                "cannot handle POST {} (authorization: {})",
+                req.path,
+                req.header("authorization").unwrap_or_default()
+            ),
         )
-    } else {
-        ("200 OK", "ok".to_string())
-    };
-    let mut stream = stream;
-    write!(
-        stream,
-        "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
+    })
 }
 
 /// A config with a webhook consumer carrying every planted secret and a
 /// command consumer that dumps its environment to a file and, on its first
 /// attempt, to stderr (so a secret it inherited would reach the log too).
 /// Both fail once and succeed on the retry 100 ms later.
-fn secrets_config(db: &Sandbox, receiver: &EchoReceiver) -> PathBuf {
+fn secrets_config(db: &Sandbox, receiver: &Receiver) -> PathBuf {
     let dump = db.script(
         "dump-env.sh",
         r#"env > "$OUT/env-$OUTBOXD_ATTEMPT"
@@ -220,7 +171,7 @@ fn run_until_delivered(db: &TestDb, config: &Path, log_args: &[&str]) -> (String
 
 #[test]
 fn no_log_level_in_either_format_prints_a_secret() {
-    let receiver = EchoReceiver::start();
+    let receiver = echo_receiver();
     for format in ["text", "json"] {
         for level in ["error", "warn", "info", "debug", "trace"] {
             let db = Sandbox::migrated();
@@ -255,7 +206,7 @@ fn no_log_level_in_either_format_prints_a_secret() {
 
 #[test]
 fn command_consumers_inherit_no_variable_outboxd_reads_a_secret_from() {
-    let receiver = EchoReceiver::start();
+    let receiver = echo_receiver();
     let db = Sandbox::migrated();
     let config = secrets_config(&db, &receiver);
     run_until_delivered(&db, &config, &[]);

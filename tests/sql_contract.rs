@@ -303,14 +303,14 @@ fn check_contract(program: &str, script: &str) {
 
 #[test]
 fn python_producer_follows_the_sql_contract() {
-    if available("python3") {
+    if available("python3", &["--version"]) {
         check_contract("python3", "tests/contract/producer.py");
     }
 }
 
 #[test]
 fn php_producer_follows_the_sql_contract() {
-    if available("php") {
+    if available("php", &["--version"]) {
         check_contract("php", "tests/contract/producer.php");
     }
 }
@@ -517,7 +517,7 @@ fn the_docs_sql_example_runs() {
 
 #[test]
 fn the_docs_python_example_runs() {
-    if !available("python3") {
+    if !available("python3", &["--version"]) {
         return;
     }
     let host = doc_host();
@@ -547,7 +547,7 @@ fn the_docs_python_example_runs() {
 
 #[test]
 fn the_docs_php_example_runs() {
-    if !available("php") {
+    if !available("php", &["--version"]) {
         return;
     }
     let host = doc_host();

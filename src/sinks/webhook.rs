@@ -48,6 +48,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use hmac::{Hmac, KeyInit, Mac};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use sha2::Sha256;
 use ureq::http::{HeaderName, HeaderValue, StatusCode, Uri};
 use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
@@ -544,18 +545,44 @@ impl WebhookSinkBuilder {
 
 impl fmt::Debug for WebhookSinkBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let header_names: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
-        f.debug_struct("WebhookSinkBuilder")
-            .field("url", &redact_url(&self.url))
-            .field(
-                "secrets",
-                &format_args!("<{} redacted>", self.secrets.len()),
-            )
+        Shown {
+            name: "WebhookSinkBuilder",
+            url: &redact_url(&self.url),
+            secrets: self.secrets.len(),
+            connect_timeout: self.connect_timeout,
+            timeout: self.timeout,
+            max_response_bytes: self.max_response_bytes,
+            deny_private: self.deny_private,
+            headers: self.headers.iter().map(|(k, _)| k.as_str()).collect(),
+        }
+        .fmt(f)
+    }
+}
+
+/// What the builder's and the sink's `Debug` show, formatted in one place:
+/// the URL without credentials or query, secrets only counted, headers by
+/// name only (their values may be credentials).
+struct Shown<'a> {
+    name: &'static str,
+    url: &'a str,
+    secrets: usize,
+    connect_timeout: Duration,
+    timeout: Duration,
+    max_response_bytes: u64,
+    deny_private: bool,
+    headers: Vec<&'a str>,
+}
+
+impl fmt::Debug for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(self.name)
+            .field("url", &self.url)
+            .field("secrets", &format_args!("<{} redacted>", self.secrets))
             .field("connect_timeout", &self.connect_timeout)
             .field("timeout", &self.timeout)
             .field("max_response_bytes", &self.max_response_bytes)
             .field("deny_private_addresses", &self.deny_private)
-            .field("headers", &header_names)
+            .field("headers", &self.headers)
             .finish()
     }
 }
@@ -711,19 +738,17 @@ impl Consumer for WebhookSink {
 
 impl fmt::Debug for WebhookSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let header_names: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
-        f.debug_struct("WebhookSink")
-            .field("url", &self.shown_url)
-            .field(
-                "secrets",
-                &format_args!("<{} redacted>", self.secrets.len()),
-            )
-            .field("connect_timeout", &self.connect_timeout)
-            .field("timeout", &self.timeout)
-            .field("max_response_bytes", &self.max_response_bytes)
-            .field("deny_private_addresses", &self.deny_private)
-            .field("headers", &header_names)
-            .finish()
+        Shown {
+            name: "WebhookSink",
+            url: &self.shown_url,
+            secrets: self.secrets.len(),
+            connect_timeout: self.connect_timeout,
+            timeout: self.timeout,
+            max_response_bytes: self.max_response_bytes,
+            deny_private: self.deny_private,
+            headers: self.headers.iter().map(|(k, _)| k.as_str()).collect(),
+        }
+        .fmt(f)
     }
 }
 
@@ -814,16 +839,13 @@ fn names_non_public(host: &str) -> bool {
 /// and `-._~` as they are (RFC 3986's unreserved characters), so that any
 /// tenant id fits a header and decodes back unambiguously.
 fn percent_encode(text: &str) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    /// Everything but RFC 3986's unreserved characters.
+    const RESERVED: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    utf8_percent_encode(text, RESERVED).to_string()
 }
 
 /// True for a header whose value is a credential, by its name.
@@ -1142,6 +1164,33 @@ mod tests {
     fn tenant_ids_are_percent_encoded() {
         assert_eq!(percent_encode("acme-01_x.y~z"), "acme-01_x.y~z");
         assert_eq!(percent_encode("a b%c/é\n"), "a%20b%25c%2F%C3%A9%0A");
+    }
+
+    #[test]
+    fn debug_shows_no_credential_of_the_builder_or_the_sink() {
+        let builder =
+            WebhookSink::builder("https://user:hunter22@hooks.example.com/in?token=qtok-1234")
+                .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+                .header("Authorization", "Bearer htok-5678");
+        let shown_builder = format!("{builder:?}");
+        let sink = builder.build().unwrap();
+        let shown_sink = format!("{sink:?}");
+        for (name, shown) in [
+            ("WebhookSinkBuilder", shown_builder),
+            ("WebhookSink", shown_sink),
+        ] {
+            assert!(shown.starts_with(name), "{shown}");
+            for secret in ["hunter22", "qtok-1234", "MfKQ9r8GKYq", "htok-5678"] {
+                assert!(!shown.contains(secret), "{secret} in {shown}");
+            }
+            assert!(shown.contains("https://hooks.example.com/in"), "{shown}");
+            assert!(shown.contains("<1 redacted>"), "{shown}");
+            // The header by name (the sink keeps names lowercase).
+            assert!(
+                shown.to_ascii_lowercase().contains("\"authorization\""),
+                "{shown}"
+            );
+        }
     }
 
     #[test]

@@ -547,6 +547,34 @@ impl Running {
         self.wait(WAIT)
     }
 
+    /// Waits until stderr logs `after` followed by an address and returns
+    /// the address (`127.0.0.1:PORT`). Tests start servers on port 0 and
+    /// read the port outboxd bound from its log, so no other process can
+    /// take the port between the test choosing it and outboxd binding it.
+    pub fn logged_address(&mut self, after: &str) -> String {
+        let mut found = None;
+        super::wait_until(&format!("outboxd to log {after:?}"), WAIT, || {
+            self.assert_alive();
+            let log = self.stderr();
+            found = log.split_once(after).and_then(|(_, rest)| {
+                let addr: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || ".:[]".contains(*c))
+                    .collect();
+                // Only once the line is written past the address.
+                (rest.len() > addr.len()).then_some(addr)
+            });
+            found.is_some()
+        });
+        found.unwrap()
+    }
+
+    /// Where it serves the console: the address in its "serving the
+    /// console at http://ADDR/" line.
+    pub fn console_address(&mut self) -> String {
+        self.logged_address("serving the console at http://")
+    }
+
     /// Waits until stderr says the relay runs (its consumers registered).
     pub fn wait_started(&mut self) {
         super::wait_until("outboxd to start", WAIT, || {

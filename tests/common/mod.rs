@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod bin;
+pub mod http;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -120,19 +121,39 @@ impl Recorder {
     }
 }
 
-/// Whether an interpreter (python3, php) can run here. Outside CI a missing
-/// one skips the test with a message; in CI (CI=true) it fails it.
-pub fn available(program: &str) -> bool {
+/// A test cannot run because this machine lacks something (`what`: the
+/// tool, and how to get it). Outside CI the caller skips its test, with
+/// this message on stderr; under `.ci/run`, which exports `OUTBOXD_CI=1`,
+/// the test fails instead, so a cross-process test can never pass in CI
+/// without running. The one place that decides this for every test.
+pub fn missing(what: &str) {
+    if std::env::var_os("OUTBOXD_CI").is_some_and(|v| v == "1") {
+        panic!(
+            "{what}, and OUTBOXD_CI=1 requires this test to run (.ci/run installs what it needs)"
+        );
+    }
+    eprintln!("SKIPPED: {what}; set OUTBOXD_CI=1 to make this a failure");
+}
+
+/// Whether `program probe…` runs and succeeds here (`&["--version"]`, or a
+/// probe of what the test needs: `&["-c", "import sqlite3"]`). When not,
+/// [`missing`] decides: skip outside CI, fail in CI.
+pub fn available(program: impl AsRef<std::ffi::OsStr>, probe: &[&str]) -> bool {
+    let program = program.as_ref();
     let found = std::process::Command::new(program)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+        .args(probe)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     if !found {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("{program} is not installed, and CI=true requires this test to run (.ci/run installs it)");
-        }
-        eprintln!("SKIPPED: {program} is not installed (apt-get install python3 php-cli php-sqlite3); set CI=true to make this a failure");
+        missing(&format!(
+            "`{} {}` does not run here (python3, php-cli and php-sqlite3, chromium and \
+             chromium-driver, nats-server, faketime are Debian packages)",
+            program.to_string_lossy(),
+            probe.join(" ")
+        ));
     }
     found
 }

@@ -1,14 +1,13 @@
-//! What the console's tests share: a running `outboxd` serving HTTP, a raw
-//! HTTP/1.0 client (so every header is the test's choice), and headless
-//! Chromium driven over WebDriver.
+//! What the console's tests share: a running `outboxd` serving HTTP, the
+//! tests' HTTP client (tests/common/http.rs: every header is the test's
+//! choice), and headless Chromium driven over WebDriver.
 //!
 //! The browser is Debian's `chromium` driven by `chromedriver` through the
 //! W3C WebDriver protocol: plain JSON over HTTP, so the tests need no
 //! browser-automation crate (and no async runtime), only this client.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -16,12 +15,6 @@ use crate::common::bin::{Outboxd, Running};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-
-/// A free loopback address (`127.0.0.1:PORT`).
-pub fn free_addr() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
 
 pub use crate::common::wait_until;
 
@@ -36,125 +29,14 @@ pub fn spawn(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Running {
     Running::spawn(&mut cmd)
 }
 
-/// Waits until `addr` takes connections; panics with the log if the
-/// process exits first.
-pub fn wait_http(p: &mut Running, addr: &str) {
-    wait_until(
-        &format!("outboxd to serve {addr}"),
-        Duration::from_secs(60),
-        || {
-            p.assert_alive();
-            TcpStream::connect(addr).is_ok()
-        },
-    );
-}
-
 // ---------------------------------------------------------------------------
 // HTTP.
 
-/// A response.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: String,
-}
-
-impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// One request with exactly the headers given, plus Host, `Connection:
-/// close` and, with a body, its length.
-pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    if !body.is_empty() || method == "POST" {
-        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    // Read the head, then Content-Length bytes (some servers keep the
-    // connection open after answering, whatever the request said).
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 8192];
-    let mut expected = None;
-    loop {
-        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-            let len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse::<usize>().ok());
-            expected = len.map(|n| end + 4 + n);
-        }
-        if expected.is_some_and(|n| raw.len() >= n) {
-            break;
-        }
-        let n = s.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        raw.extend_from_slice(&buf[..n]);
-    }
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    let headers: Vec<(String, String)> = headers;
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    Reply {
-        status,
-        headers,
-        body: if chunked {
-            dechunk(body)
-        } else {
-            body.to_string()
-        },
-    }
-}
-
-/// The body of a chunked response.
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-pub fn get(addr: &str, path: &str) -> Reply {
-    http(addr, "GET", path, &[], "")
-}
+pub use crate::common::http::{get, request, Reply};
 
 /// A form POSTed as the console's own page sends it (its Origin).
 pub fn post_form(addr: &str, path: &str, pairs: &[(&str, &str)]) -> Reply {
-    http(
+    request(
         addr,
         "POST",
         path,
@@ -193,23 +75,34 @@ pub fn form(pairs: &[(&str, &str)]) -> String {
 // The browser.
 
 /// Whether Chromium and chromedriver are installed; outside CI a missing
-/// one skips the test (CI installs them: .ci/run).
+/// one skips the test, in CI it fails it (common::available).
 pub fn browser_available() -> bool {
-    let found = ["chromium", "chromedriver"].iter().all(|p| {
-        Command::new(p)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    if !found {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("chromium or chromedriver is missing, and CI=true requires the browser tests (.ci/run installs them)");
+    ["chromium", "chromedriver"]
+        .iter()
+        .all(|p| crate::common::available(p, &["--version"]))
+}
+
+/// The address chromedriver listens on, from its "started successfully on
+/// port N." line (waited for at most 30 s). Its stdout is read to the end
+/// on a thread, so it never blocks on a full pipe.
+fn driver_address(driver: &mut Child) -> String {
+    let stdout = driver.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split_once("started successfully on port ") {
+                let port: String = rest.1.chars().take_while(char::is_ascii_digit).collect();
+                let _ = tx.send(port);
+            }
         }
-        eprintln!("SKIPPED: chromium and chromium-driver are not installed (apt-get install chromium chromium-driver); set CI=true to make this a failure");
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(port) => format!("127.0.0.1:{port}"),
+        Err(_) => {
+            let _ = driver.kill();
+            panic!("chromedriver did not say its port within 30 s");
+        }
     }
-    found
 }
 
 /// Headless Chromium in a WebDriver session, ended when dropped.
@@ -227,24 +120,20 @@ impl Browser {
     /// Starts chromedriver and a headless Chromium session (the flags a
     /// closed network needs: no background connections, a fresh profile).
     pub fn start() -> Browser {
-        let addr = free_addr();
-        let port = addr.rsplit(':').next().unwrap().to_string();
-        let driver = Command::new("chromedriver")
-            .arg(format!("--port={port}"))
+        let profile = tempfile::tempdir().unwrap();
+        // Port 0: chromedriver binds a free port itself and says which on
+        // stdout, so no other process can take it in between.
+        let mut driver = Command::new("chromedriver")
+            .arg("--port=0")
             .arg(format!(
                 "--log-path={}",
-                std::env::temp_dir()
-                    .join(format!("chromedriver-{port}.log"))
-                    .display()
+                profile.path().join("chromedriver.log").display()
             ))
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("chromedriver");
-        let profile = tempfile::tempdir().unwrap();
-        wait_until("chromedriver to answer", Duration::from_secs(30), || {
-            TcpStream::connect(&addr).is_ok()
-        });
+        let addr = driver_address(&mut driver);
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
@@ -279,7 +168,7 @@ impl Browser {
         } else {
             &[("Content-Type", "application/json")]
         };
-        let r = http(&self.addr, method, path, headers, &body);
+        let r = request(&self.addr, method, path, headers, &body);
         let v: Value = serde_json::from_str(&r.body)
             .unwrap_or_else(|e| panic!("WebDriver {path}: {e}: {}", r.body));
         if r.status != 200 {
@@ -380,7 +269,7 @@ impl Drop for Browser {
     fn drop(&mut self) {
         if !self.session.is_empty() {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                http(
+                request(
                     &self.addr,
                     "DELETE",
                     &format!("/session/{}", self.session),

@@ -2,9 +2,12 @@
 //! `.ci/run` installs it) started on free loopback ports with JetStream on a
 //! temp dir, and stopped on drop, also when a test panics.
 //!
-//! Readiness is the server's own "Server is ready" log line, read from its
-//! stderr; a cluster is ready once it answers JetStream requests (a bounded
-//! poll: it has to elect a leader first).
+//! Readiness is the server's own "Server is ready" log line (a cluster
+//! node's "Listening for route connections"), read from its stderr; a
+//! cluster is ready once it answers JetStream requests (a bounded poll: it
+//! has to elect a leader first). A server that lost a port to another
+//! process between the test choosing it and the server binding it is
+//! started again on new ports.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -20,25 +23,28 @@ use async_nats::jetstream;
 /// How long a server may take to say it is ready.
 const READY: Duration = Duration::from_secs(30);
 
-/// The server binary: `OUTBOXD_NATS_SERVER`, else `nats-server` on PATH.
+/// The server binary: `OUTBOXD_NATS_SERVER`, else `nats-server` (looked up
+/// on PATH when started).
 pub fn server_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("OUTBOXD_NATS_SERVER") {
-        return p.into();
-    }
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("nats-server"))
-            .find(|p| p.is_file())
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "nats-server is not installed: the NATS tests run a real server. Install it \
-             (apt-get install nats-server; .ci/run does) or set OUTBOXD_NATS_SERVER to its path"
-        )
-    })
+    std::env::var_os("OUTBOXD_NATS_SERVER").map_or_else(|| "nats-server".into(), PathBuf::from)
+}
+
+/// Returns from the calling test when nats-server does not run here:
+/// skipped outside CI, failed under `.ci/run` (`common::available`). A
+/// macro, so that benches, which have no `common::available`, can include
+/// this file.
+#[macro_export]
+macro_rules! skip_without_nats_server {
+    () => {
+        if !common::available(nats_server::server_binary(), &["--version"]) {
+            return;
+        }
+    };
 }
 
 /// `n` free loopback ports, all bound at once so they differ, then freed.
+/// Another process may take one before nats-server binds it: starting
+/// retries on new ports when it does ([`PORT_TRIES`]).
 pub fn free_ports(n: usize) -> Vec<u16> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
@@ -47,6 +53,24 @@ pub fn free_ports(n: usize) -> Vec<u16> {
         .iter()
         .map(|l| l.local_addr().unwrap().port())
         .collect()
+}
+
+/// How many sets of free ports a start tries: nats-server takes its
+/// ports from its config file, so the test cannot hand it a bound socket.
+const PORT_TRIES: usize = 5;
+
+/// Runs `start` on new ports until it does not lose a port to another
+/// process (nats-server exits saying "address already in use").
+fn on_free_ports<T>(mut start: impl FnMut() -> Result<T, String>) -> T {
+    let mut last = String::new();
+    for _ in 0..PORT_TRIES {
+        match start() {
+            Ok(t) => return t,
+            Err(log) if log.contains("address already in use") => last = log,
+            Err(log) => panic!("{log}"),
+        }
+    }
+    panic!("nats-server lost its port to another process {PORT_TRIES} times; last:\n{last}")
 }
 
 /// How to authenticate clients.
@@ -87,7 +111,15 @@ pub struct NatsServer {
     _dir: Option<tempfile::TempDir>,
     child: Option<Child>,
     log: Arc<Mutex<String>>,
+    /// The log line that says it is ready: a cluster node binds its route
+    /// port after saying "Server is ready" (and may still exit then).
+    ready_line: &'static str,
 }
+
+/// A single server's readiness line.
+const READY_LINE: &str = "Server is ready";
+/// A cluster node's: the route port is bound.
+const ROUTES_READY_LINE: &str = "Listening for route connections";
 
 impl NatsServer {
     /// A single server with JetStream on a temp dir.
@@ -97,13 +129,15 @@ impl NatsServer {
 
     /// A single server with these settings.
     pub fn with(settings: Settings) -> NatsServer {
-        let mut s = NatsServer::prepare(settings);
-        s.start_again();
-        s
+        on_free_ports(|| {
+            let mut s = NatsServer::prepare(settings.clone());
+            s.try_start().map(|()| s)
+        })
     }
 
     /// A single server with these settings on a free port, not started
-    /// yet (for a test of a server that comes up late).
+    /// yet (for a test of a server that comes up late; its port is fixed
+    /// now, so [`start_again`](NatsServer::start_again) cannot move it).
     pub fn prepare(settings: Settings) -> NatsServer {
         let dir = tempfile::Builder::new()
             .prefix("outboxd-nats-")
@@ -118,6 +152,7 @@ impl NatsServer {
             _dir: Some(dir),
             child: None,
             log: Arc::default(),
+            ready_line: READY_LINE,
         }
     }
 
@@ -129,6 +164,14 @@ impl NatsServer {
     /// Starts the server (again), same port, same store, and waits until
     /// it says it is ready.
     pub fn start_again(&mut self) {
+        if let Err(log) = self.try_start() {
+            panic!("{log}");
+        }
+    }
+
+    /// [`start_again`](NatsServer::start_again), or why not: the failure
+    /// and the server's log (which names a port another process took).
+    fn try_start(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "{} is running already", self.name);
         let mut child = Command::new(server_binary())
             .arg("-c")
@@ -137,13 +180,20 @@ impl NatsServer {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("nats-server starts");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {}: {e}; install nats-server (apt-get install nats-server; \
+                     .ci/run does) or set OUTBOXD_NATS_SERVER to its path",
+                    server_binary().display()
+                )
+            });
         let (ready_tx, ready_rx) = mpsc::channel();
         let log = self.log.clone();
+        let ready_line = self.ready_line;
         let stderr = child.stderr.take().unwrap();
         thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let ready = line.contains("Server is ready");
+                let ready = line.contains(ready_line);
                 {
                     let mut log = log.lock().unwrap();
                     log.push_str(&line);
@@ -155,14 +205,17 @@ impl NatsServer {
             }
         });
         self.child = Some(child);
+        // A server that exits closes its stderr, which ends the reader and
+        // disconnects the channel: no waiting out READY for it.
         if ready_rx.recv_timeout(READY).is_err() {
-            let status = self.child.as_mut().unwrap().try_wait().unwrap();
-            panic!(
-                "nats-server {} did not become ready within {READY:?} (exit: {status:?}); log:\n{}",
+            self.kill();
+            return Err(format!(
+                "nats-server {} did not become ready within {READY:?}; log:\n{}",
                 self.name,
                 self.log()
-            );
+            ));
         }
+        Ok(())
     }
 
     /// Graceful stop (SIGTERM), waiting for the process to end.
@@ -219,6 +272,14 @@ impl Cluster {
     /// `n` servers routed to each other, started, and answering JetStream
     /// requests.
     pub fn start(n: usize) -> Cluster {
+        let cluster = on_free_ports(|| Cluster::try_start(n));
+        cluster.wait_for_jetstream();
+        cluster
+    }
+
+    /// Every node started on new free ports, or the log of the first that
+    /// did not start (the others are stopped when dropped).
+    fn try_start(n: usize) -> Result<Cluster, String> {
         let dir = tempfile::Builder::new()
             .prefix("outboxd-nats-cluster-")
             .tempdir()
@@ -247,16 +308,15 @@ impl Cluster {
                 _dir: None,
                 child: None,
                 log: Arc::default(),
+                ready_line: ROUTES_READY_LINE,
             });
         }
         // The first node keeps the temp dir alive for all of them.
         nodes[0]._dir = Some(dir);
         for node in &mut nodes {
-            node.start_again();
+            node.try_start()?;
         }
-        let cluster = Cluster { nodes };
-        cluster.wait_for_jetstream();
-        cluster
+        Ok(Cluster { nodes })
     }
 
     /// Every node's URL, comma-free, for a `servers` list.

@@ -3,7 +3,8 @@
 //! first run of a test pays for `pip install`.
 //!
 //! Outside CI, when the venv cannot be made (no python3-venv, no network)
-//! the caller skips its test with a message; in CI (CI=true) that fails it.
+//! the caller skips its test with a message; under .ci/run (OUTBOXD_CI=1)
+//! that fails it (`common::missing`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -78,10 +79,9 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
+/// Skip outside CI, fail in CI (tests/common: the includer declares `mod
+/// common`).
 fn fail(why: &str) -> Option<PathBuf> {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{why} (CI=true requires this test to run; .ci/run installs python3-venv)");
-    }
-    eprintln!("SKIPPED: {why}");
+    crate::common::missing(&format!("{why} (python3-venv and PyPI are needed)"));
     None
 }

@@ -73,14 +73,6 @@ fn parse_event_id(s: &str) -> Result<EventId, outboxd::EnvelopeError> {
 
 /// Replays the selected events and prints how many were put back.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    if let (Some(since), Some(until)) = (args.since, args.until) {
-        if since >= until {
-            return Err(Failure::input(format!(
-                "--since {since} is not before --until {until}; nothing could match"
-            ))
-            .into());
-        }
-    }
     let (db, known) = match &args.config {
         Some(file) => {
             let c = Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?;
@@ -94,6 +86,9 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     filter.event_type = args.event_type.clone();
     filter.since = args.since;
     filter.until = args.until;
+    // Before the database is opened: a mistake in the flags is reported as
+    // such (exit 5), whatever the database's state.
+    filter.validate()?;
     let mut conn = database::for_writing(&db)?;
     let mut progress = Progress::stderr();
     let n = replay_with_progress(&mut conn, &filter, Timestamp::now(), |done, total| {

@@ -87,15 +87,20 @@ pub fn build(
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::parse;
+    use super::super::tests::parse_with_env;
     use super::*;
 
     #[test]
     fn a_webhook_without_retry_table_retries_for_days_and_its_timeout_fits_the_lease() {
-        std::env::set_var(
-            "CONFIG_UNIT_SECRET",
-            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-        );
+        let parse = |text: &str| {
+            parse_with_env(
+                text,
+                &[(
+                    "CONFIG_UNIT_SECRET",
+                    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+                )],
+            )
+        };
         let hook = "[[consumer]]\nname = \"h\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"webhook\"\nurl = \"https://example.com/\"\nsecret_env = \"CONFIG_UNIT_SECRET\"\n";
         let c = parse(&format!("[retry]\nmax_attempts = 3\n{hook}")).unwrap();
         assert_eq!(c.consumers[0].retry, RetryPolicy::webhook());

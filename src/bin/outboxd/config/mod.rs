@@ -386,20 +386,39 @@ fn line_of(text: &str, offset: usize) -> usize {
 // ---------------------------------------------------------------------------
 // Validation.
 
-/// What every section's `check` needs: the file (for errors) and its
-/// directory (for relative paths).
+/// Where `*_env` keys are looked up.
+pub type Env<'a> = &'a dyn Fn(&str) -> Result<String, std::env::VarError>;
+
+fn process_env(var: &str) -> Result<String, std::env::VarError> {
+    std::env::var(var)
+}
+
+/// What every section's `check` needs: the file (for errors), its
+/// directory (for relative paths) and the environment (for `*_env` keys:
+/// the process's, or a unit test's own, so no test has to change the
+/// process environment under the others' feet).
 pub struct Checker<'a> {
     file: &'a Path,
     dir: PathBuf,
+    env: Env<'a>,
 }
 
-impl Checker<'_> {
-    fn new(file: &Path) -> Checker<'_> {
+impl<'a> Checker<'a> {
+    fn new(file: &'a Path) -> Checker<'a> {
+        Checker::with_env(file, &process_env)
+    }
+
+    fn with_env(file: &'a Path, env: Env<'a>) -> Checker<'a> {
         let dir = file
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
-        Checker { file, dir }
+        Checker { file, dir, env }
+    }
+
+    /// The value of environment variable `var`.
+    pub fn env(&self, var: &str) -> Result<String, std::env::VarError> {
+        (self.env)(var)
     }
 
     /// An error at `field` (a path such as `consumer[0].sink.url`).
@@ -423,10 +442,14 @@ impl Checker<'_> {
 }
 
 fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
-    let c = Checker::new(file);
-    let s = check_settings(&c, &raw)?;
-    let captures = capture::check(&c, raw.capture)?;
-    let consumers = consumer::build(&c, raw.consumer, s.relay.lease, &s.retry)?;
+    validate_in(raw, &Checker::new(file))
+}
+
+fn validate_in(raw: RawConfig, c: &Checker<'_>) -> Result<Config, ConfigError> {
+    let file = c.file;
+    let s = check_settings(c, &raw)?;
+    let captures = capture::check(c, raw.capture)?;
+    let consumers = consumer::build(c, raw.consumer, s.relay.lease, &s.retry)?;
     Ok(Config {
         file: Some(file.to_path_buf()),
         database: s.database,
@@ -651,6 +674,18 @@ pub(crate) mod tests {
         Config::parse(text, Path::new("/etc/outboxd/outboxd.toml"))
     }
 
+    /// [`parse`] with `vars` as the whole environment.
+    pub(crate) fn parse_with_env(text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let file = Path::new("/etc/outboxd/outboxd.toml");
+        let env = |var: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| v.to_string())
+                .ok_or(std::env::VarError::NotPresent)
+        };
+        validate_in(parse_raw(text, file)?, &Checker::with_env(file, &env))
+    }
+
     pub(crate) const STDOUT: &str = "[[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n";
 
     #[test]
@@ -756,7 +791,7 @@ pub(crate) mod tests {
             (
                 "[relay]\nlease = \"0s\"",
                 "relay.lease",
-                "0s is too short; allowed: 1s or more",
+                "0s is out of range; allowed: 1s to 10m",
             ),
             (
                 "[relay]\npoll_interval = \"2m\"",

@@ -7,7 +7,9 @@
 //! range) are applied while walking the key order, and a page stops after
 //! [`SCAN_BUDGET`] rows, offering to go on from where it stopped. The test
 //! `no_page_query_scans_a_whole_table` runs EXPLAIN QUERY PLAN on every
-//! statement here.
+//! statement here. The dedup ledger is read through `outboxd::dedup` (its
+//! key, `has`, `progress`: look-ups on its primary key, tested there), the
+//! one module that knows its layout.
 //!
 //! Text columns are read whatever type a foreign producer stored in them:
 //! the console shows a row it cannot parse rather than failing.
@@ -16,7 +18,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use outboxd::router::Pattern;
-use outboxd::{EventId, Timestamp};
+use outboxd::{dedup, EventId, Timestamp};
 
 use super::chart::Counts;
 
@@ -28,15 +30,6 @@ pub const PAGE: usize = 50;
 
 /// The most of a payload shown on an event's page.
 pub const PAYLOAD_CAP: usize = 64 * 1024;
-
-/// The dedup ledger's key of a row: its event id in upper case, or
-/// `#<row id>` for a legacy row (as the relay's claim computes it in SQL).
-pub fn ledger_key(event_id: Option<&str>, row_id: i64) -> String {
-    match event_id {
-        Some(id) => id.to_ascii_uppercase(),
-        None => format!("#{row_id}"),
-    }
-}
 
 /// Any stored value as text (a foreign producer may have bound a number or
 /// a blob where text belongs).
@@ -195,9 +188,6 @@ const SQL_EVENTS_WALK: &str = "SELECT id, event_id, event_type, tenant_id, statu
      available_at, lease_until, occurred_at, finished_at, substr(last_error, 1, 300) \
      FROM event_outbox WHERE id < ?1 ORDER BY id DESC LIMIT ?2";
 
-const SQL_LEDGER_HAS: &str =
-    "SELECT 1 FROM delivered_events WHERE event_key = ?1 AND consumer = ?2";
-
 /// Walks rows newest first from `f.before`, keeping those that match,
 /// until a page is full or [`SCAN_BUDGET`] rows were examined.
 pub fn events_page(
@@ -206,7 +196,6 @@ pub fn events_page(
     now: Timestamp,
 ) -> rusqlite::Result<EventsPage> {
     let mut walk = conn.prepare_cached(SQL_EVENTS_WALK)?;
-    let mut ledger = conn.prepare_cached(SQL_LEDGER_HAS)?;
     let mut page = EventsPage::default();
     let mut rows = walk.query(params![f.before.unwrap_or(i64::MAX), SCAN_BUDGET as i64])?;
     let mut last_seen = None;
@@ -218,8 +207,8 @@ pub fn events_page(
             continue;
         }
         if let Some(consumer) = &f.consumer {
-            let key = ledger_key(row.event_id.as_deref(), row.id);
-            let has = ledger.exists(params![key, consumer])?;
+            let key = dedup::key(row.event_id.as_deref(), row.id);
+            let has = dedup::has(conn, &key, consumer)?;
             if has == f.missing {
                 continue;
             }
@@ -290,9 +279,6 @@ const SQL_EVENT: &str = "SELECT id, event_id, event_type, tenant_id, status, att
 const SQL_ROWS_WITH_EVENT_ID: &str =
     "SELECT id FROM event_outbox WHERE event_id IN (?1, ?2, ?3) ORDER BY id LIMIT 20";
 
-const SQL_PROGRESS: &str = "SELECT consumer, delivered_at FROM delivered_events \
-     WHERE event_key = ?1 ORDER BY consumer";
-
 /// An event id as given, canonical (upper case) and in lower case.
 fn id_forms(id: &str) -> [String; 3] {
     let canonical = EventId::parse(id).map_or_else(|_| id.to_ascii_uppercase(), |e| e.to_string());
@@ -360,11 +346,11 @@ pub fn find_event(conn: &Connection, id: &str) -> rusqlite::Result<Option<EventD
     let Some(mut detail) = detail else {
         return Ok(None);
     };
-    let key = ledger_key(detail.row.event_id.as_deref(), detail.row.id);
-    detail.progress = conn
-        .prepare_cached(SQL_PROGRESS)?
-        .query_map([&key], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+    let key = dedup::key(detail.row.event_id.as_deref(), detail.row.id);
+    detail.progress = dedup::progress(conn, &key)?
+        .into_iter()
+        .map(|(consumer, at)| (consumer, at.as_millis()))
+        .collect();
     if let Some(event_id) = &detail.row.event_id {
         detail.same_id = conn
             .prepare_cached(SQL_ROWS_WITH_EVENT_ID)?
@@ -463,7 +449,6 @@ pub fn consumer_backlog(
     consumers: &[(String, Vec<Pattern>)],
 ) -> rusqlite::Result<Backlog> {
     let mut counts = vec![(0u64, 0u64); consumers.len()];
-    let mut ledger = conn.prepare_cached(SQL_LEDGER_HAS)?;
     let mut truncated = false;
     for (sql, dead) in [(SQL_RETRYING_ROWS, false), (SQL_DEAD_ROWS, true)] {
         let mut stmt = conn.prepare_cached(sql)?;
@@ -478,9 +463,9 @@ pub fn consumer_backlog(
             let (id, event_id, ty): (i64, Option<String>, Option<String>) =
                 (r.get(0)?, text(r, 1)?, text(r, 2)?);
             let ty = ty.unwrap_or_default();
-            let key = ledger_key(event_id.as_deref(), id);
+            let key = dedup::key(event_id.as_deref(), id);
             for (i, (name, patterns)) in consumers.iter().enumerate() {
-                if patterns.iter().any(|p| p.matches(&ty)) && !ledger.exists(params![key, name])? {
+                if patterns.iter().any(|p| p.matches(&ty)) && !dedup::has(conn, &key, name)? {
                     if dead {
                         counts[i].1 += 1;
                     } else {
@@ -580,10 +565,8 @@ pub fn minute_counts(conn: &Connection, since: i64) -> rusqlite::Result<Vec<(i64
 #[cfg(test)]
 pub const ALL: &[(&str, &str)] = &[
     ("events walk", SQL_EVENTS_WALK),
-    ("ledger has", SQL_LEDGER_HAS),
     ("event", SQL_EVENT),
     ("rows with event id", SQL_ROWS_WITH_EVENT_ID),
-    ("progress", SQL_PROGRESS),
     ("dead walk", SQL_DEAD_WALK),
     ("dead total", SQL_DEAD_TOTAL),
     ("retrying rows", SQL_RETRYING_ROWS),

@@ -625,13 +625,7 @@ fn replay_filter(app: &App, f: &ReplayForm) -> std::result::Result<ReplayFilter,
     if !f.until.is_empty() {
         filter = filter.until(parse_time("until", &f.until, now)?);
     }
-    if let (Some(s), Some(u)) = (filter.since, filter.until) {
-        if s >= u {
-            return Err(format!(
-                "since {s} is not before until {u}; nothing could match"
-            ));
-        }
-    }
+    filter.validate().map_err(|e| e.to_string())?;
     Ok(filter)
 }
 

@@ -369,7 +369,7 @@ pub fn build(
 /// names; unset, non-UTF-8 and empty values are refused, saying the
 /// variable should hold `what`. The value never appears in an error.
 fn env_secret(c: &Checker<'_>, field: &str, var: &str, what: &str) -> Result<String, ConfigError> {
-    let value = std::env::var(var).map_err(|e| {
+    let value = c.env(var).map_err(|e| {
         let why = match e {
             std::env::VarError::NotPresent => "is not set",
             std::env::VarError::NotUnicode(_) => "is not valid UTF-8",

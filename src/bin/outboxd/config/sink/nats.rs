@@ -395,7 +395,7 @@ mod with_nats {
 
 #[cfg(all(test, feature = "nats"))]
 mod tests {
-    use crate::config::tests::parse;
+    use crate::config::tests::{parse, parse_with_env};
 
     const HEAD: &str =
         "[[consumer]]\nname = \"bus\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"nats\"\n";
@@ -412,12 +412,14 @@ mod tests {
 
     #[test]
     fn a_full_sink_parses_without_connecting() {
-        std::env::set_var("CONFIG_UNIT_NATS_TOKEN", "t0ken");
-        let c = nats(&format!(
-            "{OK}subject = \"events.{{tenant}}.{{event_type}}\"\ntoken_env = \"CONFIG_UNIT_NATS_TOKEN\"\n\
-             ack_timeout = \"2s\"\nconnect_timeout = \"1s\"\nrequire_tls = false\n\
-             create_stream = {{ replicas = 3, duplicate_window = \"10m\", max_age = \"1d\", storage = \"memory\" }}\n"
-        ))
+        let c = parse_with_env(
+            &format!(
+                "{HEAD}{OK}subject = \"events.{{tenant}}.{{event_type}}\"\ntoken_env = \"CONFIG_UNIT_NATS_TOKEN\"\n\
+                 ack_timeout = \"2s\"\nconnect_timeout = \"1s\"\nrequire_tls = false\n\
+                 create_stream = {{ replicas = 3, duplicate_window = \"10m\", max_age = \"1d\", storage = \"memory\" }}\n"
+            ),
+            &[("CONFIG_UNIT_NATS_TOKEN", "t0ken")],
+        )
         .unwrap();
         let d = c.consumers[0].sink.describe();
         assert!(
