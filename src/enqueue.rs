@@ -273,13 +273,13 @@ impl Enqueuer {
 
     /// Enqueues several events. See [`enqueue_many`].
     ///
-    /// Events without an idempotency key are written eight to a statement: one INSERT of several rows costs SQLite its per-statement
-    /// work (cursors on the table and its indexes, the AUTOINCREMENT
-    /// counter, the statement journal) once instead of once per event. Such
-    /// events cannot conflict, so the rows written are exactly the rows
-    /// given. An event with a key, and the tail of a batch, go one to a
-    /// statement, because each needs its own answer (written or duplicate).
-    /// Ids follow the order given either way.
+    /// Events without an idempotency key are written eight to a statement:
+    /// one INSERT of several rows pays SQLite's per-statement work (cursors
+    /// on the table and its indexes, the AUTOINCREMENT counter) once instead
+    /// of once per event. Such events cannot conflict, so the rows written
+    /// are exactly the rows given. An event with a key, and the tail of a
+    /// batch, go one to a statement, because each needs its own answer
+    /// (written or duplicate). Ids follow the order given either way.
     pub fn enqueue_many<'a>(
         &self,
         conn: &Connection,
@@ -373,7 +373,7 @@ const INSERT_ONE: &str = concat!(
 fn insert_many_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
-        let row = format!("({})", vec!["?"; PARAMS_PER_ROW].join(", "));
+        let row = format!("({})", ["?"; PARAMS_PER_ROW].join(", "));
         format!(
             "INSERT INTO event_outbox ({}) VALUES {}",
             columns!(),

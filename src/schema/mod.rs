@@ -297,8 +297,8 @@ mod tests {
 
     /// No trigger on event_outbox. Any INSERT trigger, whatever its WHEN
     /// clause, makes SQLite run a program per row, journal every statement
-    /// and buffer multi-row INSERTs in a temporary table: 22 % of an
-    /// enqueue's instructions when version 4 had one (BENCHMARKS.md,
+    /// and buffer multi-row INSERTs in a temporary table: a fifth of each
+    /// INSERT's instructions when version 4 had one (BENCHMARKS.md,
     /// section 1). A rule about a row belongs in a CHECK.
     #[test]
     fn the_outbox_table_has_no_trigger() {
