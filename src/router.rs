@@ -159,6 +159,145 @@ impl std::fmt::Display for Pattern {
     }
 }
 
+/// True when one of `patterns` matches `event_type`: the one rule by which
+/// an event type reaches a consumer (the relay's routing table and
+/// [`Subscriptions`] both ask it).
+fn takes(patterns: &[Pattern], event_type: &str) -> bool {
+    patterns.iter().any(|p| p.matches(event_type))
+}
+
+/// A consumer's name and the patterns it subscribes with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    /// The consumer's name.
+    pub name: String,
+    /// The event types or patterns it takes.
+    pub patterns: Vec<Pattern>,
+}
+
+impl Subscription {
+    /// True when the consumer takes `event_type`.
+    pub fn takes(&self, event_type: &str) -> bool {
+        takes(&self.patterns, event_type)
+    }
+}
+
+/// Which consumers take which event types, outside a relay (an operator's
+/// console, a report): the consumers in order, each with its patterns,
+/// routed by the rule the relay routes by.
+///
+/// ```
+/// use outboxd::router::Subscriptions;
+/// let subs = Subscriptions::parse([
+///     ("search", vec!["article.*.v1"]),
+///     ("audit", vec!["*"]),
+/// ])?;
+/// let to: Vec<&str> = subs.consumers_for("article.created.v1").collect();
+/// assert_eq!(to, ["search", "audit"]);
+/// let e = Subscriptions::parse([("x", vec!["a.b.v1", "Bad"])]).unwrap_err();
+/// assert_eq!((e.consumer(), e.index()), (0, 1));
+/// # Ok::<(), outboxd::router::SubscriptionError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Subscriptions {
+    consumers: Vec<Subscription>,
+}
+
+/// A consumer's type pattern that does not parse: which consumer (its
+/// position), which of its types, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("consumer {name:?}: {source}")]
+pub struct SubscriptionError {
+    consumer: usize,
+    index: usize,
+    name: String,
+    source: PatternError,
+}
+
+impl SubscriptionError {
+    /// The consumer's position in the list given.
+    pub fn consumer(&self) -> usize {
+        self.consumer
+    }
+
+    /// The pattern's position in that consumer's types.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Why the pattern was refused.
+    pub fn pattern_error(&self) -> &PatternError {
+        &self.source
+    }
+}
+
+impl Subscriptions {
+    /// Parses each consumer's types, in order; the first that does not
+    /// parse is an error naming its consumer and position.
+    pub fn parse<N, T, S>(
+        consumers: impl IntoIterator<Item = (N, T)>,
+    ) -> Result<Subscriptions, SubscriptionError>
+    where
+        N: Into<String>,
+        T: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut parsed = Vec::new();
+        for (consumer, (name, types)) in consumers.into_iter().enumerate() {
+            let name = name.into();
+            let mut patterns = Vec::new();
+            for (index, t) in types.into_iter().enumerate() {
+                match Pattern::parse(t.as_ref()) {
+                    Ok(p) => patterns.push(p),
+                    Err(source) => {
+                        return Err(SubscriptionError {
+                            consumer,
+                            index,
+                            name,
+                            source,
+                        })
+                    }
+                }
+            }
+            parsed.push(Subscription { name, patterns });
+        }
+        Ok(Subscriptions { consumers: parsed })
+    }
+
+    /// The names of the consumers that take `event_type`, in order.
+    pub fn consumers_for<'a>(&'a self, event_type: &'a str) -> impl Iterator<Item = &'a str> {
+        self.consumers
+            .iter()
+            .filter(move |s| s.takes(event_type))
+            .map(|s| s.name.as_str())
+    }
+
+    /// The consumers' names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.consumers.iter().map(|s| s.name.as_str())
+    }
+
+    /// The position of the consumer `name`, if it is one.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.consumers.iter().position(|s| s.name == name)
+    }
+
+    /// Each consumer, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Subscription> {
+        self.consumers.iter()
+    }
+
+    /// How many consumers there are.
+    pub fn len(&self) -> usize {
+        self.consumers.len()
+    }
+
+    /// True when there are no consumers.
+    pub fn is_empty(&self) -> bool {
+        self.consumers.is_empty()
+    }
+}
+
 /// What to do with an event no consumer subscribes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum UnroutedPolicy {
@@ -226,7 +365,7 @@ impl Routes {
             .patterns
             .iter()
             .enumerate()
-            .filter(|(_, ps)| ps.iter().any(|p| p.matches(event_type)))
+            .filter(|(_, ps)| takes(ps, event_type))
             .map(|(i, _)| i)
             .collect();
         if self.cache.len() >= MAX_CACHED_TYPES {

@@ -309,6 +309,36 @@ fn unknown_flags_are_usage_errors() {
     assert!(!sb.db().exists(), "no database is created");
 }
 
+/// Regression: `--delay 99999999d` reached the database, whose trigger
+/// refused it as a time "in microseconds" with exit 3; a delay or a time
+/// further off than `outboxd status` finds plausible is bad input, named.
+#[test]
+fn a_delay_beyond_a_year_is_refused_naming_the_flag() {
+    let sb = Sandbox::migrated();
+    for delay in ["99999999d", "366d"] {
+        let err = sb.fails(
+            &["enqueue", "--type", "a.b.v1", "--delay", delay],
+            INPUT,
+            "--delay",
+        );
+        assert!(err.contains("longer than 365d"), "{err}");
+    }
+    let err = sb.fails(
+        &[
+            "enqueue",
+            "--type",
+            "a.b.v1",
+            "--available-at",
+            "9000-01-01T00:00:00Z",
+        ],
+        INPUT,
+        "--available-at",
+    );
+    assert!(err.contains("more than 365d from now"), "{err}");
+    // A year is still plausible.
+    sb.ok(&["enqueue", "--type", "a.b.v1", "--delay", "365d"]);
+}
+
 #[test]
 fn invalid_json_is_refused() {
     let sb = Sandbox::migrated();

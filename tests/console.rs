@@ -97,9 +97,77 @@ fn a_post_without_the_csrf_token_or_from_another_origin_changes_nothing() {
         &form(&[("op", "requeue:all"), ("csrf", &token)]),
     );
     assert_eq!(r.status, 303, "{}", r.body);
-    assert_eq!(r.header("Location"), Some("/dead?requeued=3"));
+    assert_eq!(notice_in(&r, "/dead"), "requeued:3");
     assert_eq!(dead(), 0);
     assert_eq!(db.count("status = 'pending' AND attempts = 0"), 3);
+}
+
+/// The notice an action's redirect to `path` carries: the Location is
+/// `{path}?done=`, then the sealed value (`{time}.{notice}.{mac}`,
+/// percent-encoded), whose notice this returns.
+fn notice_in(reply: &console_support::Reply, path: &str) -> String {
+    let location = reply.header("Location").expect("a redirect");
+    let sealed = location
+        .strip_prefix(&format!("{path}?done="))
+        .unwrap_or_else(|| panic!("{location}"));
+    let mut bytes = Vec::new();
+    let mut rest = sealed.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        if b == b'%' {
+            let hex = std::str::from_utf8(&tail[..2]).unwrap();
+            bytes.push(u8::from_str_radix(hex, 16).unwrap());
+            rest = &tail[2..];
+        } else {
+            bytes.push(b);
+            rest = tail;
+        }
+    }
+    let sealed = String::from_utf8(bytes).unwrap();
+    let (_, rest) = sealed.split_once('.').unwrap();
+    rest.rsplit_once('.').unwrap().0.to_string()
+}
+
+#[test]
+fn a_banner_shows_only_what_the_console_itself_did() {
+    let db = common::TestDb::new();
+    dead_letters(&db, "article.created.v1", 2);
+    let (_p, addr) = console(&db, &[], &[]);
+    let banner = |path: &str| {
+        let page = get(&addr, path);
+        assert_eq!(page.status, 200, "{path}: {}", page.body);
+        page.body
+            .split_once("id=\"done\">")
+            .map(|(_, rest)| rest.split('<').next().unwrap().to_string())
+    };
+    // Links made elsewhere show no banner, whatever they claim.
+    for forged in [
+        "/dead?requeued=5",
+        "/dead?discarded=5",
+        "/dead?done=requeued+5",
+        "/dead?done=requeued%3A5",
+        "/dead?done=1764487080.requeued%3A5.00",
+        "/replay?replayed=5&to=everyone",
+        "/replay?done=replayed%3A5%3Aeveryone",
+    ] {
+        assert_eq!(banner(forged), None, "{forged}");
+    }
+    // The console's own redirect does, in its own words.
+    let token = csrf(&get(&addr, "/dead").body);
+    let r = post_form(
+        &addr,
+        "/dead/apply",
+        &[("op", "requeue:all"), ("csrf", &token)],
+    );
+    assert_eq!(r.status, 303, "{}", r.body);
+    let location = r.header("Location").unwrap().to_string();
+    assert_eq!(
+        banner(&location).as_deref(),
+        Some("Requeued 2 dead letters; the relay delivers them now.")
+    );
+    // Its count changed, the seal no longer holds.
+    let altered = location.replace("requeued%3A2", "requeued%3A9");
+    assert_ne!(altered, location);
+    assert_eq!(banner(&altered), None);
 }
 
 #[test]
@@ -141,14 +209,14 @@ fn the_confirmation_names_how_many_rows_each_action_changes() {
         "/dead/apply",
         &[("op", "discard:type"), ("type", "order.*.v1")],
     );
-    assert_eq!(r.header("Location"), Some("/dead?discarded=2"));
+    assert_eq!(notice_in(&r, "/dead"), "discarded:2");
     assert_eq!(db.count("status = 'dead'"), 4);
     let one: i64 = db.scalar("SELECT min(id) FROM event_outbox WHERE status = 'dead'");
     let r = post(
         "/dead/apply",
         &[("op", "requeue:selected"), ("id", &one.to_string())],
     );
-    assert_eq!(r.header("Location"), Some("/dead?requeued=1"));
+    assert_eq!(notice_in(&r, "/dead"), "requeued:1");
     assert_eq!(db.count("status = 'dead'"), 3);
 }
 
@@ -239,7 +307,7 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     );
     assert_eq!(r.status, 401);
 
-    // Logging in once sets an HttpOnly, SameSite=Strict cookie.
+    // Logging in once sets an HttpOnly, SameSite=Strict cookie with an expiry.
     let login = get(&addr, "/login");
     let own = format!("http://{addr}");
     let post_login = |given: &str| {
@@ -261,6 +329,10 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     assert!(
         cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
         "{cookie}"
+    );
+    assert!(
+        cookie.contains("; Max-Age=43200"),
+        "a 12h session: {cookie}"
     );
     assert!(!cookie.contains(token), "the cookie never holds the token");
     let session = cookie.split(';').next().unwrap();
@@ -412,10 +484,7 @@ fn sigterm_lets_a_long_console_action_finish_and_answer() {
     p.signal("-TERM");
     let reply = post.join().unwrap();
     assert_eq!(reply.status, 303, "{reply:?}");
-    assert_eq!(
-        reply.header("Location"),
-        Some(format!("/dead?requeued={N}").as_str())
-    );
+    assert_eq!(notice_in(&reply, "/dead"), format!("requeued:{N}"));
     assert_eq!(p.wait(WAIT).code(), Some(code::OK), "{}", p.stderr());
     assert_eq!(db.count("status = 'dead'"), 0);
 }
@@ -439,6 +508,127 @@ fn a_foreign_host_name_is_refused_on_loopback() {
         "the address to use, not a placeholder: {out}"
     );
     assert_eq!(get(&addr, "/").status, 200);
+}
+
+/// Regression: with its database file deleted, or another file moved into
+/// its place, `outboxd run` went on writing to the old file, which nobody
+/// reads, and /healthz said healthy. Now it logs an error, /healthz turns
+/// 503 while it stops, and it exits 3.
+#[test]
+fn a_database_file_deleted_or_replaced_under_run_turns_health_red_and_exits_3() {
+    for how in ["was deleted", "was replaced by another file"] {
+        let db = common::TestDb::new();
+        // A delivery in flight holds the shutdown open until the test lets
+        // it go: the time to read /healthz while outboxd stops.
+        let hold = db.write(
+            "hold.sh",
+            "#!/bin/sh
+touch \"$OUT/started\"
+while [ ! -e \"$OUT/release\" ]; do sleep 0.05; done
+",
+        );
+        std::fs::set_permissions(&hold, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let config = db.write(
+            "outboxd.toml",
+            &format!(
+                "[http]\nlisten = \"127.0.0.1:0\"\n[[consumer]]\nname = \"hold\"\ntypes = [\"*\"]\n\
+                 [consumer.sink]\nkind = \"command\"\nprogram = \"{}\"\nenv = {{ OUT = \"{}\" }}\n",
+                hold.display(),
+                db.dir.path().display()
+            ),
+        );
+        db.enqueue(&[common::event("article.created.v1", 1)]);
+        let mut p = spawn(
+            &db.path,
+            &[
+                "run",
+                "--config",
+                config.to_str().unwrap(),
+                "--shutdown-grace",
+                "1m",
+            ],
+            &[],
+        );
+        let addr = p.console_address();
+        wait_until("the delivery to start", WAIT, || {
+            p.assert_alive();
+            db.file("started").exists()
+        });
+        assert_eq!(get(&addr, "/healthz").status, 200);
+        if how == "was deleted" {
+            std::fs::remove_file(&db.path).unwrap();
+        } else {
+            let other = db.write("other.db", "");
+            std::fs::rename(other, &db.path).unwrap();
+        }
+        let mut health = None;
+        wait_until("/healthz to turn unhealthy", WAIT, || {
+            p.assert_alive();
+            let r = get(&addr, "/healthz");
+            let red = r.status == 503;
+            health = Some(r);
+            red
+        });
+        let body = health.unwrap().body;
+        assert!(
+            body.contains(how) && body.contains("\"database\""),
+            "{body}"
+        );
+        std::fs::write(db.file("release"), "").unwrap();
+        let status = p.wait(WAIT);
+        assert_eq!(status.code(), Some(code::DATABASE), "{}", p.stderr());
+        let stderr = p.stderr();
+        assert!(stderr.contains("ERROR") && stderr.contains(how), "{stderr}");
+    }
+}
+
+/// The threads of process `pid` named `name`.
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// Regression: `[metrics] listen` beside the console started a second
+/// console app: its own read pool, status and overview threads, server.
+/// Now one app and one server answer both addresses, each with its rules.
+#[test]
+fn the_console_and_the_metrics_address_share_one_app() {
+    let db = common::TestDb::new();
+    let token = "a-token-for-the-console-only-1234";
+    let mut p = spawn(
+        &db.path,
+        &[
+            "run",
+            "--http",
+            "127.0.0.1:0",
+            "--http-token-env",
+            "SHARE_TEST_TOKEN",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        &[("SHARE_TEST_TOKEN", token)],
+    );
+    let console_addr = p.console_address();
+    let metrics_addr = p.logged_address("address=Some(");
+    // Each address keeps its rules: the console wants the token, the
+    // metrics address serves counts to anyone and nothing else.
+    assert_eq!(get(&console_addr, "/metrics").status, 401);
+    let m = get(&metrics_addr, "/metrics");
+    assert_eq!(m.status, 200);
+    assert!(m.body.contains("outboxd_status_up 1"), "{}", m.body);
+    assert_eq!(get(&metrics_addr, "/healthz").status, 200);
+    assert_eq!(get(&metrics_addr, "/").status, 404);
+    let bearer = format!("Bearer {token}");
+    let r = request(&console_addr, "GET", "/", &[("Authorization", &bearer)], "");
+    assert_eq!(r.status, 200);
+    // One status measure, one overview measure, one poller.
+    for name in ["outboxd-status", "outboxd-overvie", "outboxd-http"] {
+        assert_eq!(threads_named(p.pid(), name), 1, "threads named {name}");
+    }
 }
 
 #[test]

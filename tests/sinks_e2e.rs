@@ -35,6 +35,13 @@ const OLD_WEBHOOK_SECRET: &str = "whsec_RTJlT2xkU2lnbmluZ0tleUZvclJvdGF0aW9uLTc3
 const OLD_WEBHOOK_KEY: &str = "E2eOldSigningKeyForRotation-77";
 const SECRET_VAR: &str = "E2E_HOOK_SECRET";
 const OLD_SECRET_VAR: &str = "E2E_HOOK_OLD_SECRET";
+/// The console's tokens: one named by `[http] token_env`, one by
+/// `--http-token-env` (no console is served; the variables are secrets all
+/// the same).
+const HTTP_TOKEN: &str = "HttpConsoleToken-Jk29Pq7Lm3";
+const HTTP_TOKEN_VAR: &str = "E2E_HTTP_TOKEN";
+const CLI_HTTP_TOKEN: &str = "CliConsoleToken-Rt58Wx1Zc6";
+const CLI_HTTP_TOKEN_VAR: &str = "E2E_CLI_HTTP_TOKEN";
 
 fn secrets() -> Vec<&'static str> {
     vec![
@@ -46,6 +53,8 @@ fn secrets() -> Vec<&'static str> {
         OLD_WEBHOOK_SECRET,
         OLD_WEBHOOK_SECRET.strip_prefix("whsec_").unwrap(),
         OLD_WEBHOOK_KEY,
+        HTTP_TOKEN,
+        CLI_HTTP_TOKEN,
     ]
 }
 
@@ -125,7 +134,10 @@ fn secrets_config(db: &Sandbox, receiver: &Receiver) -> PathBuf {
 if [ "$OUTBOXD_ATTEMPT" = 1 ]; then env >&2; exit 1; fi"#,
     );
     let toml = format!(
-        r#"[[consumer]]
+        r#"[http]
+token_env = "{HTTP_TOKEN_VAR}"
+
+[[consumer]]
 name = "hook"
 types = ["*"]
 retry = {{ initial = "100ms", max_attempts = 2 }}
@@ -157,9 +169,12 @@ fn run_until_delivered(db: &TestDb, config: &Path, log_args: &[&str]) -> (String
     let id = enqueue_one(db);
     let mut args = log_args.to_vec();
     args.extend(["run", "--config", config.to_str().unwrap()]);
+    args.extend(["--http-token-env", CLI_HTTP_TOKEN_VAR]);
     let mut cmd = outboxd(db, &args);
     cmd.env(SECRET_VAR, WEBHOOK_SECRET)
         .env(OLD_SECRET_VAR, OLD_WEBHOOK_SECRET)
+        .env(HTTP_TOKEN_VAR, HTTP_TOKEN)
+        .env(CLI_HTTP_TOKEN_VAR, CLI_HTTP_TOKEN)
         .env("E2E_PLAIN", "plain-value");
     run_until(cmd, "the event to be delivered to both consumers", || {
         status_of(db, id) == "delivered"
@@ -212,7 +227,12 @@ fn command_consumers_inherit_no_variable_outboxd_reads_a_secret_from() {
     run_until_delivered(&db, &config, &[]);
     for attempt in [1, 2] {
         let env = std::fs::read_to_string(db.file(&format!("env-{attempt}"))).unwrap();
-        for var in [SECRET_VAR, OLD_SECRET_VAR] {
+        for var in [
+            SECRET_VAR,
+            OLD_SECRET_VAR,
+            HTTP_TOKEN_VAR,
+            CLI_HTTP_TOKEN_VAR,
+        ] {
             assert!(
                 !env.lines().any(|l| l.starts_with(&format!("{var}="))),
                 "{var} in\n{env}"
@@ -225,6 +245,91 @@ fn command_consumers_inherit_no_variable_outboxd_reads_a_secret_from() {
         assert!(env.lines().any(|l| l == "E2E_PLAIN=plain-value"), "{env}");
         assert!(env.lines().any(|l| l == "OUTBOXD_TENANT_ID=acme"), "{env}");
     }
+}
+
+// ---------------------------------------------------------------------------
+// Shutdown.
+
+/// The pid written into `file`, once it is there whole.
+fn pid_in(file: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.strip_suffix('\n')?.parse().ok()
+}
+
+/// True while `pid` is a process that has not ended (a zombie has).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn a_command_running_past_the_shutdown_grace_is_killed_with_what_it_started() {
+    let db = Sandbox::migrated();
+    // A program that hangs, with a process of its own in the background.
+    let hang = db.script(
+        "hang.sh",
+        r#"sleep 300 &
+echo $! > "$OUT/grandchild.tmp" && mv "$OUT/grandchild.tmp" "$OUT/grandchild"
+echo $$ > "$OUT/child.tmp" && mv "$OUT/child.tmp" "$OUT/child"
+wait"#,
+    );
+    let config = db.write(
+        "outboxd.toml",
+        &format!(
+            r#"[relay]
+lease = "5m"
+[[consumer]]
+name = "hang"
+types = ["*"]
+[consumer.sink]
+kind = "command"
+program = "{}"
+timeout = "4m"
+env = {{ OUT = "{}" }}
+"#,
+            hang.display(),
+            db.dir.path().display()
+        ),
+    );
+    let id = enqueue_one(&db);
+    let mut cmd = outboxd(
+        &db,
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--shutdown-grace",
+            "200ms",
+        ],
+    );
+    let mut run = Running::spawn(&mut cmd);
+    let (child, grandchild) = (db.file("child"), db.file("grandchild"));
+    wait_until("the program to start", WAIT, || {
+        run.assert_alive();
+        pid_in(&child).is_some() && pid_in(&grandchild).is_some()
+    });
+    let pids = [pid_in(&child).unwrap(), pid_in(&grandchild).unwrap()];
+    assert!(pids.iter().all(|&p| alive(p)), "{pids:?}");
+    run.signal("-TERM");
+    let status = run.wait(WAIT);
+    assert!(status.success(), "{status}:\n{}", run.stderr());
+    // The program and its background process end with outboxd, rather
+    // than run on beside the next relay's delivery of the same event.
+    wait_until("the program and what it started to be killed", WAIT, || {
+        pids.iter().all(|&p| !alive(p))
+    });
+    assert!(
+        run.stderr().contains("killed command sink programs"),
+        "{}",
+        run.stderr()
+    );
+    // Its row was given back, to be delivered again.
+    assert_eq!(status_of(&db, id), "pending");
 }
 
 // ---------------------------------------------------------------------------

@@ -31,13 +31,21 @@
 //! one line (line breaks and other control characters escaped, so that a
 //! program cannot write lines of its own into outboxd's log). Standard
 //! output is read and thrown away.
+//!
+//! Each program runs in a process group of its own. A relay that stops
+//! leaves behind a delivery still running after its shutdown grace (its row
+//! is released, to be delivered again later); [`kill_running`] kills such
+//! programs and everything they started, so none outlives the process that
+//! ran it and races the next relay's run of the same event. The `outboxd`
+//! binary calls it when `run` ends, however it ends.
 
+use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -59,6 +67,38 @@ const STDERR_GRACE: Duration = Duration::from_secs(1);
 
 /// The longest pause between two checks on a running program.
 const MAX_POLL: Duration = Duration::from_millis(50);
+
+/// The process ids (each its process group's id) of the programs running
+/// now, in every command sink of this process. A pid is in the set from
+/// its spawn until it is reaped, and is reaped only under the lock, so
+/// [`kill_running`] never signals a group whose id the system may have
+/// given to another process since.
+static RUNNING: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+fn running() -> MutexGuard<'static, BTreeSet<u32>> {
+    // The set stays consistent whatever panicked while holding it.
+    RUNNING.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Kills the process group of every program a command sink of this process
+/// is running now, and returns how many there were. Call it when the
+/// relay's shutdown has returned ([`RelayHandle::shutdown`]), so that a
+/// delivery still running after the grace (its row released, to be
+/// delivered again) does not outlive the process and run beside the next
+/// relay's delivery of the same event. A program killed here counts as a
+/// retry, like a timeout, should its worker still record it.
+///
+/// [`RelayHandle::shutdown`]: crate::relay::RelayHandle::shutdown
+pub fn kill_running() -> usize {
+    let pids = running();
+    for &pid in pids.iter() {
+        #[cfg(unix)]
+        if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
+    pids.len()
+}
 
 /// The program given to [`CommandSink::new`] cannot be run.
 #[derive(Debug, thiserror::Error)]
@@ -288,10 +328,18 @@ impl CommandSink {
             ));
         }
 
-        let mut child = match self.command(&vars).spawn() {
-            Ok(child) => child,
-            Err(e) => {
-                return Outcome::retry(format!("cannot start {}: {e}", self.program.display()))
+        // Spawned under the lock, so that a kill_running() that has just
+        // run cannot miss a program it would have killed.
+        let mut child = {
+            let mut set = running();
+            match self.command(&vars).spawn() {
+                Ok(child) => {
+                    set.insert(child.id());
+                    child
+                }
+                Err(e) => {
+                    return Outcome::retry(format!("cannot start {}: {e}", self.program.display()))
+                }
             }
         };
 
@@ -407,29 +455,50 @@ fn read_tail(mut r: impl Read, max: usize) -> Vec<u8> {
 /// Waits for the child until `deadline`; past it, kills the child's process
 /// group, reaps the child and returns `None`. Polls `try_wait` with pauses
 /// that grow from 1 ms to [`MAX_POLL`]: quick programs are seen within a
-/// millisecond or two, and the child is only ever reaped here, so its pid
-/// cannot be reused before the kill.
+/// millisecond or two, and the child is only ever reaped here, under the
+/// [`RUNNING`] lock, so its pid cannot be reused before a kill.
 fn wait_with_deadline(child: &mut Child, deadline: Instant) -> io::Result<Option<ExitStatus>> {
     let mut pause = Duration::from_millis(1);
     loop {
-        match child.try_wait() {
+        match poll(child) {
             Ok(Some(status)) => return Ok(Some(status)),
             Ok(None) => {}
             Err(e) => {
                 // Never leave a child running unobserved.
-                kill_group(child);
-                let _ = child.wait();
+                let _ = kill_and_reap(child);
                 return Err(e);
             }
         }
         let now = Instant::now();
         if now >= deadline {
-            kill_group(child);
-            child.wait()?;
+            kill_and_reap(child)?;
             return Ok(None);
         }
         thread::sleep(pause.min(deadline - now));
         pause = (pause * 2).min(MAX_POLL);
+    }
+}
+
+/// `try_wait` under the [`RUNNING`] lock: a child that has ended is reaped
+/// and its pid forgotten in one step.
+fn poll(child: &mut Child) -> io::Result<Option<ExitStatus>> {
+    let mut set = running();
+    let polled = child.try_wait();
+    if !matches!(polled, Ok(None)) {
+        set.remove(&child.id());
+    }
+    polled
+}
+
+/// Kills the child's process group and waits for the child to end. Polls
+/// rather than blocking in `wait`, so the lock is never held for long.
+fn kill_and_reap(child: &mut Child) -> io::Result<ExitStatus> {
+    kill_group(child);
+    loop {
+        if let Some(status) = poll(child)? {
+            return Ok(status);
+        }
+        thread::sleep(Duration::from_millis(1));
     }
 }
 

@@ -16,8 +16,9 @@ pub enum Exit {
     /// The command line is wrong (clap uses 2 for usage errors).
     Usage = 2,
     /// The database cannot be opened, read or written; for `run`, also: the
-    /// file is damaged, or the relay stopped before it could record every
-    /// outcome (those deliveries will be made again).
+    /// file is damaged, the relay stopped before it could record every
+    /// outcome (those deliveries will be made again), or the file was
+    /// deleted or replaced while it ran.
     Database = 3,
     /// The outboxd schema is missing, older or newer than this binary.
     Schema = 4,
@@ -49,7 +50,8 @@ Exit codes:
      `run`, also: the file is damaged (SQLITE_CORRUPT or SQLITE_NOTADB; it
      stops claiming and says what `outboxd doctor` says), or it stopped
      before it could record every outcome, say on a full disk (it logs how
-     many at ERROR; those events will be delivered again)
+     many at ERROR; those events will be delivered again), or its database
+     file was deleted or replaced while it ran
   4  schema error: no outboxd schema (run `outboxd migrate`), or a schema
      older or newer than this binary
   5  invalid input: bad JSON, invalid event type, payload too large, an id

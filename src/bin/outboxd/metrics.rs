@@ -19,7 +19,7 @@ use outboxd::status::Status;
 /// What a scrape reads from.
 pub struct Inputs<'a> {
     /// The outbox's status, or why it could not be read.
-    pub status: Result<&'a Status, &'a str>,
+    pub status: Result<&'a Status, &'a dyn std::fmt::Display>,
     /// The relay's counters since start; None without a relay.
     pub relay: Option<&'a MetricsSnapshot>,
 }
@@ -238,7 +238,7 @@ mod tests {
             ..Default::default()
         };
         let text = render(&Inputs {
-            status: Err("no such table"),
+            status: Err(&"no such table"),
             relay: Some(&m),
         });
         assert!(text.contains("outboxd_status_up 0\n"), "{text}");
@@ -284,7 +284,7 @@ mod tests {
         assert_eq!(names.len(), METRICS.len());
         let m = MetricsSnapshot::default();
         let text = render(&Inputs {
-            status: Err("x"),
+            status: Err(&"x"),
             relay: Some(&m),
         });
         for line in text.lines().filter(|l| !l.starts_with('#')) {

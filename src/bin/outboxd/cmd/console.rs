@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use outboxd::relay::Metrics;
-use outboxd::router::Pattern;
+use outboxd::router::Subscriptions;
 use outboxd::status::Thresholds;
 
 use super::Global;
 use crate::config::{alerts, resolve_listen, Config, HttpServe, HttpSettings};
-use crate::console::{self, Console, Settings};
+use crate::console::{self, Console, Listeners, Settings};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd console --help`.
@@ -85,28 +85,31 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     };
     let serve = serve(&http, listen)?.context("no address to serve on")?;
     let listener = bind(serve.listen, "the console", "--http or http.listen")?;
+    // The address bound (the port given may be 0).
+    let addr = listener.local_addr().unwrap_or(serve.listen);
     super::database::for_reading(&db)?;
     let signals = super::run::install_signal_handler()?;
     let started = console::start(
-        listener,
+        Listeners {
+            console: Some((listener, serve)),
+            probes: None,
+        },
         Settings {
             db: db.clone(),
-            serve,
-            metrics_only: false,
             thresholds: config
                 .as_ref()
                 .map_or_else(alerts::without_config, |c| c.alerts),
-            consumers: config
-                .as_ref()
-                .map(|c| patterns(c.consumers.iter().zip(&c.consumer_types)))
-                .unwrap_or_default(),
+            consumers: match &config {
+                Some(c) => subscriptions(c.consumers.iter().zip(&c.consumer_types))?,
+                None => Subscriptions::default(),
+            },
             relay: None,
         },
     )?;
     tracing::info!(
         database = %db.display(),
         "serving the console at http://{}/ (no relay in this process); SIGINT or SIGTERM stops it",
-        started.addr()
+        addr
     );
     let _ = signals.recv();
     started.stop();
@@ -121,7 +124,7 @@ pub struct Plan {
     console: Option<(TcpListener, HttpServe)>,
     metrics: Option<TcpListener>,
     thresholds: Thresholds,
-    consumers: Vec<(String, Vec<Pattern>)>,
+    consumers: Subscriptions,
 }
 
 impl Plan {
@@ -142,7 +145,7 @@ impl Plan {
         let serve = serve(&with_token_env(config.http.clone(), token_env)?, listen)?;
         if let Some(s) = &serve {
             crate::config::http::distinct_from_metrics(s.listen, metrics)
-                .map_err(|(field, m)| Failure::config(format!("{field}: {m}")))?;
+                .map_err(|e| Failure::config(format!("{}: {e}", e.field())))?;
         }
         let console = match serve {
             Some(s) => Some((bind(s.listen, "the console", "--http or http.listen")?, s)),
@@ -156,55 +159,38 @@ impl Plan {
             console,
             metrics,
             thresholds: config.alerts,
-            consumers: patterns(config.consumers.iter().map(|c| (&c.name, &c.types))),
+            consumers: subscriptions(config.consumers.iter().map(|c| (&c.name, &c.types)))?,
         })
     }
 
-    /// Starts the servers for the relay whose counters are `relay`.
-    pub fn start(self, db: &Path, relay: Arc<Metrics>) -> Result<Vec<Console>> {
-        let mut started = Vec::new();
-        let servers = self
-            .console
-            .map(|(l, s)| (l, s, false))
-            .into_iter()
-            .chain(self.metrics.map(|l| {
-                let listen = l
-                    .local_addr()
-                    .unwrap_or_else(|_| ([127, 0, 0, 1], 0).into());
-                // /metrics and /healthz only, without a token, as before
-                // the console existed.
-                let serve = HttpServe {
-                    listen,
-                    token: None,
-                    read_only: true,
-                };
-                (l, serve, true)
-            }));
-        for (listener, serve, metrics_only) in servers {
-            let c = console::start(
-                listener,
-                Settings {
-                    db: db.to_path_buf(),
-                    serve,
-                    metrics_only,
-                    thresholds: self.thresholds,
-                    consumers: self.consumers.clone(),
-                    relay: Some(relay.clone()),
-                },
-            )?;
-            if metrics_only {
-                // As the metrics server logged it before the console (scripts
-                // and tests read the address from this line).
-                tracing::info!(address = ?Some(c.addr()), "serving Prometheus metrics at /metrics (and /healthz)");
-            } else {
-                tracing::info!(
-                    "serving the console at http://{}/ (with /metrics and /healthz)",
-                    c.addr()
-                );
-            }
-            started.push(c);
+    /// Starts the servers for the relay whose counters are `relay`: one
+    /// console app (one read pool, one set of measures and threads)
+    /// answering both addresses; None when neither is configured.
+    pub fn start(self, db: &Path, relay: Arc<Metrics>) -> Result<Option<Console>> {
+        if self.console.is_none() && self.metrics.is_none() {
+            return Ok(None);
         }
-        Ok(started)
+        let c = console::start(
+            Listeners {
+                console: self.console,
+                probes: self.metrics,
+            },
+            Settings {
+                db: db.to_path_buf(),
+                thresholds: self.thresholds,
+                consumers: self.consumers,
+                relay: Some(relay),
+            },
+        )?;
+        if let Some(addr) = c.console_addr() {
+            tracing::info!("serving the console at http://{addr}/ (with /metrics and /healthz)");
+        }
+        if let Some(addr) = c.probes_addr() {
+            // As the metrics server logged it before the console (scripts
+            // and tests read the address from this line).
+            tracing::info!(address = ?Some(addr), "serving Prometheus metrics at /metrics (and /healthz)");
+        }
+        Ok(Some(c))
     }
 }
 
@@ -221,7 +207,7 @@ fn with_token_env(mut http: HttpSettings, flag: Option<&str>) -> Result<HttpSett
 /// The server to start, or a config error naming the field.
 fn serve(http: &HttpSettings, listen: Option<SocketAddr>) -> Result<Option<HttpServe>> {
     http.serve(listen)
-        .map_err(|(field, m)| Failure::config(format!("{field}: {m}")).into())
+        .map_err(|e| Failure::config(format!("{}: {e}", e.field())).into())
 }
 
 fn bind(addr: SocketAddr, what: &str, flag: &str) -> Result<TcpListener> {
@@ -233,18 +219,43 @@ fn bind(addr: SocketAddr, what: &str, flag: &str) -> Result<TcpListener> {
     })
 }
 
-/// Each consumer's name and the patterns it takes (a pattern the config
-/// check let through always parses).
-fn patterns<'a>(
+/// Each consumer's name and the patterns it takes, routed by the library's
+/// router. The config check refuses a bad pattern first; one that got here
+/// anyway is refused at its field, never dropped.
+fn subscriptions<'a>(
     consumers: impl Iterator<Item = (&'a String, &'a Vec<String>)>,
-) -> Vec<(String, Vec<Pattern>)> {
-    consumers
-        .map(|(name, types)| {
-            let patterns = types
-                .iter()
-                .filter_map(|t| Pattern::parse(t).ok())
-                .collect();
-            (name.clone(), patterns)
-        })
-        .collect()
+) -> Result<Subscriptions> {
+    Subscriptions::parse(consumers.map(|(name, types)| (name.as_str(), types))).map_err(|e| {
+        Failure::config(format!(
+            "consumer[{}].types[{}]: {}",
+            e.consumer(),
+            e.index(),
+            e.pattern_error()
+        ))
+        .into()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_pattern_is_refused_at_its_field_not_dropped() {
+        let (a, b) = ("hook".to_string(), "audit".to_string());
+        let (good, bad) = (
+            vec!["article.*.v1".to_string()],
+            vec!["*".to_string(), "Article.created".to_string()],
+        );
+        let e = subscriptions([(&a, &good), (&b, &bad)].into_iter()).unwrap_err();
+        let failure = e.downcast_ref::<Failure>().unwrap();
+        assert_eq!(failure.exit, crate::exit::Exit::Config);
+        assert!(
+            failure.to_string().starts_with("consumer[1].types[1]: "),
+            "{failure}"
+        );
+        let subs = subscriptions([(&a, &good), (&b, &bad[..1].to_vec())].into_iter()).unwrap();
+        let to: Vec<&str> = subs.consumers_for("article.created.v1").collect();
+        assert_eq!(to, ["hook", "audit"]);
+    }
 }

@@ -24,6 +24,40 @@ use rusqlite::Connection;
 
 use crate::exit::Failure;
 
+/// Which file a path names: its device and inode. Read with stat(2) on the
+/// path, never by opening the file (closing any descriptor of a database
+/// would drop the locks SQLite holds on it in this process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileIdentity {
+    /// The identity of the file `path` names now.
+    pub fn of(path: &Path) -> std::io::Result<FileIdentity> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path)?;
+        Ok(FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    /// Why `path` no longer names the file that had this identity (it was
+    /// deleted, or another file was moved into its place), or None while it
+    /// still does. Another failure to look (a permission taken away) is
+    /// none: the file may well be there.
+    pub fn gone_from(&self, path: &Path) -> Option<&'static str> {
+        match FileIdentity::of(path) {
+            Ok(now) if now == *self => None,
+            Ok(_) => Some("was replaced by another file"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("was deleted"),
+            Err(_) => None,
+        }
+    }
+}
+
 /// The database this command opened (one per process), for [`no_space`].
 static OPENED: OnceLock<PathBuf> = OnceLock::new();
 

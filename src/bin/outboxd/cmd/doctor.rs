@@ -410,13 +410,8 @@ fn outbox(conn: &Connection, stale_after: Duration, now: Timestamp) -> Vec<Findi
             "expired-leases",
             Severity::Warning,
             format!(
-                "{} {} claimed by a relay whose lease has expired",
-                s.expired_leases,
-                if s.expired_leases == 1 {
-                    "event is"
-                } else {
-                    "events are"
-                }
+                "{} claimed by a relay whose lease has expired",
+                count(s.expired_leases, "event is", "events are")
             ),
         )
         .action(

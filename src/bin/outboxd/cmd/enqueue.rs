@@ -8,16 +8,19 @@ use outboxd::{Enqueued, Enqueuer, Event, Timestamp};
 use rusqlite::TransactionBehavior;
 
 use super::payload::PayloadArgs;
+use super::support::human;
 use super::{database, Global};
 use crate::args::parse_duration;
-use crate::exit::Exit;
+use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd enqueue --help`.
 pub const EXAMPLES: &str = "\
 Prints the new event's id. Without --payload or --payload-file the payload
 is null. With --key, a second enqueue with the same key
 (and tenant) writes nothing and prints `duplicate of <id>`, naming the first
-event; it still exits 0. The database must be migrated first.
+event; it still exits 0. The database must be migrated first. --delay and
+--available-at reach at most a year ahead (further is refused with exit 5:
+`outboxd status` would report the event as an implausible delay).
 
 Examples:
   outboxd enqueue --type article.created.v1 --payload '{\"id\": 7}' --key article-7
@@ -89,10 +92,31 @@ fn build_event(args: &Args) -> Result<Event> {
     if let Some(tenant) = &args.tenant {
         event = event.tenant(tenant);
     }
+    // No further off than `outboxd status` finds plausible: a delay of
+    // centuries is a slip of the unit, and the event would wait unseen.
+    let limit = outboxd::status::IMPLAUSIBLE_DELAY;
     if let Some(delay) = args.delay {
+        if delay > limit {
+            return Err(Failure::input(format!(
+                "--delay {} is longer than {} (`outboxd status` reports such an event as an \
+                 implausible delay); give a shorter delay, or --available-at for a time",
+                human(delay),
+                human(limit)
+            ))
+            .into());
+        }
         event = event.delay(delay);
     }
     if let Some(at) = args.available_at {
+        let latest = Timestamp::now().plus(limit);
+        if at > latest {
+            return Err(Failure::input(format!(
+                "--available-at {at} is more than {} from now (`outboxd status` reports such \
+                 an event as an implausible delay); give a time before {latest}",
+                human(limit)
+            ))
+            .into());
+        }
         event = event.available_at(at);
     }
     if let Some(key) = &args.ordering_key {

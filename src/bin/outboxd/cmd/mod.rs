@@ -105,7 +105,13 @@ impl Command {
             Command::Purge(args) => purge::exec(global, args),
             Command::Doctor(args) => doctor::exec(global, args),
             Command::Intents(args) => intents::exec(global, args),
-            Command::Run(args) => run::exec(global, args),
+            Command::Run(args) => {
+                let result = run::exec(global, args);
+                // However run ended (a clean stop, an error, the relay
+                // dropped): no command sink's program outlives it.
+                run::kill_programs_left_behind();
+                result
+            }
             Command::Console(args) => console::exec(global, args),
             Command::Capture(args) => capture::exec(global, args),
             Command::CheckConfig(args) => check_config::exec(global, args),

@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use outboxd::Timestamp;
 
-use super::{database, Global};
+use super::database::{self, FileIdentity};
+use super::Global;
 use crate::args::parse_duration;
 use crate::config::{alerts, resolve_listen, Config};
 use crate::exit::{Exit, Failure};
@@ -32,7 +33,9 @@ refuses to record outcomes until the grace runs out (a full disk), it says at
 ERROR how many it could not record and exits 3: those events will be
 delivered again. On a damaged database file (SQLITE_CORRUPT, SQLITE_NOTADB)
 it stops claiming, records what it still can, logs what `outboxd doctor`
-says, and exits 3.
+says, and exits 3. When the database file is deleted, or another file is
+moved into its place, it logs an ERROR, /healthz answers 503, and it stops
+as on SIGTERM and exits 3.
 
 Examples:
   outboxd run                                   # terminal 1
@@ -72,7 +75,17 @@ pub struct Args {
 /// Validates everything, migrates, starts the relay and waits for a signal.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let config = match &args.config {
-        Some(file) => Config::load(file).map_err(|e| Failure::config(e.to_string()))?,
+        // The console's token variable from the command line holds a
+        // secret as much as the file's `*_env` keys do.
+        Some(file) => Config::load_with_secret_env(
+            file,
+            &args
+                .http_token_env
+                .as_deref()
+                .into_iter()
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| Failure::config(e.to_string()))?,
         None => Config::stdout_default(),
     };
     crate::init_logging(&global.log, &config.log, "info");
@@ -133,7 +146,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
         .map_err(|e| Failure::config(format!("invalid relay setting: {e}")))?
         .start()
         .with_context(|| format!("cannot start the relay on {}", db.display()))?;
-    let _servers = http.start(&db, relay.metrics_source())?;
+    let servers = http.start(&db, relay.metrics_source())?;
     for c in &consumers {
         tracing::info!(consumer = %c, "consumer registered");
     }
@@ -147,6 +160,11 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     // The dead-letter alert is checked at once, then every ALERT_INTERVAL.
     let mut last_alert_check: Option<Instant> = None;
     let mut dead_alert = false;
+    // The file the relay opened: a path that names another file, or none,
+    // leaves the relay writing where nobody will read.
+    let db_file = FileIdentity::of(&db)
+        .with_context(|| format!("cannot look at the database file {}", db.display()))?;
+    let mut failure = None;
     loop {
         match signals.recv_timeout(LIVENESS_INTERVAL) {
             Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
@@ -156,6 +174,20 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             relay.join().context("the relay stopped")?;
             anyhow::bail!("the relay stopped without being asked to");
         }
+        if let Some(how) = db_file.gone_from(&db) {
+            let message = format!(
+                "the database file {} {how} while outboxd ran; the relay's connection still \
+                 points at the old file, where nobody reads what it writes: stopping (restart \
+                 outboxd to work on the file now at that path)",
+                db.display()
+            );
+            tracing::error!("{message}");
+            if let Some(s) = &servers {
+                s.fail(&message);
+            }
+            failure = Some(message);
+            break;
+        }
         captures.tick();
         if alerts.max_dead.is_some()
             && last_alert_check.is_none_or(|t| t.elapsed() >= ALERT_INTERVAL)
@@ -164,19 +196,39 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             dead_alert = check_dead_letters(&db, &alerts, dead_alert);
         }
     }
-    tracing::info!(
-        grace_ms = grace.as_millis() as u64,
-        "signal received; finishing deliveries in flight (a second signal exits at once)"
-    );
+    if failure.is_none() {
+        tracing::info!(
+            grace_ms = grace.as_millis() as u64,
+            "signal received; finishing deliveries in flight (a second signal exits at once)"
+        );
+    }
     relay
         .shutdown(grace)
         .context("cannot shut the relay down cleanly")?;
+    if let Some(message) = failure {
+        return Err(Failure::database(message).into());
+    }
     tracing::info!("outboxd stopped");
     Ok(Exit::Ok)
 }
 
+/// Kills the programs of command sinks still running (deliveries the relay
+/// left behind after its grace: their rows are released, and another run
+/// will deliver them again), and says how many at WARN.
+pub fn kill_programs_left_behind() {
+    let killed = outboxd::sinks::command::kill_running();
+    if killed > 0 {
+        tracing::warn!(
+            killed,
+            "killed command sink programs still running after the shutdown grace; their \
+             events will be delivered again"
+        );
+    }
+}
+
 /// The first SIGINT/SIGTERM/SIGHUP is sent on the channel; a second one
-/// exits the process at once with 130.
+/// exits the process at once with 130 (killing command sinks' programs
+/// first).
 pub fn install_signal_handler() -> Result<Receiver<()>> {
     static SIGNALS: AtomicUsize = AtomicUsize::new(0);
     let (tx, rx) = crossbeam_channel::bounded(1);
@@ -185,6 +237,7 @@ pub fn install_signal_handler() -> Result<Receiver<()>> {
             let _ = tx.try_send(());
         } else {
             eprintln!("outboxd: second signal; exiting without waiting for deliveries in flight (their leases expire)");
+            outboxd::sinks::command::kill_running();
             std::process::exit(130);
         }
     })

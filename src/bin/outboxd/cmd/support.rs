@@ -17,9 +17,20 @@ pub fn not_found(hint: &'static str) -> impl FnOnce(outboxd::Error) -> anyhow::E
 }
 
 /// `n` and the noun that goes with it: "1 dead letter", "3 dead letters".
+/// The one pluraliser of the binary (with [`noun`], for a page that sets
+/// the number apart).
 pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
     let n = n.into();
-    format!("{n} {}", if n == 1 { one } else { many })
+    format!("{n} {}", noun(n, one, many))
+}
+
+/// The noun that goes with `n`: `one` for 1, else `many`.
+pub fn noun<'a>(n: impl Into<u64>, one: &'a str, many: &'a str) -> &'a str {
+    if n.into() == 1 {
+        one
+    } else {
+        many
+    }
 }
 
 /// A duration for people (`850ms`, `5m 3s`, `7d`): the library's one

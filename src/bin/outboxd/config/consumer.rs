@@ -49,18 +49,20 @@ impl RawConsumer {
 }
 
 /// Builds every consumer's sink; a sink whose longest delivery outlasts the
-/// `lease` is refused (the delivery could outlive its claim).
+/// `lease` is refused (the delivery could outlive its claim). Command sinks
+/// keep `secret_vars` (the config's [`super::secret_env_vars`]) from their
+/// programs.
 pub fn build(
     c: &Checker<'_>,
     raw: Vec<RawConsumer>,
     lease: std::time::Duration,
     default_retry: &RetryPolicy,
+    secret_vars: &[String],
 ) -> Result<Vec<ConsumerSpec>, ConfigError> {
     let mut consumers = Vec::with_capacity(raw.len());
-    let secret_vars = sink::secret_env_vars(raw.iter().map(|rc| &rc.sink));
     for (i, rc) in raw.into_iter().enumerate() {
         let at = format!("consumer[{i}]");
-        let sink = sink::build(c, &format!("{at}.sink"), &rc.sink, &secret_vars)?;
+        let sink = sink::build(c, &format!("{at}.sink"), &rc.sink, secret_vars)?;
         if let Some(limit) = sink.time_limit() {
             if lease < limit {
                 return Err(c.err(

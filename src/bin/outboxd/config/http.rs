@@ -16,7 +16,9 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use super::{resolve_listen, Checker, ConfigError};
+use super::{
+    process_env, resolve_listen, secret_from_env, Checker, ConfigError, Env, SecretEnvError,
+};
 
 /// The shortest token accepted: shorter ones can be guessed.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -64,6 +66,75 @@ impl std::fmt::Debug for HttpServe {
     }
 }
 
+/// Why the console cannot be served as configured. [`HttpError::field`]
+/// names the config key (the command-line flags map to the same keys).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HttpError {
+    /// `token_env` (or `--http-token-env`) is no variable's name.
+    #[error(
+        "{name:?} is not an environment variable name; name the variable that holds the \
+         token, such as OUTBOXD_HTTP_TOKEN"
+    )]
+    TokenEnvName {
+        /// The name given.
+        name: String,
+    },
+    /// The token's variable is unset, not UTF-8 or empty.
+    #[error(transparent)]
+    Token(#[from] SecretEnvError),
+    /// The token is shorter than [`MIN_TOKEN_LEN`].
+    #[error(
+        "the environment variable {var} holds a token of {len} characters; set it to a \
+         token of at least {MIN_TOKEN_LEN} (such as the output of `openssl rand -hex 32`)"
+    )]
+    TokenTooShort {
+        /// The variable.
+        var: String,
+        /// The token's length.
+        len: usize,
+    },
+    /// An address other than loopback without a token.
+    #[error(
+        "{addr} is not a loopback address, and anyone who can reach it could requeue, \
+         discard and replay events; name an environment variable holding a token with \
+         --http-token-env VAR (or [http] token_env in the config), or listen on 127.0.0.1"
+    )]
+    NeedsToken {
+        /// The address.
+        addr: SocketAddr,
+    },
+    /// The console and the legacy `[metrics] listen` on one address.
+    #[error(
+        "{addr} is both the metrics and the console address; the console serves /metrics \
+         too, so drop metrics.listen (or --metrics)"
+    )]
+    SameAsMetrics {
+        /// The address.
+        addr: SocketAddr,
+    },
+}
+
+impl HttpError {
+    /// The config key the error is about.
+    pub fn field(&self) -> &'static str {
+        match self {
+            HttpError::TokenEnvName { .. }
+            | HttpError::Token(_)
+            | HttpError::TokenTooShort { .. } => "http.token_env",
+            HttpError::NeedsToken { .. } => "http.listen",
+            HttpError::SameAsMetrics { .. } => "metrics.listen",
+        }
+    }
+}
+
+/// What the token's variable should hold, in errors.
+fn token_wanted() -> String {
+    format!(
+        "a token of at least {MIN_TOKEN_LEN} characters (such as the output of \
+         `openssl rand -hex 32`)"
+    )
+}
+
 /// Checks `[http]`. The token is read and checked against the address here
 /// too (so `check-config` reports a missing one), and again by
 /// [`HttpSettings::serve`] once `--http` may have changed the address.
@@ -72,46 +143,40 @@ pub fn check(c: &Checker<'_>, raw: &RawHttp) -> Result<HttpSettings, ConfigError
         None => None,
         Some(a) => Some(resolve_listen(a).map_err(|m| c.err("http.listen", m))?),
     };
+    let at = |e: HttpError| c.err(e.field(), e.to_string());
     if let Some(name) = &raw.token_env {
-        check_token_env_name(name).map_err(|m| c.err("http.token_env", m))?;
+        check_token_env_name(name).map_err(at)?;
     }
     let settings = HttpSettings {
         listen,
         token_env: raw.token_env.clone(),
         read_only: raw.read_only.unwrap_or(false),
     };
-    settings.serve(None).map_err(|(field, m)| c.err(field, m))?;
+    settings.serve_with(None, c.env_lookup()).map_err(at)?;
     Ok(settings)
 }
 
 /// Refuses the console and the legacy `[metrics] listen` on one address:
 /// the console serves /metrics itself. The one check for `check-config`
-/// and `run` (whose flags may give either address). An error is (field,
-/// message).
+/// and `run` (whose flags may give either address).
 pub fn distinct_from_metrics(
     console: SocketAddr,
     metrics: Option<SocketAddr>,
-) -> Result<(), (&'static str, String)> {
+) -> Result<(), HttpError> {
     match metrics {
-        Some(m) if m == console => Err((
-            "metrics.listen",
-            format!(
-                "{m} is both the metrics and the console address; the console serves \
-                 /metrics too, so drop metrics.listen (or --metrics)"
-            ),
-        )),
+        // Port 0 asks the system for a free port: two of them differ.
+        Some(addr) if addr == console && addr.port() != 0 => Err(HttpError::SameAsMetrics { addr }),
         _ => Ok(()),
     }
 }
 
 /// Refuses what cannot be an environment variable's name (`http.token_env`
 /// or `--http-token-env`).
-pub fn check_token_env_name(name: &str) -> Result<(), String> {
+pub fn check_token_env_name(name: &str) -> Result<(), HttpError> {
     if name.is_empty() || name.contains('=') || name.contains('\0') {
-        return Err(format!(
-            "{name:?} is not an environment variable name; name the variable that \
-             holds the token, such as OUTBOXD_HTTP_TOKEN"
-        ));
+        return Err(HttpError::TokenEnvName {
+            name: name.to_string(),
+        });
     }
     Ok(())
 }
@@ -120,46 +185,38 @@ impl HttpSettings {
     /// The server to start, with `listen` (from `--http`) winning over the
     /// section's address; None when neither gives one. Refuses an address
     /// other than loopback without a token, and a token variable that is
-    /// unset or too short. An error is (field, message).
-    pub fn serve(
+    /// unset or holds too short a token (read from the process's
+    /// environment with [`secret_from_env`](crate::config::secret_from_env),
+    /// like every secret).
+    pub fn serve(&self, listen: Option<SocketAddr>) -> Result<Option<HttpServe>, HttpError> {
+        self.serve_with(listen, &process_env)
+    }
+
+    /// [`serve`](Self::serve), the token's variable looked up in `env`.
+    pub fn serve_with(
         &self,
         listen: Option<SocketAddr>,
-    ) -> Result<Option<HttpServe>, (&'static str, String)> {
+        env: Env<'_>,
+    ) -> Result<Option<HttpServe>, HttpError> {
         let Some(addr) = listen.or(self.listen) else {
             return Ok(None);
         };
         let token = match &self.token_env {
             None => None,
-            Some(name) => {
-                let value = std::env::var(name).unwrap_or_default();
-                if value.trim().len() < MIN_TOKEN_LEN {
-                    return Err((
-                        "http.token_env",
-                        format!(
-                            "the environment variable {name} is {}; set it to a token of at \
-                             least {MIN_TOKEN_LEN} characters (such as the output of \
-                             `openssl rand -hex 32`)",
-                            if value.is_empty() {
-                                "not set"
-                            } else {
-                                "too short"
-                            }
-                        ),
-                    ));
+            Some(var) => {
+                let value = secret_from_env(env, var, &token_wanted())?;
+                let token = value.trim();
+                if token.len() < MIN_TOKEN_LEN {
+                    return Err(HttpError::TokenTooShort {
+                        var: var.clone(),
+                        len: token.len(),
+                    });
                 }
-                Some(value.trim().to_string())
+                Some(token.to_string())
             }
         };
         if token.is_none() && !addr.ip().is_loopback() {
-            return Err((
-                "http.listen",
-                format!(
-                    "{addr} is not a loopback address, and anyone who can reach it could \
-                     requeue, discard and replay events; name an environment variable holding \
-                     a token with --http-token-env VAR (or [http] token_env in the config), \
-                     or listen on 127.0.0.1"
-                ),
-            ));
+            return Err(HttpError::NeedsToken { addr });
         }
         Ok(Some(HttpServe {
             listen: addr,
@@ -199,10 +256,10 @@ mod tests {
         assert_eq!(e.field, "http.listen");
         assert!(e.message.contains("not a loopback address"), "{e}");
         // An address from the command line is checked the same way.
-        let (field, _) = HttpSettings::default()
+        let e = HttpSettings::default()
             .serve(Some("0.0.0.0:1".parse().unwrap()))
             .unwrap_err();
-        assert_eq!(field, "http.listen");
+        assert_eq!(e.field(), "http.listen");
     }
 
     #[test]
@@ -212,6 +269,39 @@ mod tests {
         assert!(e.message.contains("not set"), "{e}");
         let e = http("127.0.0.1:1", Some("A=B")).unwrap_err();
         assert_eq!(e.field, "http.token_env");
+    }
+
+    #[test]
+    fn the_token_is_read_like_every_secret_and_must_be_long() {
+        let settings = HttpSettings {
+            listen: Some("0.0.0.0:1".parse().unwrap()),
+            token_env: Some("TOKEN".into()),
+            read_only: false,
+        };
+        let with = |value: &'static str| {
+            let env = move |var: &str| match var {
+                "TOKEN" => Ok(value.to_string()),
+                _ => Err(std::env::VarError::NotPresent),
+            };
+            settings.serve_with(None, &env)
+        };
+        let e = with("   ").unwrap_err();
+        assert!(
+            matches!(e, HttpError::Token(SecretEnvError::Empty { .. })),
+            "{e}"
+        );
+        assert_eq!(e.field(), "http.token_env");
+        let e = with(" short ").unwrap_err();
+        assert_eq!(
+            e,
+            HttpError::TokenTooShort {
+                var: "TOKEN".into(),
+                len: 5
+            }
+        );
+        assert!(!e.to_string().contains("short "), "never the value: {e}");
+        let serve = with(" 0123456789abcdef ").unwrap().unwrap();
+        assert_eq!(serve.token.as_deref(), Some("0123456789abcdef"));
     }
 
     #[test]

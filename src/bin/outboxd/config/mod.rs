@@ -143,14 +143,33 @@ impl Config {
 
     /// Reads, parses and validates a config file.
     pub fn load(file: &Path) -> Result<Config, ConfigError> {
-        Config::parse(&read(file)?, file)
+        Config::load_with_secret_env(file, &[])
+    }
+
+    /// [`Config::load`], where `also_secret` names environment variables
+    /// given outside the file that hold secrets too (`--http-token-env`):
+    /// command sinks keep them from their programs as they keep the file's
+    /// own ([`secret_env_vars`]).
+    pub fn load_with_secret_env(file: &Path, also_secret: &[&str]) -> Result<Config, ConfigError> {
+        Config::parse_with_secret_env(&read(file)?, file, also_secret)
     }
 
     /// Parses and validates config text said to come from `file` (relative
     /// paths inside are resolved against its directory).
+    #[cfg(test)]
     pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
+        Config::parse_with_secret_env(text, file, &[])
+    }
+
+    fn parse_with_secret_env(
+        text: &str,
+        file: &Path,
+        also_secret: &[&str],
+    ) -> Result<Config, ConfigError> {
         let raw = parse_raw(text, file)?;
-        validate(raw, file)
+        let mut secret_vars = secret_env_vars(text);
+        secret_vars.extend(also_secret.iter().map(|v| v.to_string()));
+        validate(raw, file, &secret_vars)
     }
 
     /// A relay builder for `db` with every setting and consumer of this
@@ -389,7 +408,8 @@ fn line_of(text: &str, offset: usize) -> usize {
 /// Where `*_env` keys are looked up.
 pub type Env<'a> = &'a dyn Fn(&str) -> Result<String, std::env::VarError>;
 
-fn process_env(var: &str) -> Result<String, std::env::VarError> {
+/// The process's own environment, as an [`Env`].
+pub fn process_env(var: &str) -> Result<String, std::env::VarError> {
     std::env::var(var)
 }
 
@@ -416,9 +436,10 @@ impl<'a> Checker<'a> {
         Checker { file, dir, env }
     }
 
-    /// The value of environment variable `var`.
-    pub fn env(&self, var: &str) -> Result<String, std::env::VarError> {
-        (self.env)(var)
+    /// Where `*_env` keys are looked up (read them with
+    /// [`secret_from_env`]).
+    pub fn env_lookup(&self) -> Env<'a> {
+        self.env
     }
 
     /// An error at `field` (a path such as `consumer[0].sink.url`).
@@ -441,15 +462,101 @@ impl<'a> Checker<'a> {
     }
 }
 
-fn validate(raw: RawConfig, file: &Path) -> Result<Config, ConfigError> {
-    validate_in(raw, &Checker::new(file))
+/// An environment variable that should hold a secret does not. Never
+/// holds the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretEnvError {
+    /// The variable is not set.
+    #[error("environment variable {var} is not set; set it to {what}")]
+    NotSet {
+        /// The variable.
+        var: String,
+        /// What it should hold.
+        what: String,
+    },
+    /// Its value is not UTF-8.
+    #[error("environment variable {var} is not valid UTF-8; set it to {what}")]
+    NotUnicode {
+        /// The variable.
+        var: String,
+        /// What it should hold.
+        what: String,
+    },
+    /// Its value is empty or only whitespace.
+    #[error("environment variable {var} is empty; set it to {what}")]
+    Empty {
+        /// The variable.
+        var: String,
+        /// What it should hold.
+        what: String,
+    },
 }
 
-fn validate_in(raw: RawConfig, c: &Checker<'_>) -> Result<Config, ConfigError> {
+/// A secret from the environment variable `var` as `env` looks it up
+/// ([`process_env`], or a test's own), which should hold `what` (said in
+/// the error): unset, non-UTF-8 and empty values are refused. The one
+/// reader of secrets from the environment (the sinks' `*_env` keys, the
+/// console's token).
+pub fn secret_from_env(env: Env<'_>, var: &str, what: &str) -> Result<String, SecretEnvError> {
+    let (var, what) = (var.to_string(), what.to_string());
+    match env(&var) {
+        Ok(value) if value.trim().is_empty() => Err(SecretEnvError::Empty { var, what }),
+        Ok(value) => Ok(value),
+        Err(std::env::VarError::NotPresent) => Err(SecretEnvError::NotSet { var, what }),
+        Err(std::env::VarError::NotUnicode(_)) => Err(SecretEnvError::NotUnicode { var, what }),
+    }
+}
+
+/// Every environment variable the config text names as holding a secret:
+/// the value of every key whose name ends in `_env` (a variable's name, or
+/// a list of them), in any section: `[http] token_env`, a webhook's
+/// `secret_env` and `secrets_env`, nats' `token_env` and `password_env`,
+/// and whatever such key a section adds later. Command sinks keep them all
+/// from their programs. (The naming rule is the contract: a new key that
+/// reads a secret from the environment is named `*_env`.) Text that does
+/// not parse names none; [`parse_raw`] reports it.
+pub fn secret_env_vars(text: &str) -> Vec<String> {
+    fn walk(value: &toml::Value, key: Option<&str>, out: &mut Vec<String>) {
+        let names_vars = key.is_some_and(|k| k.ends_with("_env"));
+        match value {
+            toml::Value::String(name) if names_vars => out.push(name.clone()),
+            toml::Value::Array(items) => {
+                for item in items {
+                    walk(item, key, out);
+                }
+            }
+            toml::Value::Table(table) => {
+                for (k, v) in table {
+                    walk(v, Some(k), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(table) = text.parse::<toml::Table>() {
+        walk(&toml::Value::Table(table), None, &mut out);
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn validate(raw: RawConfig, file: &Path, secret_vars: &[String]) -> Result<Config, ConfigError> {
+    validate_in(raw, &Checker::new(file), secret_vars)
+}
+
+/// Checks `raw` with `c`; command sinks keep `secret_vars` (the config's
+/// [`secret_env_vars`] and any given outside it) from their programs.
+fn validate_in(
+    raw: RawConfig,
+    c: &Checker<'_>,
+    secret_vars: &[String],
+) -> Result<Config, ConfigError> {
     let file = c.file;
     let s = check_settings(c, &raw)?;
     let captures = capture::check(c, raw.capture)?;
-    let consumers = consumer::build(c, raw.consumer, s.relay.lease, &s.retry)?;
+    let consumers = consumer::build(c, raw.consumer, s.relay.lease, &s.retry, secret_vars)?;
     Ok(Config {
         file: Some(file.to_path_buf()),
         database: s.database,
@@ -545,7 +652,8 @@ fn check_settings(c: &Checker<'_>, raw: &RawConfig) -> Result<Settings, ConfigEr
     let metrics = metrics::check(c, &raw.metrics)?;
     let http = http::check(c, &raw.http)?;
     if let Some(console) = http.listen {
-        http::distinct_from_metrics(console, metrics).map_err(|(field, m)| c.err(field, m))?;
+        http::distinct_from_metrics(console, metrics)
+            .map_err(|e| c.err(e.field(), e.to_string()))?;
     }
     let settings = RelayWide {
         relay: &relay,
@@ -622,7 +730,12 @@ fn check_with_library(
     match b.build() {
         Ok(_) => Ok(()),
         Err(outboxd::Error::InvalidSetting(e)) => Err(setting_error(c, &e)),
-        Err(other) => Err(c.err("", other.to_string())),
+        // `build` documents no other error; should one come, it is about
+        // the relay's settings as a whole, and said at that section.
+        Err(other) => Err(c.err(
+            "relay",
+            format!("the relay refused these settings: {other}"),
+        )),
     }
 }
 
@@ -683,7 +796,11 @@ pub(crate) mod tests {
                 .map(|(_, v)| v.to_string())
                 .ok_or(std::env::VarError::NotPresent)
         };
-        validate_in(parse_raw(text, file)?, &Checker::with_env(file, &env))
+        validate_in(
+            parse_raw(text, file)?,
+            &Checker::with_env(file, &env),
+            &secret_env_vars(text),
+        )
     }
 
     pub(crate) const STDOUT: &str = "[[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n";
@@ -833,6 +950,47 @@ pub(crate) mod tests {
         let e = parse(&format!("{STDOUT}[relay]\nworkerz = 2\n")).unwrap_err();
         assert!(e.field.starts_with("relay"), "{e}");
         assert!(e.message.contains("workers"), "{e}");
+    }
+
+    #[test]
+    fn every_env_key_in_any_section_names_a_secret_variable() {
+        let text = r#"
+[http]
+token_env = "HTTP_TOKEN"
+[[consumer]]
+name = "hook"
+types = ["*"]
+[consumer.sink]
+kind = "webhook"
+secret_env = "HOOK_SECRET"
+secrets_env = ["HOOK_NEW", "HOOK_OLD"]
+[[consumer]]
+name = "bus"
+types = ["*"]
+[consumer.sink]
+kind = "nats"
+token_env = "NATS_TOKEN"
+password_env = "NATS_PASSWORD"
+[[consumer]]
+name = "cmd"
+types = ["*"]
+[consumer.sink]
+kind = "command"
+clear_env = false
+env = { PLAIN = "not-a-secret" }
+"#;
+        assert_eq!(
+            secret_env_vars(text),
+            [
+                "HOOK_NEW",
+                "HOOK_OLD",
+                "HOOK_SECRET",
+                "HTTP_TOKEN",
+                "NATS_PASSWORD",
+                "NATS_TOKEN"
+            ]
+        );
+        assert!(secret_env_vars("not [toml").is_empty());
     }
 
     #[test]

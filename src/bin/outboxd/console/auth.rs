@@ -2,10 +2,16 @@
 //!
 //! - **Token.** On an address other than loopback a token is required
 //!   (`[http] token_env`). It is given once on the login page, which sets an
-//!   HttpOnly, SameSite=Strict session cookie, or with every request as
+//!   HttpOnly, SameSite=Strict session cookie that lasts
+//!   [`SESSION_LIFETIME`], or with every request as
 //!   `Authorization: Bearer <token>` (Prometheus, scripts). The cookie holds
-//!   an HMAC of the token, never the token itself, and every comparison is
-//!   constant-time.
+//!   its issue time and an HMAC (keyed with the token) of it, never the token
+//!   itself: an older cookie is refused, whatever the browser kept. Every
+//!   comparison is constant-time.
+//! - **Banners.** The message an action shows after its redirect ("Requeued
+//!   5 dead letters") travels in the URL sealed with a key of this process
+//!   ([`Auth::seal_notice`]): a link someone else made cannot put words in
+//!   the console's mouth.
 //! - **Host.** On loopback, a request must name a loopback host: a page
 //!   from another site whose name resolves to 127.0.0.1 (DNS rebinding)
 //!   cannot read the console.
@@ -15,8 +21,10 @@
 //!   the `X-Forwarded-Host` of a reverse proxy in front (either scheme).
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use hmac::{KeyInit, Mac};
+use outboxd::Timestamp;
 use subtle::ConstantTimeEq;
 
 use super::server::{Params, Request};
@@ -27,10 +35,24 @@ pub const COOKIE: &str = "outboxd_session";
 /// The form field carrying the CSRF token.
 pub const CSRF_FIELD: &str = "csrf";
 
+/// How long a login lasts: the cookie's Max-Age, and the oldest issue time
+/// a cookie may carry.
+pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
+
+/// How long a banner's sealed value is shown: long enough to follow the
+/// redirect (and reload), not to be passed around.
+pub const NOTICE_LIFETIME: Duration = Duration::from_secs(10 * 60);
+
+/// How far ahead of this clock an issue time may be (clocks of one machine
+/// agree; this only forgives a step of the wall clock).
+const FUTURE_SKEW: Duration = Duration::from_secs(60);
+
 /// The console's access rules.
 pub struct Auth {
     token: Option<Token>,
     csrf: String,
+    /// Seals the banners' values (random per process).
+    notice_key: [u8; 32],
     loopback: bool,
     /// The address bound, named in the refusal of a foreign Host.
     bound: SocketAddr,
@@ -38,8 +60,6 @@ pub struct Auth {
 
 struct Token {
     secret: String,
-    /// The cookie value: HMAC-SHA256(token, label), hex.
-    session: String,
 }
 
 /// Why a request was refused.
@@ -55,11 +75,9 @@ impl Auth {
     /// The rules for a server bound to `bind`, with the token (if any).
     pub fn new(token: Option<String>, bind: SocketAddr) -> Auth {
         Auth {
-            token: token.map(|secret| Token {
-                session: hex(&hmac(secret.as_bytes(), b"outboxd console session v1")),
-                secret,
-            }),
+            token: token.map(|secret| Token { secret }),
             csrf: hex(&rand::random::<[u8; 32]>()),
+            notice_key: rand::random::<[u8; 32]>(),
             loopback: bind.ip().is_loopback(),
             bound: bind,
         }
@@ -75,8 +93,9 @@ impl Auth {
         self.token.is_some()
     }
 
-    /// Checks the Host (loopback only) and the token or session.
-    pub fn admit(&self, req: &Request) -> Result<(), Refusal> {
+    /// Checks the Host (loopback only) and the token or a session cookie
+    /// issued at most [`SESSION_LIFETIME`] before `now`.
+    pub fn admit(&self, req: &Request, now: Timestamp) -> Result<(), Refusal> {
         if self.loopback {
             let host = req.header("host").unwrap_or("");
             if !is_loopback_host(host) {
@@ -99,7 +118,16 @@ impl Auth {
         let cookie = req
             .header("cookie")
             .and_then(|c| cookie_value(c, COOKIE))
-            .is_some_and(|given| eq(given, &token.session));
+            .and_then(|given| {
+                unseal(
+                    token.secret.as_bytes(),
+                    "session",
+                    given,
+                    now,
+                    SESSION_LIFETIME,
+                )
+            })
+            .is_some();
         if bearer || cookie {
             Ok(())
         } else {
@@ -147,17 +175,30 @@ impl Auth {
         }
     }
 
-    /// The Set-Cookie value logging in with `given`, or None when it is not
-    /// the token. `secure` (a TLS proxy in front) adds `Secure`.
-    pub fn login(&self, given: &str, secure: bool) -> Option<String> {
+    /// The Set-Cookie value logging in with `given` at `now`, or None when
+    /// it is not the token. `secure` (a TLS proxy in front) adds `Secure`.
+    pub fn login(&self, given: &str, secure: bool, now: Timestamp) -> Option<String> {
         let token = self.token.as_ref()?;
         eq(given.trim(), &token.secret).then(|| {
             format!(
-                "{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict{}",
-                token.session,
+                "{COOKIE}={}; Path=/; Max-Age={}; HttpOnly; SameSite=Strict{}",
+                seal(token.secret.as_bytes(), "session", now, ""),
+                SESSION_LIFETIME.as_secs(),
                 if secure { "; Secure" } else { "" }
             )
         })
+    }
+
+    /// `notice` (what an action did, in the server's own terms) sealed at
+    /// `now`, for the URL an action redirects to.
+    pub fn seal_notice(&self, notice: &str, now: Timestamp) -> String {
+        seal(&self.notice_key, "notice", now, notice)
+    }
+
+    /// The notice a [`seal_notice`](Self::seal_notice) value carries, if
+    /// this process sealed it at most [`NOTICE_LIFETIME`] before `now`.
+    pub fn open_notice<'a>(&self, value: &'a str, now: Timestamp) -> Option<&'a str> {
+        unseal(&self.notice_key, "notice", value, now, NOTICE_LIFETIME)
     }
 
     /// The Set-Cookie value that logs out.
@@ -169,6 +210,47 @@ impl Auth {
 /// Constant-time equality (the length is not secret).
 fn eq(a: &str, b: &str) -> bool {
     a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+/// `payload` with its issue time, signed: `{unix seconds}.{payload}.{mac}`
+/// (`{unix seconds}.{mac}` when `payload` is empty), the mac an HMAC-SHA256
+/// keyed with `key` over `purpose`, the time and the payload, in hex.
+fn seal(key: &[u8], purpose: &str, issued: Timestamp, payload: &str) -> String {
+    let secs = issued.as_millis().div_euclid(1000);
+    let mac = hex(&hmac(key, sealed_text(purpose, secs, payload).as_bytes()));
+    if payload.is_empty() {
+        format!("{secs}.{mac}")
+    } else {
+        format!("{secs}.{payload}.{mac}")
+    }
+}
+
+/// The payload of a [`seal`] value when its mac is right for `key` and
+/// `purpose`, and it was issued no more than `lifetime` before `now` (nor
+/// more than a minute after).
+fn unseal<'a>(
+    key: &[u8],
+    purpose: &str,
+    value: &'a str,
+    now: Timestamp,
+    lifetime: Duration,
+) -> Option<&'a str> {
+    let (secs, rest) = value.split_once('.')?;
+    let (payload, mac) = rest.rsplit_once('.').unwrap_or(("", rest));
+    let secs: i64 = secs.parse().ok()?;
+    let want = hex(&hmac(key, sealed_text(purpose, secs, payload).as_bytes()));
+    if !eq(mac, &want) {
+        return None;
+    }
+    let issued = Timestamp::from_millis(secs.checked_mul(1000)?);
+    let fresh = issued <= now.plus(FUTURE_SKEW) && now.since(issued) <= lifetime;
+    fresh.then_some(payload)
+}
+
+/// What a [`seal`] mac covers; the purpose keeps a value sealed for one use
+/// from passing for another.
+fn sealed_text(purpose: &str, secs: i64, payload: &str) -> String {
+    format!("outboxd console {purpose} v2\n{secs}\n{payload}")
 }
 
 fn hmac(key: &[u8], msg: &[u8]) -> Vec<u8> {
@@ -207,6 +289,7 @@ mod tests {
     use crate::console::server::Method;
 
     const TOKEN: &str = "0123456789abcdef-token";
+    const NOW: Timestamp = Timestamp::from_millis(1_764_500_000_000);
 
     fn req(headers: &[(&str, &str)]) -> Request {
         let mut r = Request::new(Method::Get, "/");
@@ -226,11 +309,11 @@ mod tests {
             "[::1]:9464",
             "localhost",
         ] {
-            assert_eq!(auth.admit(&req(&[("host", host)])), Ok(()), "{host}");
+            assert_eq!(auth.admit(&req(&[("host", host)]), NOW), Ok(()), "{host}");
         }
         for host in ["evil.example:9464", "", "127.0.0.1.evil.example"] {
             assert!(matches!(
-                auth.admit(&req(&[("host", host)])),
+                auth.admit(&req(&[("host", host)]), NOW),
                 Err(Refusal::Forbidden(_))
             ));
         }
@@ -240,30 +323,101 @@ mod tests {
     fn a_token_is_taken_as_bearer_or_session_cookie() {
         let auth = Auth::new(Some(TOKEN.into()), "0.0.0.0:9464".parse().unwrap());
         let host = ("host", "10.1.2.3:9464");
-        assert_eq!(auth.admit(&req(&[host])), Err(Refusal::Unauthenticated));
+        let admit = |headers: &[(&str, &str)]| auth.admit(&req(headers), NOW);
+        assert_eq!(admit(&[host]), Err(Refusal::Unauthenticated));
         let bearer = format!("Bearer {TOKEN}");
+        assert_eq!(admit(&[host, ("authorization", &bearer)]), Ok(()));
         assert_eq!(
-            auth.admit(&req(&[host, ("authorization", &bearer)])),
-            Ok(())
-        );
-        assert_eq!(
-            auth.admit(&req(&[host, ("authorization", "Bearer wrong")])),
+            admit(&[host, ("authorization", "Bearer wrong")]),
             Err(Refusal::Unauthenticated)
         );
-        assert!(auth.login("wrong", false).is_none());
-        assert!(auth.login(TOKEN, true).unwrap().ends_with("; Secure"));
-        let set = auth.login(TOKEN, false).unwrap();
+        assert!(auth.login("wrong", false, NOW).is_none());
+        assert!(auth.login(TOKEN, true, NOW).unwrap().ends_with("; Secure"));
+        let set = auth.login(TOKEN, false, NOW).unwrap();
         assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"));
         assert!(!set.contains(TOKEN), "the cookie does not carry the token");
         let value = set.split(';').next().unwrap();
+        assert_eq!(admit(&[host, ("cookie", &format!("a=b; {value}"))]), Ok(()));
+        for forged in [
+            "outboxd_session=00",
+            "outboxd_session=",
+            "outboxd_session=1.2.3",
+        ] {
+            assert_eq!(
+                admit(&[host, ("cookie", forged)]),
+                Err(Refusal::Unauthenticated),
+                "{forged}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_session_cookie_expires_after_its_lifetime() {
+        let auth = Auth::new(Some(TOKEN.into()), "0.0.0.0:9464".parse().unwrap());
+        let set = auth.login(TOKEN, false, NOW).unwrap();
+        assert!(
+            set.contains(&format!("; Max-Age={}", SESSION_LIFETIME.as_secs())),
+            "{set}"
+        );
+        let cookie = set.split(';').next().unwrap().to_string();
+        let at = |t: Timestamp| auth.admit(&req(&[("host", "h"), ("cookie", &cookie)]), t);
+        let second = Duration::from_secs(1);
+        assert_eq!(at(NOW.plus(SESSION_LIFETIME)), Ok(()));
         assert_eq!(
-            auth.admit(&req(&[host, ("cookie", &format!("a=b; {value}"))])),
-            Ok(())
+            at(NOW.plus(SESSION_LIFETIME + second)),
+            Err(Refusal::Unauthenticated),
+            "a cookie older than its lifetime is refused, whatever the browser kept"
         );
         assert_eq!(
-            auth.admit(&req(&[host, ("cookie", "outboxd_session=00")])),
+            at(NOW.minus(FUTURE_SKEW + second)),
+            Err(Refusal::Unauthenticated),
+            "issued in the future"
+        );
+        // The issue time is under the mac: moving it forward breaks it.
+        let value = cookie.strip_prefix("outboxd_session=").unwrap();
+        let (secs, mac) = value.split_once('.').unwrap();
+        let later: i64 = secs.parse::<i64>().unwrap() + SESSION_LIFETIME.as_secs() as i64;
+        let moved = format!("outboxd_session={later}.{mac}");
+        let later_now = NOW.plus(SESSION_LIFETIME + second);
+        assert_eq!(
+            auth.admit(&req(&[("host", "h"), ("cookie", &moved)]), later_now),
             Err(Refusal::Unauthenticated)
         );
+        // Another token's console does not take it.
+        let other = Auth::new(
+            Some("another-token-0123456".into()),
+            "0.0.0.0:1".parse().unwrap(),
+        );
+        assert_eq!(
+            other.admit(&req(&[("host", "h"), ("cookie", &cookie)]), NOW),
+            Err(Refusal::Unauthenticated)
+        );
+    }
+
+    #[test]
+    fn only_notices_this_process_sealed_are_opened() {
+        let auth = Auth::new(None, "127.0.0.1:9464".parse().unwrap());
+        let sealed = auth.seal_notice("replayed:5:search.index", NOW);
+        assert_eq!(
+            auth.open_notice(&sealed, NOW),
+            Some("replayed:5:search.index")
+        );
+        assert_eq!(
+            auth.open_notice(&sealed, NOW.plus(NOTICE_LIFETIME + Duration::from_secs(1))),
+            None
+        );
+        let other = Auth::new(None, "127.0.0.1:9464".parse().unwrap());
+        assert_eq!(other.open_notice(&sealed, NOW), None, "another key");
+        let (head, mac) = sealed.rsplit_once('.').unwrap();
+        let forged = format!("{}.{mac}", head.replace(":5:", ":500:"));
+        assert_eq!(auth.open_notice(&forged, NOW), None);
+        for junk in ["", "requeued+5", "1.2", "x.y.z"] {
+            assert_eq!(auth.open_notice(junk, NOW), None, "{junk}");
+        }
+        // A session cookie is no notice, even under the same key.
+        let key = [7u8; 32];
+        let cookie = seal(&key, "session", NOW, "");
+        assert_eq!(unseal(&key, "notice", &cookie, NOW, NOTICE_LIFETIME), None);
     }
 
     #[test]

@@ -13,9 +13,30 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use maud::{html, Markup};
+use outboxd::Timestamp;
 
 /// Minutes on the chart.
 pub const MINUTES: i64 = 60;
+
+/// A minute, in the milliseconds of a [`Timestamp`].
+const MINUTE_MS: i64 = 60_000;
+
+/// The minute (counted from the Unix epoch) that `t` falls in: the chart's
+/// unit of time.
+pub fn minute_of(t: Timestamp) -> i64 {
+    t.as_millis().div_euclid(MINUTE_MS)
+}
+
+/// When `minute` starts.
+pub fn start_of(minute: i64) -> Timestamp {
+    Timestamp::from_millis(minute.saturating_mul(MINUTE_MS))
+}
+
+/// When the chart's first minute starts, at `now`: the hour shown ends
+/// with the minute in progress.
+pub fn hour_start(now: Timestamp) -> Timestamp {
+    start_of(minute_of(now) - MINUTES + 1)
+}
 
 /// Events per minute (or running totals).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -248,6 +269,17 @@ pub fn svg(series: &Series) -> Markup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn minutes_are_counted_from_the_epoch_and_the_hour_ends_now() {
+        let t: Timestamp = "2026-11-30T07:18:59.999Z".parse().unwrap();
+        let m = minute_of(t);
+        assert_eq!(start_of(m).to_string(), "2026-11-30T07:18:00.000Z");
+        assert_eq!(start_of(m + 1).to_string(), "2026-11-30T07:19:00.000Z");
+        assert_eq!(hour_start(t).to_string(), "2026-11-30T06:19:00.000Z");
+        // Before the epoch a minute still starts at or before its times.
+        assert_eq!(minute_of(Timestamp::from_millis(-1)), -1);
+    }
 
     fn c(enqueued: u64, delivered: u64) -> Counts {
         Counts {

@@ -29,13 +29,13 @@ pub mod server;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use outboxd::connection::ConnectionManager;
 use outboxd::relay::Metrics;
-use outboxd::router::Pattern;
+use outboxd::router::Subscriptions;
 use outboxd::status::Status;
 use outboxd::Timestamp;
 
@@ -52,34 +52,55 @@ pub type Pool = r2d2::Pool<ConnectionManager>;
 /// the background measures.
 const POOL_SIZE: u32 = 6;
 
+/// Where to serve: the console (with /metrics and /healthz), and the
+/// legacy `[metrics] listen` address (/metrics and /healthz alone, without
+/// a token). One [`App`] and one server's threads answer both.
+#[derive(Default)]
+pub struct Listeners {
+    /// The console's listener, with its address, token and read-only switch.
+    pub console: Option<(TcpListener, HttpServe)>,
+    /// The `[metrics] listen` listener.
+    pub probes: Option<TcpListener>,
+}
+
 /// What the server is started with.
 pub struct Settings {
     /// The database.
     pub db: PathBuf,
-    /// Address, token and read-only switch.
-    pub serve: HttpServe,
-    /// Serve only /metrics and /healthz (the legacy `[metrics] listen`).
-    pub metrics_only: bool,
     /// The health thresholds (as `outboxd status` takes them).
     pub thresholds: Thresholds,
     /// The configured consumers and the types they take (empty without a
     /// config).
-    pub consumers: Vec<(String, Vec<Pattern>)>,
+    pub consumers: Subscriptions,
     /// The running relay's counters, under `outboxd run`.
     pub relay: Option<Arc<Metrics>>,
 }
 
+/// Why a background measure could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    /// No read connection could be had from the pool.
+    #[error("no read connection to the database: {0}")]
+    Pool(#[from] r2d2::Error),
+    /// The library's status failed.
+    #[error(transparent)]
+    Status(#[from] outboxd::Error),
+    /// One of the console's own queries failed.
+    #[error(transparent)]
+    Query(#[from] rusqlite::Error),
+}
+
 /// The status and its health verdict, or why it could not be read.
-pub type StatusView = std::result::Result<(Status, Vec<Problem>), String>;
+pub type StatusView = std::result::Result<(Status, Vec<Problem>), MeasureError>;
 
 /// What the overview adds to the status, measured in the background.
 #[derive(Debug, Default)]
 pub struct Extras {
     /// Per configured consumer (retrying, dead) not yet delivered by it, and
     /// whether a bound cut the count short.
-    pub backlog: Option<std::result::Result<queries::Backlog, String>>,
+    pub backlog: Option<std::result::Result<queries::Backlog, MeasureError>>,
     /// The chart's rows from the table (`outboxd console`, no relay).
-    pub chart_rows: Option<std::result::Result<Vec<(i64, Counts)>, String>>,
+    pub chart_rows: Option<std::result::Result<Vec<(i64, Counts)>, MeasureError>>,
 }
 
 /// Everything the handlers share.
@@ -92,10 +113,8 @@ pub struct App {
     pub auth: auth::Auth,
     /// Hide every action.
     pub read_only: bool,
-    /// Serve /metrics and /healthz only.
-    pub metrics_only: bool,
     /// Configured consumers.
-    pub consumers: Vec<(String, Vec<Pattern>)>,
+    pub consumers: Subscriptions,
     /// The relay's counters.
     pub relay: Option<Arc<Metrics>>,
     /// The relay's per-minute history.
@@ -104,6 +123,9 @@ pub struct App {
     pub status: Cached<StatusView>,
     /// The overview's extras, measured on demand.
     pub extras: Cached<Extras>,
+    /// Why the process serving this is stopping ([`Console::fail`]):
+    /// /healthz reports it, whatever the status says.
+    pub failure: Arc<OnceLock<String>>,
 }
 
 impl App {
@@ -127,12 +149,28 @@ impl App {
 /// A running console.
 pub struct Console {
     server: server::Server,
+    failure: Arc<OnceLock<String>>,
+    /// Which of the server's addresses is the console's, and the probes'.
+    console_site: Option<usize>,
+    probes_site: Option<usize>,
 }
 
 impl Console {
-    /// The address served.
-    pub fn addr(&self) -> SocketAddr {
-        self.server.addr()
+    /// Makes /healthz unhealthy from now on, saying `why` (the process is
+    /// stopping on a failure the status cannot see, such as its database
+    /// file deleted). The first reason stays.
+    pub fn fail(&self, why: &str) {
+        let _ = self.failure.set(why.to_string());
+    }
+
+    /// The console's address, if it serves one.
+    pub fn console_addr(&self) -> Option<SocketAddr> {
+        self.console_site.map(|i| self.server.addrs()[i])
+    }
+
+    /// The `[metrics] listen` address, if it serves one.
+    pub fn probes_addr(&self) -> Option<SocketAddr> {
+        self.probes_site.map(|i| self.server.addrs()[i])
     }
 
     /// Stops taking requests and waits for those being answered.
@@ -142,8 +180,8 @@ impl Console {
 }
 
 /// Opens the pool (the database must exist and be migrated), starts the
-/// background measures and serves on `listener`.
-pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
+/// background measures and serves on the listeners.
+pub fn start(listeners: Listeners, settings: Settings) -> Result<Console> {
     let manager = ConnectionManager::read_only(&settings.db);
     let pool = r2d2::Pool::builder()
         .max_size(POOL_SIZE)
@@ -156,13 +194,7 @@ pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
     let status = {
         let pool = pool.clone();
         let thresholds = settings.thresholds;
-        Cached::start("outboxd-status", move || {
-            let conn = pool.get().map_err(|e| e.to_string())?;
-            let status =
-                outboxd::status::status(&conn, Timestamp::now()).map_err(|e| e.to_string())?;
-            let problems = crate::cmd::status::problems(&status, &thresholds);
-            Ok((status, problems))
-        })?
+        Cached::start("outboxd-status", move || measure_status(&pool, &thresholds))?
     };
     let extras = {
         let pool = pool.clone();
@@ -173,19 +205,17 @@ pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
                 Ok(c) => c,
                 Err(e) => {
                     return Extras {
-                        backlog: Some(Err(e.to_string())),
+                        backlog: Some(Err(e.into())),
                         chart_rows: None,
                     }
                 }
             };
-            let since =
-                Timestamp::now().as_millis() / 60_000 * 60_000 - (chart::MINUTES - 1) * 60_000;
+            let since = chart::hour_start(Timestamp::now()).as_millis();
             Extras {
-                backlog: (!consumers.is_empty()).then(|| {
-                    queries::consumer_backlog(&conn, &consumers).map_err(|e| e.to_string())
-                }),
+                backlog: (!consumers.is_empty())
+                    .then(|| queries::consumer_backlog(&conn, &consumers).map_err(Into::into)),
                 chart_rows: from_table
-                    .then(|| queries::minute_counts(&conn, since).map_err(|e| e.to_string())),
+                    .then(|| queries::minute_counts(&conn, since).map_err(Into::into)),
             }
         })?
     };
@@ -193,26 +223,64 @@ pub fn start(listener: TcpListener, settings: Settings) -> Result<Console> {
         Some(relay) => Some(sample_every_minute(relay.clone(), pool.clone())?),
         None => None,
     };
-    let app = Arc::new(App {
-        // The address bound (the config's port may be 0), for messages.
-        auth: auth::Auth::new(
-            settings.serve.token.clone(),
-            listener.local_addr().unwrap_or(settings.serve.listen),
+    // The probes' listener needs no rules: it serves counts to anyone.
+    let (auth, read_only) = match &listeners.console {
+        Some((listener, serve)) => (
+            // The address bound (the config's port may be 0), for messages.
+            auth::Auth::new(
+                serve.token.clone(),
+                listener.local_addr().unwrap_or(serve.listen),
+            ),
+            serve.read_only,
         ),
+        None => (auth::Auth::new(None, ([127, 0, 0, 1], 0).into()), true),
+    };
+    let app = Arc::new(App {
+        auth,
         db: settings.db,
         pool,
-        read_only: settings.serve.read_only,
-        metrics_only: settings.metrics_only,
+        read_only,
         consumers: settings.consumers,
         relay: settings.relay,
         history,
         status,
         extras,
+        failure: Arc::new(OnceLock::new()),
     });
-    let handler = move |req: &server::Request| routes::handle(&app, req);
-    let server = server::Server::start(listener, server::Limits::default(), Arc::new(handler))
+    let failure = app.failure.clone();
+    let mut sites: Vec<(TcpListener, Arc<server::Handler>)> = Vec::new();
+    let console_site = listeners.console.map(|(listener, _)| {
+        let app = app.clone();
+        sites.push((
+            listener,
+            Arc::new(move |req: &server::Request| routes::handle(&app, req)),
+        ));
+        sites.len() - 1
+    });
+    let probes_site = listeners.probes.map(|listener| {
+        let app = app.clone();
+        sites.push((
+            listener,
+            Arc::new(move |req: &server::Request| routes::handle_probes(&app, req)),
+        ));
+        sites.len() - 1
+    });
+    let server = server::Server::start(sites, server::Limits::default())
         .context("cannot start the HTTP server")?;
-    Ok(Console { server })
+    Ok(Console {
+        server,
+        failure,
+        console_site,
+        probes_site,
+    })
+}
+
+/// The status now and its verdict against `thresholds`.
+fn measure_status(pool: &Pool, thresholds: &Thresholds) -> StatusView {
+    let conn = pool.get()?;
+    let status = outboxd::status::status(&conn, Timestamp::now())?;
+    let problems = crate::cmd::status::problems(&status, thresholds);
+    Ok((status, problems))
 }
 
 /// Starts the thread that records the relay's totals at the start of each
@@ -230,10 +298,10 @@ fn sample_every_minute(relay: Arc<Metrics>, pool: Pool) -> Result<Arc<History>> 
             .ok()
             .and_then(|c| queries::enqueued_total(&c).ok())
     };
-    let now = Timestamp::now().as_millis();
+    let now = Timestamp::now();
     if let Some(enqueued) = enqueued(&pool) {
         history.record(
-            now / 60_000,
+            chart::minute_of(now),
             Counts {
                 enqueued,
                 ..Counts::default()
@@ -247,16 +315,14 @@ fn sample_every_minute(relay: Arc<Metrics>, pool: Pool) -> Result<Arc<History>> 
             let mut now = now;
             loop {
                 // The next minute's start: a timer, not synchronisation.
-                let next = (now / 60_000 + 1) * 60_000;
-                std::thread::sleep(Duration::from_millis(
-                    u64::try_from(next - Timestamp::now().as_millis()).unwrap_or(0) + 5,
-                ));
-                now = Timestamp::now().as_millis();
+                let next = chart::start_of(chart::minute_of(now) + 1);
+                std::thread::sleep(next.since(Timestamp::now()) + Duration::from_millis(5));
+                now = Timestamp::now();
                 let Some(history) = h.upgrade() else { return };
                 if let Some(enqueued) = enqueued(&pool) {
                     let m = relay.snapshot();
                     history.record(
-                        now / 60_000,
+                        chart::minute_of(now),
                         Counts {
                             enqueued,
                             delivered: m.delivered,
@@ -273,6 +339,25 @@ fn sample_every_minute(relay: Arc<Metrics>, pool: Pool) -> Result<Arc<History>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_that_cannot_be_read_says_why_in_a_typed_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("app.db");
+        let mut conn = outboxd::connection::open(&db).unwrap();
+        outboxd::schema::migrate(&mut conn).unwrap();
+        let pool = r2d2::Pool::builder()
+            .max_size(1)
+            .build(ConnectionManager::read_only(&db))
+            .unwrap();
+        let thresholds = crate::config::alerts::without_config();
+        assert!(measure_status(&pool, &thresholds).is_ok());
+        conn.execute_batch("DROP TABLE event_outbox").unwrap();
+        match measure_status(&pool, &thresholds) {
+            Err(MeasureError::Status(e)) => assert!(e.to_string().contains("event_outbox"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn the_chart_counts_the_relays_deliveries_from_its_start() {
@@ -318,7 +403,7 @@ mod tests {
             retried: m.retried,
             dead: m.dead_lettered,
         };
-        let now_minute = Timestamp::now().as_millis() / 60_000;
+        let now_minute = chart::minute_of(Timestamp::now());
         assert_eq!(history.series(now_minute, live).total().delivered, 7);
         relay.shutdown(Duration::from_secs(10)).unwrap();
     }

@@ -14,7 +14,7 @@ use super::auth::CSRF_FIELD;
 use super::chart::{self, Series};
 use super::queries::{DeadPage, EventDetail, EventRow, EventsPage, StateFilter, PAYLOAD_CAP};
 use super::server::encode;
-use crate::cmd::support::human;
+use crate::cmd::support::{human, noun};
 use crate::config::alerts::Problem;
 
 /// What every page needs.
@@ -541,7 +541,7 @@ pub fn confirm_dead(
         h1 { (verb) " dead letters" }
         div.card {
             p id="confirm-count" data-count=(count) {
-                (verb) " " strong { (count) } " dead " (if count == 1 { "letter" } else { "letters" }) " (" (what) ")?"
+                (verb) " " strong { (count) } " dead " (noun(count, "letter", "letters")) " (" (what) ")?"
                 @if verb == "Discard" { " They are deleted for good." }
             }
             @if count > 0 {
@@ -607,7 +607,7 @@ pub fn replay(
         @if let Some(n) = count {
             div.card {
                 p id="replay-count" data-count=(n) {
-                    strong { (n) } " " (if n == 1 { "event" } else { "events" }) " delivered to " strong { (f.consumer) } " match."
+                    strong { (n) } " " (noun(n, "event", "events")) " delivered to " strong { (f.consumer) } " match."
                 }
                 @if n > 0 && !ctx.read_only {
                     form method="post" action="/replay" {

@@ -17,7 +17,7 @@
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use outboxd::router::Pattern;
+use outboxd::router::{Pattern, Subscriptions};
 use outboxd::{dedup, EventId, Timestamp};
 
 use super::chart::Counts;
@@ -442,12 +442,9 @@ pub struct Backlog {
     pub truncated: bool,
 }
 
-/// Counts each consumer's [`Backlog`]. `consumers` are (name, the patterns
-/// it subscribes to).
-pub fn consumer_backlog(
-    conn: &Connection,
-    consumers: &[(String, Vec<Pattern>)],
-) -> rusqlite::Result<Backlog> {
+/// Counts each consumer's [`Backlog`], routing each row's type by the
+/// library's router.
+pub fn consumer_backlog(conn: &Connection, consumers: &Subscriptions) -> rusqlite::Result<Backlog> {
     let mut counts = vec![(0u64, 0u64); consumers.len()];
     let mut truncated = false;
     for (sql, dead) in [(SQL_RETRYING_ROWS, false), (SQL_DEAD_ROWS, true)] {
@@ -464,8 +461,8 @@ pub fn consumer_backlog(
                 (r.get(0)?, text(r, 1)?, text(r, 2)?);
             let ty = ty.unwrap_or_default();
             let key = dedup::key(event_id.as_deref(), id);
-            for (i, (name, patterns)) in consumers.iter().enumerate() {
-                if patterns.iter().any(|p| p.matches(&ty)) && !dedup::has(conn, &key, name)? {
+            for (i, sub) in consumers.iter().enumerate() {
+                if sub.takes(&ty) && !dedup::has(conn, &key, &sub.name)? {
                     if dead {
                         counts[i].1 += 1;
                     } else {
@@ -714,14 +711,8 @@ mod tests {
         assert_eq!(done.rows.iter().map(|r| r.id).collect::<Vec<_>>(), [a]);
         let missing = events_page(&conn, &f(true), now).unwrap();
         assert_eq!(missing.rows.iter().map(|r| r.id).collect::<Vec<_>>(), [b]);
-        let backlog = consumer_backlog(
-            &conn,
-            &[
-                ("hook".into(), vec![Pattern::parse("*").unwrap()]),
-                ("other".into(), vec![Pattern::parse("order.*").unwrap()]),
-            ],
-        )
-        .unwrap();
+        let subs = Subscriptions::parse([("hook", ["*"]), ("other", ["order.*"])]).unwrap();
+        let backlog = consumer_backlog(&conn, &subs).unwrap();
         assert_eq!(backlog.per_consumer, [(0, 1), (0, 0)]);
         assert!(!backlog.truncated);
     }

@@ -29,6 +29,7 @@ use super::queries::{self, EventFilter, StateFilter};
 use super::server::{encode, Method, Params, Request, Response};
 use super::App;
 use crate::args::parse_duration;
+use crate::cmd::support::count;
 
 /// A measure this recent is reused rather than asked for again.
 const FRESH: Duration = Duration::from_secs(1);
@@ -50,23 +51,24 @@ fn probe_status(app: &App) -> Option<std::sync::Arc<super::cache::Measured<super
 
 const CSS: &str = include_str!("console.css");
 
-/// Answers one request.
+/// Answers one request on the `[metrics] listen` address: counts only, no
+/// token, any Host, as it was before the console existed.
+pub fn handle_probes(app: &App, req: &Request) -> Response {
+    match (req.method, req.path.as_str()) {
+        (Method::Get, "/metrics") => metrics(app),
+        (Method::Get, "/healthz") => healthz(app),
+        (Method::Get, _) => Response::text(
+            404,
+            "not found; this address serves /metrics and /healthz ([http] listen serves the console)\n",
+        ),
+        _ => Response::text(405, "only GET /metrics and /healthz\n"),
+    }
+}
+
+/// Answers one request on the console's address.
 pub fn handle(app: &App, req: &Request) -> Response {
     let path = req.path.as_str();
-    if app.metrics_only {
-        // The `[metrics]` server: counts only, no token, any Host, as it
-        // was before the console existed.
-        return match (req.method, path) {
-            (Method::Get, "/metrics") => metrics(app),
-            (Method::Get, "/healthz") => healthz(app),
-            (Method::Get, _) => Response::text(
-                404,
-                "not found; this address serves /metrics and /healthz ([http] listen serves the console)\n",
-            ),
-            _ => Response::text(405, "only GET /metrics and /healthz\n"),
-        };
-    }
-    match app.auth.admit(req) {
+    match app.auth.admit(req, Timestamp::now()) {
         Ok(()) => {}
         Err(Refusal::Forbidden(m)) => return Response::text(403, format!("{m}\n")),
         Err(Refusal::Unauthenticated) => {
@@ -189,6 +191,9 @@ fn healthz(app: &App) -> Response {
             "problems": [{ "threshold": threshold, "message": message }],
         })
     };
+    if let Some(why) = app.failure.get() {
+        return Response::json(503, &problem("database", why.clone()));
+    }
     match probe_status(app).as_deref().map(|m| &m.value) {
         None => Response::json(
             503,
@@ -208,10 +213,10 @@ fn healthz(app: &App) -> Response {
 fn metrics(app: &App) -> Response {
     let measured = probe_status(app);
     let relay = app.relay.as_ref().map(|r| r.snapshot());
-    let status = match measured.as_deref().map(|m| &m.value) {
+    let status: Result<_, &dyn std::fmt::Display> = match measured.as_deref().map(|m| &m.value) {
         Some(Ok((s, _))) => Ok(s),
-        Some(Err(e)) => Err(e.as_str()),
-        None => Err("not measured yet"),
+        Some(Err(e)) => Err(e),
+        None => Err(&"not measured yet"),
     };
     if let Err(e) = status {
         tracing::warn!(error = %e, "cannot read the outbox status for metrics");
@@ -239,7 +244,7 @@ fn overview(app: &App) -> Result<Response> {
         .map(|(s, _)| s.delivered_by_consumer.clone())
         .unwrap_or_default();
     let backlog = extras.as_deref().and_then(|e| e.value.backlog.as_ref());
-    let mut names: Vec<String> = app.consumers.iter().map(|(n, _)| n.clone()).collect();
+    let mut names: Vec<String> = app.consumers.names().map(str::to_string).collect();
     for name in ledger.keys() {
         if !names.contains(name) {
             names.push(name.clone());
@@ -252,8 +257,7 @@ fn overview(app: &App) -> Result<Response> {
             delivered: ledger.get(name).copied().unwrap_or(0),
             backlog: app
                 .consumers
-                .iter()
-                .position(|(n, _)| n == name)
+                .position(name)
                 .and_then(|i| backlog?.as_ref().ok()?.per_consumer.get(i).copied()),
             since_start: relay.as_ref().and_then(|m| {
                 m.per_consumer
@@ -272,7 +276,7 @@ fn overview(app: &App) -> Result<Response> {
         Some(Err(e)) => Some(format!("Cannot count retrying and dead per consumer: {e}")),
         _ => None,
     };
-    let now_minute = now.as_millis() / 60_000;
+    let now_minute = super::chart::minute_of(now);
     let (chart, chart_note) = match &app.history {
         Some(h) => (
             app.live_totals().map(|live| h.series(now_minute, live)),
@@ -319,8 +323,7 @@ fn parse_time(field: &str, s: &str, now: Timestamp) -> std::result::Result<Times
         }
     }
     if let Ok(d) = parse_duration(s) {
-        let ago = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        return Ok(Timestamp::from_millis(now.as_millis().saturating_sub(ago)));
+        return Ok(now.minus(d));
     }
     Err(format!(
         "{field}: {s:?} is not a time; use RFC 3339 (2026-11-30T07:18:00Z) or how long ago (30m, 2h, 1d)"
@@ -333,7 +336,7 @@ fn parse_pattern(s: &str) -> std::result::Result<Pattern, String> {
 
 /// The consumer names the console knows: configured, then from the ledger.
 fn known_consumers(app: &App) -> Vec<String> {
-    let mut names: Vec<String> = app.consumers.iter().map(|(n, _)| n.clone()).collect();
+    let mut names: Vec<String> = app.consumers.names().map(str::to_string).collect();
     if let Some(m) = app.status.get(Duration::from_secs(3600), Duration::ZERO) {
         if let Ok((s, _)) = &m.value {
             for n in s.delivered_by_consumer.keys() {
@@ -420,9 +423,8 @@ fn event(app: &App, id: &str) -> Result<Response> {
     };
     let expected: Vec<String> = app
         .consumers
-        .iter()
-        .filter(|(_, types)| types.iter().any(|p| p.matches(&detail.row.event_type)))
-        .map(|(n, _)| n.clone())
+        .consumers_for(&detail.row.event_type)
+        .map(str::to_string)
         .collect();
     let title = format!("Event {}", detail.row.id);
     Ok(page(
@@ -448,17 +450,7 @@ fn dead(app: &App, req: &Request) -> Result<Response> {
         (Some(at), Some(id)) => at.parse().ok().zip(id.parse().ok()),
         _ => None,
     };
-    let done = match (q.get("requeued"), q.get("discarded")) {
-        (Some(n), _) => Some(format!(
-            "Requeued {} dead letters; the relay delivers them now.",
-            n.parse::<u64>().unwrap_or(0)
-        )),
-        (_, Some(n)) => Some(format!(
-            "Discarded {} dead letters.",
-            n.parse::<u64>().unwrap_or(0)
-        )),
-        _ => None,
-    };
+    let done = Notice::from_query(app, &q).map(|n| n.text());
     let conn = app.pool.get()?;
     let total = queries::dead_total(&conn)?;
     let rows = if error.is_none() {
@@ -584,17 +576,17 @@ fn dead_apply(app: &App, form: &Params) -> Result<Response> {
             Err(e) => return Err(e).context("cannot change the dead letters"),
         };
     }
-    let verb = if action.requeue {
-        "requeued"
+    let notice = if action.requeue {
+        Notice::Requeued(changed)
     } else {
-        "discarded"
+        Notice::Discarded(changed)
     };
     tracing::info!(
         changed,
-        action = verb,
+        action = notice.verb(),
         "dead letters changed from the console"
     );
-    Ok(Response::see_other(&format!("/dead?{verb}={changed}")))
+    Ok(notice.redirect(app, "/dead"))
 }
 
 // ---------------------------------------------------------------------------
@@ -614,8 +606,8 @@ fn replay_filter(app: &App, f: &ReplayForm) -> std::result::Result<ReplayFilter,
     if f.consumer.is_empty() {
         return Err("choose the consumer to replay to".into());
     }
-    let mut filter = ReplayFilter::new(&f.consumer)
-        .known_consumers(app.consumers.iter().map(|(n, _)| n.clone()));
+    let mut filter =
+        ReplayFilter::new(&f.consumer).known_consumers(app.consumers.names().map(str::to_string));
     if !f.event_type.is_empty() {
         filter = filter.event_type(parse_pattern(&f.event_type)?);
     }
@@ -632,13 +624,7 @@ fn replay_filter(app: &App, f: &ReplayForm) -> std::result::Result<ReplayFilter,
 fn replay(app: &App, req: &Request) -> Result<Response> {
     let q = req.query_pairs();
     let form = replay_form(&q);
-    let done = q.get("replayed").map(|n| {
-        format!(
-            "Replayed {} events to {}; the relay delivers them now.",
-            n.parse::<u64>().unwrap_or(0),
-            q.get("to").unwrap_or("?")
-        )
-    });
+    let done = Notice::from_query(app, &q).map(|n| n.text());
     let (error, count) = if form.consumer.is_empty() {
         (None, None)
     } else {
@@ -682,10 +668,95 @@ fn replay_apply(app: &App, form: &Params) -> Result<Response> {
     let n =
         outboxd::replay::replay(&mut conn, &filter, Timestamp::now()).context("cannot replay")?;
     tracing::info!(replayed = n, consumer = %f.consumer, "replayed from the console");
-    Ok(Response::see_other(&format!(
-        "/replay?replayed={n}&to={}",
-        encode(&f.consumer)
-    )))
+    Ok(Notice::Replayed {
+        events: n,
+        to: f.consumer,
+    }
+    .redirect(app, "/replay"))
+}
+
+// ---------------------------------------------------------------------------
+// Banners.
+
+/// What an action did, shown as a banner on the page its POST redirects to.
+/// The redirect carries it in `done`, sealed by
+/// [`Auth::seal_notice`](super::auth::Auth::seal_notice); a `done` the
+/// console did not seal (a link made elsewhere, `?done=requeued+5`) shows
+/// nothing, so every banner is one the server issued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Notice {
+    /// Dead letters requeued.
+    Requeued(u64),
+    /// Dead letters discarded.
+    Discarded(u64),
+    /// Events replayed to a consumer.
+    Replayed { events: u64, to: String },
+}
+
+impl Notice {
+    /// The query parameter that carries a sealed notice.
+    const PARAM: &'static str = "done";
+
+    fn verb(&self) -> &'static str {
+        match self {
+            Notice::Requeued(_) => "requeued",
+            Notice::Discarded(_) => "discarded",
+            Notice::Replayed { .. } => "replayed",
+        }
+    }
+
+    /// `requeued:5`, `discarded:5`, `replayed:5:search`.
+    fn encode(&self) -> String {
+        match self {
+            Notice::Requeued(n) | Notice::Discarded(n) => format!("{}:{n}", self.verb()),
+            Notice::Replayed { events, to } => format!("{}:{events}:{to}", self.verb()),
+        }
+    }
+
+    fn decode(s: &str) -> Option<Notice> {
+        let (verb, rest) = s.split_once(':')?;
+        match verb {
+            "requeued" => rest.parse().ok().map(Notice::Requeued),
+            "discarded" => rest.parse().ok().map(Notice::Discarded),
+            "replayed" => {
+                let (n, to) = rest.split_once(':')?;
+                Some(Notice::Replayed {
+                    events: n.parse().ok()?,
+                    to: to.to_string(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The banner's text.
+    fn text(&self) -> String {
+        match self {
+            Notice::Requeued(n) => format!(
+                "Requeued {}; the relay delivers them now.",
+                count(*n, "dead letter", "dead letters")
+            ),
+            Notice::Discarded(n) => {
+                format!("Discarded {}.", count(*n, "dead letter", "dead letters"))
+            }
+            Notice::Replayed { events, to } => format!(
+                "Replayed {} to {to}; the relay delivers them now.",
+                count(*events, "event", "events")
+            ),
+        }
+    }
+
+    /// The 303 to `path` showing this notice.
+    fn redirect(&self, app: &App, path: &str) -> Response {
+        let sealed = app.auth.seal_notice(&self.encode(), Timestamp::now());
+        Response::see_other(&format!("{path}?{}={}", Self::PARAM, encode(&sealed)))
+    }
+
+    /// The notice a page's query carries, if the console sealed it.
+    fn from_query(app: &App, q: &Params) -> Option<Notice> {
+        let sealed = q.get(Self::PARAM)?;
+        Notice::decode(app.auth.open_notice(sealed, Timestamp::now())?)
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -734,7 +805,11 @@ fn login(app: &App, req: &Request) -> Response {
         return refused(app, refusal);
     }
     let behind_tls = req.header("x-forwarded-proto") == Some("https");
-    match app.auth.login(form.get("token").unwrap_or(""), behind_tls) {
+    match app.auth.login(
+        form.get("token").unwrap_or(""),
+        behind_tls,
+        Timestamp::now(),
+    ) {
         Some(cookie) => Response::see_other("/").with_header("Set-Cookie", cookie),
         None => login_page(app, 401, Some("That is not the token.")),
     }

@@ -1,5 +1,8 @@
 //! The HTTP server: one poller thread and a fixed pool of handler
-//! threads, so memory stays bounded however many clients connect.
+//! threads, so memory stays bounded however many clients connect. One
+//! server serves every address given, each with its own handler (the
+//! console on one, /metrics and /healthz alone on another), on the same
+//! threads.
 //!
 //! The poller accepts connections and watches every idle one (a new
 //! connection, or a keep-alive connection between requests) with poll(2);
@@ -237,7 +240,7 @@ pub type Handler = dyn Fn(&Request) -> Response + Send + Sync;
 
 /// A running server; dropping it stops it as [`Server::stop`] does.
 pub struct Server {
-    addr: SocketAddr,
+    addrs: Vec<SocketAddr>,
     stop: Arc<AtomicBool>,
     /// Wakes the poller (one byte written).
     waker: UnixStream,
@@ -247,14 +250,21 @@ pub struct Server {
 }
 
 impl Server {
-    /// Serves `handler` on `listener` until stopped.
+    /// Serves each listener's handler on it until stopped.
     pub fn start(
-        listener: TcpListener,
+        sites: Vec<(TcpListener, Arc<Handler>)>,
         limits: Limits,
-        handler: Arc<Handler>,
     ) -> std::io::Result<Server> {
-        let addr = listener.local_addr()?;
-        listener.set_nonblocking(true)?;
+        let mut addrs = Vec::with_capacity(sites.len());
+        let mut listeners = Vec::with_capacity(sites.len());
+        let mut handlers = Vec::with_capacity(sites.len());
+        for (listener, handler) in sites {
+            addrs.push(listener.local_addr()?);
+            listener.set_nonblocking(true)?;
+            listeners.push(listener);
+            handlers.push(handler);
+        }
+        let handlers: Arc<[Arc<Handler>]> = handlers.into();
         let (waker, woken) = UnixStream::pair()?;
         woken.set_nonblocking(true)?;
         waker.set_nonblocking(true)?;
@@ -267,20 +277,21 @@ impl Server {
         let (done_tx, handlers_done) = crossbeam_channel::unbounded::<()>();
         for n in 0..limits.handlers.max(1) {
             let (work_rx, back_tx, done_tx) = (work_rx.clone(), back_tx.clone(), done_tx.clone());
-            let (handler, stop, waker) = (handler.clone(), stop.clone(), waker.try_clone()?);
+            let (handlers, stop, waker) = (handlers.clone(), stop.clone(), waker.try_clone()?);
             std::thread::Builder::new()
                 .name(format!("outboxd-http-{n}"))
                 .spawn(move || {
                     let _done = done_tx;
                     while let Ok(mut conn) = work_rx.recv() {
-                        let keep = serve(&mut conn, &limits, &*handler, &stop);
+                        let handler = &*handlers[conn.site];
+                        let keep = serve(&mut conn, &limits, handler, &stop);
                         let _ = back_tx.send(if keep { Back::Idle(conn) } else { Back::Closed });
                         let _ = (&waker).write(&[1]);
                     }
                 })?;
         }
         let poller = Poller {
-            listener,
+            listeners,
             woken,
             back: back_rx,
             work: work_tx,
@@ -294,7 +305,7 @@ impl Server {
             .name("outboxd-http".into())
             .spawn(move || poller.run())?;
         Ok(Server {
-            addr,
+            addrs,
             stop,
             waker,
             handlers_done,
@@ -302,9 +313,9 @@ impl Server {
         })
     }
 
-    /// The address served.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    /// The addresses served, in the order of the listeners given.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
     }
 
     /// Stops: no new connection is taken and idle ones are closed; the
@@ -339,6 +350,8 @@ impl Drop for Server {
 struct Conn {
     stream: TcpStream,
     buf: Vec<u8>,
+    /// The listener it came from (which handler answers it).
+    site: usize,
 }
 
 /// What a handler hands back.
@@ -357,7 +370,7 @@ struct Parked {
 
 /// The accept-and-watch loop (see the module doc).
 struct Poller {
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     woken: UnixStream,
     back: Receiver<Back>,
     work: Sender<Conn>,
@@ -396,16 +409,21 @@ impl Poller {
                 .map(|p| p.until.saturating_duration_since(now))
                 .min()
                 .unwrap_or(Duration::from_secs(60));
+            // The poll set: the waker, each listener, each parked connection.
+            let sites = self.listeners.len();
             let ready: Vec<bool> = {
-                let mut fds = Vec::with_capacity(self.parked.len() + 2);
+                let mut fds = Vec::with_capacity(self.parked.len() + sites + 1);
                 fds.push(PollFd::new(&self.woken, PollFlags::IN));
-                fds.push(PollFd::new(&self.listener, PollFlags::IN));
+                for l in &self.listeners {
+                    fds.push(if accepting {
+                        PollFd::new(l, PollFlags::IN)
+                    } else {
+                        // Not watched: its clients wait in the listen queue.
+                        PollFd::new(&self.woken, PollFlags::empty())
+                    });
+                }
                 for p in &self.parked {
                     fds.push(PollFd::new(&p.conn.stream, PollFlags::IN));
-                }
-                if !accepting {
-                    // Not watched: its clients wait in the listen queue.
-                    fds[1] = PollFd::new(&self.woken, PollFlags::empty());
                 }
                 let timeout = rustix::event::Timespec::try_from(wait).ok();
                 match poll(&mut fds, timeout.as_ref()) {
@@ -424,15 +442,17 @@ impl Poller {
             // Idle connections that spoke (or closed) go to the handlers:
             // from the end, so the indices stay valid.
             for i in (0..self.parked.len()).rev() {
-                if ready[i + 2] {
+                if ready[i + 1 + sites] {
                     let p = self.parked.swap_remove(i);
                     if self.work.send(p.conn).is_err() {
                         self.open -= 1;
                     }
                 }
             }
-            if accepting && ready[1] {
-                self.accept();
+            for site in 0..sites {
+                if accepting && ready[1 + site] {
+                    self.accept(site);
+                }
             }
         }
     }
@@ -444,10 +464,10 @@ impl Poller {
         });
     }
 
-    /// Takes the connections waiting, up to the limit.
-    fn accept(&mut self) {
+    /// Takes the connections waiting on listener `site`, up to the limit.
+    fn accept(&mut self, site: usize) {
         while self.open < self.limits.max_connections {
-            match self.listener.accept() {
+            match self.listeners[site].accept() {
                 Ok((stream, _)) => {
                     let configured = stream
                         .set_nonblocking(false)
@@ -458,6 +478,7 @@ impl Poller {
                         self.park(Conn {
                             stream,
                             buf: Vec::new(),
+                            site,
                         });
                     }
                 }
@@ -741,11 +762,30 @@ mod tests {
     fn echo_server(limits: Limits) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         Server::start(
-            listener,
+            vec![(
+                listener,
+                Arc::new(|r: &Request| Response::text(200, format!("{} {}", r.path, r.body.len())))
+                    as Arc<Handler>,
+            )],
             limits,
-            Arc::new(|r: &Request| Response::text(200, format!("{} {}", r.path, r.body.len()))),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn one_server_answers_each_address_with_its_own_handler() {
+        let site = |name: &'static str| -> (TcpListener, Arc<Handler>) {
+            (
+                TcpListener::bind("127.0.0.1:0").unwrap(),
+                Arc::new(move |r: &Request| Response::text(200, format!("{name} {}", r.path))),
+            )
+        };
+        let server =
+            Server::start(vec![site("console"), site("probes")], Limits::default()).unwrap();
+        let [console, probes] = [server.addrs()[0], server.addrs()[1]];
+        assert!(get(console, "/x").ends_with("console /x"));
+        assert!(get(probes, "/metrics").ends_with("probes /metrics"));
+        assert!(get(console, "/y").ends_with("console /y"));
     }
 
     fn get(addr: SocketAddr, path: &str) -> String {
@@ -795,7 +835,7 @@ mod tests {
         // next request that does not come.
         let mut idle: Vec<TcpStream> = (0..8)
             .map(|_| {
-                let mut s = TcpStream::connect(server.addr()).unwrap();
+                let mut s = TcpStream::connect(server.addrs()[0]).unwrap();
                 s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
                 assert!(keep_alive_get(&mut s, "/page").contains("/page 0"));
                 s
@@ -803,7 +843,7 @@ mod tests {
             .collect();
         let started = Instant::now();
         for _ in 0..20 {
-            let text = get(server.addr(), "/metrics");
+            let text = get(server.addrs()[0], "/metrics");
             assert!(text.starts_with("HTTP/1.1 200"), "{text}");
             assert!(text.contains("/metrics 0"), "{text}");
         }
@@ -813,7 +853,7 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
-        assert!(get(server.addr(), "/x").contains(CSP));
+        assert!(get(server.addrs()[0], "/x").contains(CSP));
         // The idle connections were still open all along, and still work.
         for s in &mut idle {
             assert!(keep_alive_get(s, "/again").contains("/again 0"));
@@ -828,7 +868,7 @@ mod tests {
             io_timeout: Duration::from_millis(300),
             ..Limits::default()
         });
-        let mut s = TcpStream::connect(server.addr()).unwrap();
+        let mut s = TcpStream::connect(server.addrs()[0]).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         s.write_all(b"GET / HTTP/1.1\r\n").unwrap();
         let started = Instant::now();
@@ -851,7 +891,7 @@ mod tests {
             // Longer than the timeout: the accept in progress times out and
             // a new generation takes over the socket.
             std::thread::sleep(timeout * 3);
-            let text = get(server.addr(), &format!("/round{round}"));
+            let text = get(server.addrs()[0], &format!("/round{round}"));
             assert!(text.contains(&format!("/round{round} 0")), "{text}");
         }
         server.stop();
@@ -896,12 +936,12 @@ mod tests {
             ..Limits::default()
         });
         // An idle connection too: closed at the timeout, quietly.
-        let _idle = TcpStream::connect(server.addr()).unwrap();
+        let _idle = TcpStream::connect(server.addrs()[0]).unwrap();
         // The property is about a stretch of time: several I/O timeouts
         // without a client (the old server failed an accept at each one
         // and logged an ERROR).
         std::thread::sleep(timeout * 10);
-        assert!(get(server.addr(), "/after").contains("/after 0"));
+        assert!(get(server.addrs()[0], "/after").contains("/after 0"));
         server.stop();
         let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
         let ours: Vec<&str> = text
@@ -917,7 +957,7 @@ mod tests {
             max_body: 10,
             ..Limits::default()
         });
-        let mut s = TcpStream::connect(server.addr()).unwrap();
+        let mut s = TcpStream::connect(server.addrs()[0]).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         write!(
             s,
@@ -928,7 +968,7 @@ mod tests {
         s.read_to_string(&mut out).unwrap();
         assert!(out.starts_with("HTTP/1.1 413"), "{out}");
         let ok = {
-            let mut s = TcpStream::connect(server.addr()).unwrap();
+            let mut s = TcpStream::connect(server.addrs()[0]).unwrap();
             write!(
                 s,
                 "POST /f HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello"

@@ -316,24 +316,8 @@ pub fn default_retry(kind: SinkKind) -> Option<RetryPolicy> {
     }
 }
 
-/// Every environment variable the config's sinks read a secret from. Each
-/// command sink keeps them from its program; a kind that adds a `*_env`
-/// secret key lists it here.
-pub fn secret_env_vars<'a>(sinks: impl Iterator<Item = &'a RawSink>) -> Vec<String> {
-    sinks
-        .flat_map(|s| {
-            s.secret_env
-                .iter()
-                .chain(s.secrets_env.iter().flatten())
-                .chain(s.token_env.iter())
-                .chain(s.password_env.iter())
-        })
-        .cloned()
-        .collect()
-}
-
 /// Builds the sink at `at` (`consumer[0].sink`); `secret_vars` are the
-/// config's [`secret_env_vars`].
+/// config's [`super::secret_env_vars`].
 pub fn build(
     c: &Checker<'_>,
     at: &str,
@@ -366,26 +350,9 @@ pub fn build(
 }
 
 /// A secret from the environment variable `var`, which the key at `field`
-/// names; unset, non-UTF-8 and empty values are refused, saying the
-/// variable should hold `what`. The value never appears in an error.
+/// names ([`crate::config::secret_from_env`], its error at `field`).
 fn env_secret(c: &Checker<'_>, field: &str, var: &str, what: &str) -> Result<String, ConfigError> {
-    let value = c.env(var).map_err(|e| {
-        let why = match e {
-            std::env::VarError::NotPresent => "is not set",
-            std::env::VarError::NotUnicode(_) => "is not valid UTF-8",
-        };
-        c.err(
-            field,
-            format!("environment variable {var} {why}; set it to {what}"),
-        )
-    })?;
-    if value.trim().is_empty() {
-        return Err(c.err(
-            field,
-            format!("environment variable {var} is empty; set it to {what}"),
-        ));
-    }
-    Ok(value)
+    super::secret_from_env(c.env_lookup(), var, what).map_err(|e| c.err(field, e.to_string()))
 }
 
 /// At most one of `keys` (each with whether it is set): the second one set

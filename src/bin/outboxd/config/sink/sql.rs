@@ -13,6 +13,7 @@ use std::path::Path;
 use outboxd::sinks::{SqlSink, SqlSinkError};
 
 use super::{RawSink, Sink};
+use crate::cmd::support::count;
 use crate::config::{Checker, Config, ConfigError};
 
 /// The keys a sql sink takes.
@@ -29,10 +30,9 @@ pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError
     })?;
     let sink =
         SqlSink::new(statements.iter().cloned()).map_err(|e| c.err(field(at, &e), e.reason()))?;
-    let n = statements.len();
     let description = format!(
-        "sql, {n} statement{} in the relay's database, exactly once",
-        if n == 1 { "" } else { "s" }
+        "sql, {} in the relay's database, exactly once",
+        count(statements.len() as u64, "statement", "statements")
     );
     Ok(Sink::sql(sink, description))
 }
