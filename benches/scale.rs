@@ -156,12 +156,12 @@ fn main() {
     );
 
     // Every run drains a fresh copy of its template, so the three cases
-    // start alike (a just-copied file, its pages in the page cache).
+    // start alike (a file at rest on disk, its pages in the page cache).
     let drain_copy = |template: &Path, n: usize| {
         let p = dir
             .path()
             .join(format!("run-{}.db", ulid::Ulid::generate()));
-        std::fs::copy(template, &p).unwrap();
+        common::copy_at_rest(template, &p);
         let rate = drain(&p, n);
         remove_db(&p);
         rate

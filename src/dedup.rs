@@ -93,11 +93,29 @@ pub(crate) fn record(
     row_id: i64,
     now: Timestamp,
 ) -> rusqlite::Result<()> {
-    conn.prepare_cached(
-        "INSERT OR IGNORE INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
-         VALUES (?1, ?2, ?3, ?4)",
-    )?
-    .execute(params![event_key, consumer, row_id, now.as_millis()])?;
+    conn.prepare_cached(RECORD)?
+        .execute(params![event_key, consumer, row_id, now.as_millis()])?;
+    Ok(())
+}
+
+const RECORD: &str =
+    "INSERT OR IGNORE INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
+     VALUES (?1, ?2, ?3, ?4)";
+
+/// Records many successes, each as [`record`] does: (event key, consumer,
+/// row id), with the statement prepared once for all.
+pub(crate) fn record_many(
+    conn: &Connection,
+    entries: &[(&str, &str, i64)],
+    now: Timestamp,
+) -> rusqlite::Result<()> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let mut stmt = conn.prepare_cached(RECORD)?;
+    for (event_key, consumer, row_id) in entries {
+        stmt.execute(params![event_key, consumer, row_id, now.as_millis()])?;
+    }
     Ok(())
 }
 
@@ -390,6 +408,37 @@ mod tests {
                 .into_iter()
                 .collect::<Vec<_>>(),
             [("b".to_string(), 1)]
+        );
+    }
+
+    /// The grouped record writes what `record` writes, and is as
+    /// idempotent (a transactional consumer's own entry may be there).
+    #[test]
+    fn recording_many_at_once_writes_each_entry_once() {
+        let (_d, conn) = db();
+        let (a, b) = (crate::EventId::new().to_string(), "#7".to_string());
+        record(&conn, &a, "x", 1, Timestamp::from_millis(5)).unwrap();
+        let entries = [
+            (a.as_str(), "x", 1),
+            (a.as_str(), "y", 1),
+            (b.as_str(), "x", 7),
+        ];
+        record_many(&conn, &entries, Timestamp::from_millis(6)).unwrap();
+        record_many(&conn, &[], Timestamp::from_millis(6)).unwrap();
+        let rows: Vec<(String, String, i64, i64)> = conn
+            .prepare("SELECT event_key, consumer, outbox_id, delivered_at FROM delivered_events ORDER BY 1, 2")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            rows,
+            [
+                (b.clone(), "x".to_string(), 7, 6),
+                (a.clone(), "x".to_string(), 1, 5),
+                (a.clone(), "y".to_string(), 1, 6),
+            ]
         );
     }
 

@@ -31,9 +31,8 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use crate::clock::Timestamp;
 use crate::dead_letter::{self, DeadLetter};
-use crate::envelope::{Envelope, EventId, EventType};
+use crate::envelope::{check_row, row_columns, CheckedRow, EventId, EventType, RawRow};
 use crate::error::{Error, Result};
-use crate::relay::claim::{envelope_columns, read_envelope};
 
 /// The columns to rewrite; a column not set is left as it is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -151,17 +150,17 @@ pub fn repair(conn: &mut Connection, id: &str, r: &Repair) -> Result<DeadLetter>
     Ok(repaired)
 }
 
-/// The relay's verdict on row `row_id`: the envelope it would assemble, or
-/// why it would dead-letter the row.
-fn check(conn: &Connection, row_id: i64) -> Result<Envelope> {
+/// The relay's verdict on row `row_id` ([`check_row`]): what it would
+/// deliver, or why it would dead-letter the row.
+fn check(conn: &Connection, row_id: i64) -> Result<CheckedRow> {
     conn.query_row(
         concat!(
             "SELECT ",
-            envelope_columns!(),
+            row_columns!(),
             " FROM event_outbox WHERE id = ?1"
         ),
         [row_id],
-        |row| read_envelope(row, 0, row_id),
+        |r| Ok(check_row(&RawRow::read(r, 0)?)),
     )
     .map_err(Error::db("check a repaired dead letter"))?
     .map_err(Error::Envelope)

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::envelope::Envelope;
+use crate::envelope::EventType;
 
 /// An event-type pattern: an exact type (`article.created.v1`) or one with
 /// `*` segments. A `*` stands for one or more whole segments, so
@@ -375,27 +375,26 @@ impl Routes {
         r
     }
 
-    /// Decides what to do with a claimed row: its envelope, the consumers
+    /// Decides what to do with a claimed row: its event type, the consumers
     /// that have its event already (the ledger), and the consumers a replay
     /// asked for (None: all). `name` gives a consumer's name by index.
     pub(crate) fn dispatch<'a>(
         &mut self,
-        envelope: &Envelope,
+        event_type: &EventType,
         delivered_to: &[String],
         replay: Option<&[String]>,
         name: impl Fn(usize) -> &'a str,
     ) -> Dispatch {
-        let routed = self.consumers_for(envelope.event_type.as_str());
+        let routed = self.consumers_for(event_type.as_str());
         let in_scope = |i: usize| replay.is_none_or(|scope| scope.iter().any(|s| s == name(i)));
         if replay.is_some() && !routed.iter().any(|&i| in_scope(i)) {
             return Dispatch::Finish(Finish::NoReplayedConsumer);
         }
         if routed.is_empty() {
             return match self.unrouted {
-                UnroutedPolicy::DeadLetter => Dispatch::Unrouted(format!(
-                    "no consumer takes event type {}",
-                    envelope.event_type
-                )),
+                UnroutedPolicy::DeadLetter => {
+                    Dispatch::Unrouted(format!("no consumer takes event type {event_type}"))
+                }
                 UnroutedPolicy::Skip => Dispatch::Finish(Finish::SkippedUnrouted),
             };
         }
@@ -444,12 +443,8 @@ mod tests {
         }
     }
 
-    fn envelope(event_type: &str) -> Envelope {
-        serde_json::from_value(serde_json::json!({
-            "event_id": crate::EventId::new().to_string(), "event_type": event_type,
-            "event_version": 1, "causation_id": null, "correlation_id": null,
-            "occurred_at": "2026-11-30T07:18:00Z", "payload": null}))
-        .unwrap()
+    fn ty(event_type: &str) -> EventType {
+        EventType::parse(event_type).unwrap()
     }
 
     fn routes(unrouted: UnroutedPolicy) -> Routes {
@@ -473,14 +468,14 @@ mod tests {
         assert_eq!(&*r.consumers_for("b.x.v1"), [1, 2]);
         assert_eq!(&*r.consumers_for("c.d.v2"), [1, 2]);
         assert_eq!(&*r.consumers_for("a.b.v1"), [0, 1], "cached");
-        let d = r.dispatch(&envelope("a.b.v1"), &[], None, |i| NAMES[i]);
+        let d = r.dispatch(&ty("a.b.v1"), &[], None, |i| NAMES[i]);
         assert_eq!(d, Dispatch::Deliver(vec![0, 1]));
     }
 
     #[test]
     fn dispatch_skips_the_consumers_the_ledger_has_and_finishes_a_row_all_have() {
         let mut r = routes(UnroutedPolicy::DeadLetter);
-        let env = envelope("a.b.v1");
+        let env = ty("a.b.v1");
         let done = |names: &[&str]| names.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(
             r.dispatch(&env, &done(&["all"]), None, |i| NAMES[i]),
@@ -495,7 +490,7 @@ mod tests {
     #[test]
     fn a_replay_runs_only_the_consumers_it_names() {
         let mut r = routes(UnroutedPolicy::DeadLetter);
-        let env = envelope("a.b.v1");
+        let env = ty("a.b.v1");
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         // "first" has no entry (added since, or its entry is gone): a replay
         // for "all" runs "all" alone.
@@ -519,7 +514,7 @@ mod tests {
     #[test]
     fn an_unrouted_event_follows_the_policy() {
         let only = |unrouted| Routes::new(vec![vec![Pattern::parse("a.*.v1").unwrap()]], unrouted);
-        let env = envelope("nobody.wants.v1");
+        let env = ty("nobody.wants.v1");
         assert_eq!(
             only(UnroutedPolicy::DeadLetter).dispatch(&env, &[], None, |_| "a"),
             Dispatch::Unrouted("no consumer takes event type nobody.wants.v1".into())

@@ -543,6 +543,7 @@ fn malformed_rows_are_dead_lettered_with_their_reason_and_good_rows_go_on() {
         ("INSERT INTO event_outbox (event_type, payload) VALUES ('a.b.v1', X'FFFE')", "payload is not valid UTF-8"),
         ("INSERT INTO event_outbox (event_id, event_type, payload) VALUES ('nope', 'a.b.v1', '{}')", "invalid event id"),
         ("INSERT INTO event_outbox (event_type, payload) VALUES (X'C0', '{}')", "event_type is not valid UTF-8"),
+        ("INSERT INTO event_outbox (event_type, payload, tenant_id) VALUES ('a.b.v1', '{}', X'6163FF')", "tenant_id is not valid UTF-8"),
     ];
     db.enqueue(&good[..500]);
     for (sql, _) in bad {

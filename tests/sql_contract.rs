@@ -1,7 +1,7 @@
 //! The SQL contract (docs/sql-contract.md), tested for real: a Python and a
 //! PHP producer write business rows and events with plain SQL in their own
 //! transactions, and every row they leave is read back and validated here
-//! the way the relay validates a claimed row, with `Envelope::from_row`.
+//! the way the relay validates a claimed row, with `envelope::check_row`.
 //!
 //! python3 and php (with php-sqlite3) must be installed; `.ci/run` installs
 //! php. Outside CI (CI != "true") a missing interpreter skips its test with
@@ -12,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use outboxd::envelope::RawRow;
+use outboxd::envelope::{check_row, RawRow, ROW_COLUMNS};
 use outboxd::{Envelope, EventId, Timestamp};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -70,12 +70,10 @@ struct Checked {
 /// the test with the row and the reason if any row breaks the contract.
 fn read_back(conn: &Connection) -> Vec<Checked> {
     let mut stmt = conn
-        .prepare(
-            "SELECT id, event_id, event_type, event_version, causation_id, correlation_id,
-                    payload, occurred_at, created_at, tenant_id, idempotency_key,
-                    ordering_key, available_at, status, attempts
-             FROM event_outbox ORDER BY id",
-        )
+        .prepare(&format!(
+            "SELECT {ROW_COLUMNS}, idempotency_key, ordering_key, available_at, status, attempts
+             FROM event_outbox ORDER BY id"
+        ))
         .unwrap();
     let mut rows = stmt.query([]).unwrap();
     let mut out = Vec::new();
@@ -86,25 +84,15 @@ fn read_back(conn: &Connection) -> Vec<Checked> {
             ValueRef::Integer(v) => v,
             other => panic!("row {row_id}: {column} is {other:?}, the contract says INTEGER ms"),
         };
-        let raw = RawRow {
-            row_id,
-            event_id: r.get_ref(1).unwrap(),
-            event_type: r.get_ref(2).unwrap(),
-            event_version: r.get_ref(3).unwrap(),
-            causation_id: r.get_ref(4).unwrap(),
-            correlation_id: r.get_ref(5).unwrap(),
-            payload: r.get_ref(6).unwrap(),
-            occurred_at: Timestamp::from_millis(int(7, "occurred_at")),
-            created_at: Timestamp::from_millis(int(8, "created_at")),
-        };
-        let envelope = Envelope::from_row(raw)
+        let checked = check_row(&RawRow::read(r, 0).unwrap())
             .unwrap_or_else(|e| panic!("row {row_id} breaks the contract: {e}"));
+        let envelope = checked.envelope;
         out.push(Checked {
             row_id,
             stored_event_id: r.get(1).unwrap(),
             envelope,
             event_version: r.get(3).unwrap(),
-            tenant_id: r.get(9).unwrap(),
+            tenant_id: checked.tenant_id,
             idempotency_key: r.get(10).unwrap(),
             ordering_key: r.get(11).unwrap(),
             created_at: int(8, "created_at"),
@@ -359,24 +347,9 @@ fn malformed_rows_are_refused_with_a_precise_reason() {
         conn.execute(sql, []).unwrap();
         let err = conn
             .query_row(
-                "SELECT id, event_id, event_type, event_version, causation_id,
-                        correlation_id, payload, occurred_at, created_at
-                 FROM event_outbox",
+                &format!("SELECT {ROW_COLUMNS} FROM event_outbox"),
                 [],
-                |r| {
-                    let raw = RawRow {
-                        row_id: r.get(0)?,
-                        event_id: r.get_ref(1)?,
-                        event_type: r.get_ref(2)?,
-                        event_version: r.get_ref(3)?,
-                        causation_id: r.get_ref(4)?,
-                        correlation_id: r.get_ref(5)?,
-                        payload: r.get_ref(6)?,
-                        occurred_at: Timestamp::from_millis(r.get(7)?),
-                        created_at: Timestamp::from_millis(r.get(8)?),
-                    };
-                    Ok(Envelope::from_row(raw).map(|_| ()))
-                },
+                |r| Ok(check_row(&RawRow::read(r, 0)?).map(|_| ())),
             )
             .unwrap()
             .expect_err(sql);

@@ -821,6 +821,89 @@ mod tests {
         REFUSE.with(|r| r.borrow().as_deref() == Some(name))
     }
 
+    /// A row the writer finishes without a delivery (no consumer takes its
+    /// type, skipped; or every consumer has it) is checked whole there, as
+    /// one going to a worker is checked on the worker: an invalid payload
+    /// or tenant is dead-lettered with its reason either way, never marked
+    /// delivered.
+    #[test]
+    fn an_invalid_row_is_dead_lettered_whether_or_not_a_worker_gets_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.db");
+        let mut conn = crate::connection::open(&path).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        conn.execute_batch(
+            "INSERT INTO event_outbox (id, event_type, payload) VALUES (1, 'a.b.v1', '{oops');
+             INSERT INTO event_outbox (id, event_type, payload) VALUES (2, 'x.y.v1', '{oops');
+             INSERT INTO event_outbox (id, event_type, payload, tenant_id)
+                  VALUES (3, 'x.y.v1', '{}', X'FF');
+             INSERT INTO event_outbox (id, event_type, payload, tenant_id)
+                  VALUES (4, 'a.b.v1', '{}', X'FF');
+             INSERT INTO event_outbox (id, event_type, payload) VALUES (5, 'x.y.v1', '{}');
+             INSERT INTO event_outbox (id, event_type, payload) VALUES (6, 'a.b.v1', '{}');",
+        )
+        .unwrap();
+        let (seen_tx, seen) = crossbeam_channel::unbounded();
+        let relay = Relay::builder(&path)
+            .consumer("a", ["a.*.v1"], move |d: &Delivery| {
+                seen_tx.send(d.envelope.payload.get().to_string()).unwrap();
+                Outcome::Delivered
+            })
+            .unrouted(UnroutedPolicy::Skip)
+            .poll_interval(Duration::from_millis(1))
+            .build()
+            .unwrap()
+            .start()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let pending = || -> i64 {
+            conn.query_row(
+                "SELECT count(*) FROM event_outbox WHERE status = 'pending'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        while pending() > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the relay settles every row"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        relay.shutdown(Duration::from_secs(5)).unwrap();
+        let rows: Vec<(i64, String, Option<String>)> = conn
+            .prepare("SELECT id, status, last_error FROM event_outbox ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let reason = |i: usize| rows[i].2.clone().unwrap_or_default();
+        for (i, needle) in [
+            (0, "payload is not valid JSON"),
+            (1, "payload is not valid JSON"),
+            (2, "tenant_id is not valid UTF-8"),
+            (3, "tenant_id is not valid UTF-8"),
+        ] {
+            assert_eq!(rows[i].1, "dead", "row {}: {rows:?}", i + 1);
+            assert!(
+                reason(i).starts_with("invalid row: ") && reason(i).contains(needle),
+                "row {}: {rows:?}",
+                i + 1
+            );
+        }
+        assert_eq!(
+            (rows[4].1.as_str(), rows[5].1.as_str()),
+            ("delivered", "delivered")
+        );
+        assert_eq!(
+            seen.try_iter().collect::<Vec<_>>(),
+            ["{}"],
+            "only row 6 reached the consumer"
+        );
+    }
+
     /// Regression (issue 10): a worker that could not start was logged and
     /// the relay ran on, claiming and heart-beating rows it had too few
     /// workers for (with none, forever); a writer that could not start was

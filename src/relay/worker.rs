@@ -10,7 +10,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::transactional::Session;
 use crate::consumer::{Delivery, Outcome};
-use crate::envelope::Envelope;
+use crate::envelope::{check_row, CheckedRow, OwnedRow};
 use crate::relay::{ConsumerEntry, ConsumerKind};
 
 /// One claimed row to deliver: the consumers that have not succeeded yet.
@@ -20,9 +20,11 @@ pub(crate) struct Job {
     /// The dedup ledger key, as the claim returned it (a transactional
     /// consumer writes its entry itself).
     pub event_key: String,
-    pub envelope: Envelope,
+    /// The row's columns, checked here ([`check_row`]) rather than on the
+    /// writer: the payload's JSON check is the largest per-event cost
+    /// outside SQLite, and the writer is the relay's one serial thread.
+    pub raw: OwnedRow,
     pub legacy: bool,
-    pub tenant_id: Option<String>,
     pub ordering_key: Option<String>,
     /// 1 + the row's failed attempts so far.
     pub attempt: u32,
@@ -35,6 +37,9 @@ pub(crate) struct JobOutcome {
     pub row_id: i64,
     pub token: Arc<str>,
     pub results: Vec<(usize, Outcome)>,
+    /// Why the row cannot be delivered at all (it fails [`check_row`]): no
+    /// consumer ran, and the writer dead-letters it with this reason.
+    pub invalid: Option<String>,
 }
 
 /// A worker's loop: ends when the writer drops the jobs sender (shutdown),
@@ -71,11 +76,16 @@ pub(crate) fn run(
             }
             Err(RecvTimeoutError::Disconnected) => break,
         };
-        let results = job
-            .consumers
-            .iter()
-            .map(|&i| (i, deliver(&consumers[i], &job, &mut session)))
-            .collect();
+        let (results, invalid) = match check_row(&job.raw.as_raw()) {
+            Ok(row) => (
+                job.consumers
+                    .iter()
+                    .map(|&i| (i, deliver(&consumers[i], &job, &row, &mut session)))
+                    .collect(),
+                None,
+            ),
+            Err(e) => (Vec::new(), Some(format!("invalid row: {e}"))),
+        };
         if group.is_empty() {
             oldest = Instant::now();
         }
@@ -83,6 +93,7 @@ pub(crate) fn run(
             row_id: job.row_id,
             token: job.token,
             results,
+            invalid,
         });
         let due = jobs.is_empty() || group.len() >= MAX_GROUP || oldest.elapsed() >= flush_interval;
         if due && outcomes.send(std::mem::take(&mut group)).is_err() {
@@ -97,8 +108,8 @@ pub(crate) fn run(
 /// The most outcomes a worker holds back before sending them.
 const MAX_GROUP: usize = 64;
 
-fn deliver(entry: &ConsumerEntry, job: &Job, session: &mut Session) -> Outcome {
-    let env = &job.envelope;
+fn deliver(entry: &ConsumerEntry, job: &Job, row: &CheckedRow, session: &mut Session) -> Outcome {
+    let env = &row.envelope;
     let span = tracing::info_span!(
         "deliver",
         event_id = %env.event_id,
@@ -114,7 +125,7 @@ fn deliver(entry: &ConsumerEntry, job: &Job, session: &mut Session) -> Outcome {
         attempt: job.attempt,
         consumer: entry.name.clone(),
         legacy: job.legacy,
-        tenant_id: job.tenant_id.clone(),
+        tenant_id: row.tenant_id.clone(),
         ordering_key: job.ordering_key.clone(),
     };
     let outcome = match &entry.consumer {

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outboxd::envelope::RawRow;
-use outboxd::{Delivery, Envelope, Event, EventId, Outcome, Timestamp};
+use outboxd::envelope::{check_row, RawRow, ROW_COLUMNS};
+use outboxd::{Delivery, Envelope, Event, EventId, Outcome};
 use rusqlite::Connection;
 
 /// A migrated database, `app.db`, in a temp dir that lives as long as the
@@ -159,7 +159,7 @@ pub fn available(program: impl AsRef<std::ffi::OsStr>, probe: &[&str]) -> bool {
 }
 
 /// One `event_outbox` row, validated the way the relay validates a row it
-/// claims (`Envelope::from_row`), with its routing columns.
+/// claims (`envelope::check_row`), with its routing columns.
 #[derive(Debug, Clone)]
 pub struct StoredEvent {
     pub row_id: i64,
@@ -175,48 +175,31 @@ pub struct StoredEvent {
 pub fn stored_events(conn: &Connection) -> Vec<StoredEvent> {
     use rusqlite::types::ValueRef;
     let mut stmt = conn
-        .prepare(
-            "SELECT id, event_id, event_type, event_version, causation_id, correlation_id,
-                    payload, occurred_at, created_at, tenant_id, ordering_key, last_error
-             FROM event_outbox ORDER BY id",
-        )
+        .prepare(&format!(
+            "SELECT {ROW_COLUMNS}, ordering_key, last_error FROM event_outbox ORDER BY id"
+        ))
         .unwrap();
     let mut rows = stmt.query([]).unwrap();
     let mut out = Vec::new();
     while let Some(r) = rows.next().unwrap() {
         let row_id: i64 = r.get(0).unwrap();
-        let int = |i: usize| match r.get_ref(i).unwrap() {
-            ValueRef::Integer(v) => v,
-            other => panic!("row {row_id}: column {i} is {other:?}, not INTEGER ms"),
-        };
-        let raw = RawRow {
-            row_id,
-            event_id: r.get_ref(1).unwrap(),
-            event_type: r.get_ref(2).unwrap(),
-            event_version: r.get_ref(3).unwrap(),
-            causation_id: r.get_ref(4).unwrap(),
-            correlation_id: r.get_ref(5).unwrap(),
-            payload: r.get_ref(6).unwrap(),
-            occurred_at: Timestamp::from_millis(int(7)),
-            created_at: Timestamp::from_millis(int(8)),
-        };
-        let envelope = Envelope::from_row(raw)
+        let checked = check_row(&RawRow::read(r, 0).unwrap())
             .unwrap_or_else(|e| panic!("row {row_id} would be dead-lettered: {e}"));
         let last_error: Option<String> = r.get(11).unwrap();
         assert_eq!(last_error, None, "row {row_id} keeps a last_error");
-        let payload = serde_json::from_str(envelope.payload.get()).unwrap();
-        // The relay reads these two leniently (bytes that are not UTF-8
-        // become U+FFFD); so does this.
-        let lenient = |i: usize| match r.get_ref(i).unwrap() {
+        let payload = serde_json::from_str(checked.envelope.payload.get()).unwrap();
+        // The relay reads the ordering key leniently (bytes that are not
+        // UTF-8 become U+FFFD); so does this.
+        let ordering_key = match r.get_ref(10).unwrap() {
             ValueRef::Null => None,
             ValueRef::Text(b) | ValueRef::Blob(b) => Some(String::from_utf8_lossy(b).into_owned()),
-            other => panic!("row {row_id}: column {i} is {other:?}"),
+            other => panic!("row {row_id}: ordering_key is {other:?}"),
         };
         out.push(StoredEvent {
             row_id,
-            envelope,
-            tenant_id: lenient(9),
-            ordering_key: lenient(10),
+            envelope: checked.envelope,
+            tenant_id: checked.tenant_id,
+            ordering_key,
             payload,
         });
     }

@@ -310,7 +310,7 @@ pub fn find_event(conn: &Connection, id: &str) -> rusqlite::Result<Option<EventD
             row.last_error = last_error.clone();
             // The relay's own check, for a payload small enough to load.
             let envelope_error = if payload_bytes as usize <= PAYLOAD_CAP {
-                outboxd::Envelope::from_row(outboxd::envelope::RawRow {
+                outboxd::envelope::check_row(&outboxd::envelope::RawRow {
                     row_id,
                     event_id: r.get_ref(1)?,
                     event_type: r.get_ref(2)?,
@@ -318,8 +318,9 @@ pub fn find_event(conn: &Connection, id: &str) -> rusqlite::Result<Option<EventD
                     causation_id: r.get_ref(14)?,
                     correlation_id: r.get_ref(15)?,
                     payload: r.get_ref(17)?,
-                    occurred_at: Timestamp::from_millis(r.get(8)?),
-                    created_at: Timestamp::from_millis(r.get(16)?),
+                    occurred_at: r.get_ref(8)?,
+                    created_at: r.get_ref(16)?,
+                    tenant_id: r.get_ref(3)?,
                 })
                 .err()
                 .map(|e| e.to_string())
