@@ -578,16 +578,11 @@ mod tests {
             [T0 + 20 * 86_400_000],
         )
         .unwrap(); // a retry three weeks ahead
-                   // Microseconds, written before the schema refused them (or by an
-                   // UPDATE, which it does not check).
+                   // Microseconds, written before the schema refused them: schema
+                   // version 5 moved such a row to the last millisecond of 9999.
         conn.execute(
-            "INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', 0)",
-            [],
-        )
-        .unwrap();
-        conn.execute(
-            "UPDATE event_outbox SET available_at = ?1 WHERE id = last_insert_rowid()",
-            [(T0 + 60_000) * 1000],
+            "INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', ?1)",
+            [253_402_300_799_999_i64],
         )
         .unwrap();
         row(&conn, "pending", 86_400_000, None); // delayed a day: fine

@@ -106,9 +106,10 @@ fn status_exits_1_over_the_stale_threshold_and_0_under_it() {
 }
 
 /// Issue 11.8: an available_at written in microseconds is refused by the
-/// schema at INSERT; one already in the table (an UPDATE, or a database
-/// from before the check) is reported by `status` (exit 1) and `doctor`,
-/// where it was "pending delayed" and healthy.
+/// schema at INSERT (and UPDATE); one already in the table (a database from
+/// before the check, which schema version 5 moved to the last millisecond
+/// of year 9999) is reported by `status` (exit 1) and `doctor`, where it
+/// was "pending delayed" and healthy.
 #[test]
 fn status_and_doctor_report_an_event_delayed_by_more_than_a_year() {
     let db = TestDb::new();
@@ -126,7 +127,10 @@ fn status_and_doctor_report_an_event_delayed_by_more_than_a_year() {
     );
     db.enqueue(&[event("order.paid.v1", 1)]);
     db.conn()
-        .execute("UPDATE event_outbox SET available_at = ?1", [micros])
+        .execute(
+            "UPDATE event_outbox SET available_at = ?1",
+            [253_402_300_799_999_i64],
+        )
         .unwrap();
     let text = Outboxd::on(&db.path).expect(&["status"], PROBLEMS);
     assert!(

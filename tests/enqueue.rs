@@ -346,6 +346,100 @@ fn enqueue_many_writes_each_event_and_reports_duplicates() {
     );
 }
 
+/// enqueue_many writes events without keys several to a statement: a long
+/// batch with keys, delays and options mixed in still lands event by
+/// event, in the order given, with every column and every duplicate right.
+#[test]
+fn a_long_batch_lands_in_order_with_every_column() {
+    let mut host = Host::new();
+    let at = Timestamp::from_millis(4_000_000_000_000);
+    let events: Vec<Event> = (0..53)
+        .map(|i| {
+            let e = event(json!({ "i": i }));
+            match i {
+                // Keys break runs of keyless events; 30 repeats 20's key.
+                20 | 30 => e.idempotency_key("twenty"),
+                41 => e.tenant("t").idempotency_key("forty-one"),
+                _ if i % 7 == 3 => e.delay(Duration::from_millis(5_000)).ordering_key("o"),
+                _ if i % 11 == 5 => e.available_at(at).correlation_id(format!("c{i}")),
+                _ => e,
+            }
+        })
+        .collect();
+    let tx = host.conn.transaction().unwrap();
+    let results = enqueue_many(&tx, &events).unwrap();
+    tx.commit().unwrap();
+
+    assert_eq!(results.len(), events.len());
+    for (i, (got, e)) in results.iter().zip(&events).enumerate() {
+        let expected = if i == 30 {
+            Enqueued::Duplicate(events[20].id())
+        } else {
+            Enqueued::New(e.id())
+        };
+        assert_eq!(*got, expected, "event {i}");
+    }
+    assert_eq!(host.events(), 52);
+    // Row ids follow the order given.
+    let mut stmt = host
+        .conn
+        .prepare("SELECT event_id, payload FROM event_outbox ORDER BY id")
+        .unwrap();
+    let rows: Vec<(String, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let expected: Vec<(String, String)> = (0..53)
+        .filter(|&i| i != 30)
+        .map(|i| (events[i].id().to_string(), format!(r#"{{"i":{i}}}"#)))
+        .collect();
+    assert_eq!(rows, expected);
+    for (i, e) in events.iter().enumerate().filter(|&(i, _)| i != 30) {
+        let row = stored(&host.conn, e.id()).unwrap();
+        assert_eq!(row.status, "pending", "event {i}");
+        assert_eq!(row.event_version, Some(1), "event {i}");
+        assert_eq!(row.occurred_at, row.created_at, "event {i}");
+        let (delay, ordering, correlation) = match i {
+            20 | 41 => (0, None, None),
+            _ if i % 7 == 3 => (5_000, Some("o".to_string()), None),
+            _ if i % 11 == 5 => (at.as_millis() - row.created_at, None, Some(format!("c{i}"))),
+            _ => (0, None, None),
+        };
+        assert_eq!(row.available_at - row.created_at, delay, "event {i}");
+        assert_eq!(row.ordering_key, ordering, "event {i}");
+        assert_eq!(row.correlation_id, correlation, "event {i}");
+    }
+    let keyed = stored(&host.conn, events[41].id()).unwrap();
+    assert_eq!(keyed.tenant_id.as_deref(), Some("t"));
+    assert_eq!(keyed.idempotency_key.as_deref(), Some("forty-one"));
+}
+
+/// A row the schema refuses in the middle of a batch (inside a statement
+/// of several rows) fails the call with the database's reason.
+#[test]
+fn a_refused_row_in_a_batch_fails_the_call() {
+    let mut host = Host::new();
+    let events: Vec<Event> = (0..16)
+        .map(|i| {
+            let e = event(json!(i));
+            if i == 5 {
+                // Microseconds: refused by the schema at INSERT.
+                e.available_at(Timestamp::from_millis(Timestamp::now().as_millis() * 1000))
+            } else {
+                e
+            }
+        })
+        .collect();
+    let tx = host.conn.transaction().unwrap();
+    let err = enqueue_many(&tx, &events).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("event_outbox_times_in_milliseconds"),
+        "{err}"
+    );
+}
+
 #[test]
 fn enqueue_many_checks_every_payload_before_writing_any() {
     let mut host = Host::new();

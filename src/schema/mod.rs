@@ -51,6 +51,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "replay_scope_and_units",
         sql: include_str!("../../migrations/0004_replay_scope_and_units.sql"),
     },
+    Migration {
+        version: 5,
+        name: "time_bound_as_check",
+        sql: include_str!("../../migrations/0005_time_bound_as_check.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.
@@ -212,5 +217,124 @@ mod tests {
                 .any(|l| (l.starts_with("BEGIN") && *l != "BEGIN") || l.contains(" BEGIN "));
             assert!(!begins, "{file} must not begin a transaction");
         }
+    }
+
+    fn migrated_to(version: u32) -> (tempfile::TempDir, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::connection::open(dir.path().join("app.db")).unwrap();
+        migrate_up_to(&mut conn, version).unwrap();
+        (dir, conn)
+    }
+
+    /// Every row of a table, every column, in id order.
+    fn rows(conn: &Connection, table: &str) -> Vec<Vec<rusqlite::types::Value>> {
+        let mut stmt = conn
+            .prepare(&format!("SELECT * FROM {table} ORDER BY 1"))
+            .unwrap();
+        let n = stmt.column_count();
+        stmt.query_map([], |r| (0..n).map(|i| r.get(i)).collect())
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    /// A database at version 4, with rows in every state, migrates to the
+    /// latest version keeping every row as it was; only a pending row due
+    /// after year 9999 (which version 4 let an UPDATE write) is moved to the
+    /// bound, where it is still never due.
+    #[test]
+    fn a_version_4_database_upgrades_keeping_its_rows() {
+        let (_dir, mut conn) = migrated_to(4);
+        let micros = 1_764_487_080_000_000_i64;
+        conn.execute_batch(&format!(
+            "INSERT INTO event_outbox (event_id, event_type, payload, idempotency_key, ordering_key)
+                  VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a.b.v1', '{{\"n\":1}}', 'k', 'o');
+             INSERT INTO event_outbox (event_type, payload, status, finished_at)
+                  VALUES ('a.b.v1', '2', 'delivered', 5);
+             INSERT INTO event_outbox (event_type, payload, status, finished_at, last_error)
+                  VALUES ('a.b.v1', '3', 'dead', 6, 'refused');
+             INSERT INTO event_outbox (event_type, payload, claim_token, lease_until)
+                  VALUES ('a.b.v1', '4', 'T', 9);
+             INSERT INTO event_outbox (event_type, payload) VALUES ('a.b.v1', '5');
+             INSERT INTO event_outbox (event_type, payload, status, finished_at)
+                  VALUES ('a.b.v1', '6', 'dead', 7);
+             UPDATE event_outbox SET available_at = {micros} WHERE payload IN ('5', '6');
+             INSERT INTO delivered_events VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'c', 1, 8);"
+        ))
+        .unwrap();
+        let outbox = rows(&conn, "event_outbox");
+        let ledger = rows(&conn, "delivered_events");
+
+        let report = migrate(&mut conn).unwrap();
+        assert_eq!((report.from, report.to), (4, LATEST_VERSION));
+        let mut expected = outbox;
+        let available_at = conn
+            .prepare("SELECT * FROM event_outbox")
+            .unwrap()
+            .column_index("available_at")
+            .unwrap();
+        // The pending row past the bound, and only it.
+        expected[4][available_at] = rusqlite::types::Value::Integer(253_402_300_799_999);
+        assert_eq!(rows(&conn, "event_outbox"), expected);
+        assert_eq!(rows(&conn, "delivered_events"), ledger);
+        conn.query_row("PRAGMA integrity_check", [], |r| r.get::<_, String>(0))
+            .map(|ok| assert_eq!(ok, "ok"))
+            .unwrap();
+
+        // The bound still holds for new rows, with its explanation.
+        let e = conn
+            .execute(
+                &format!("INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', {micros})"),
+                [],
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("event_outbox_times_in_milliseconds") && e.contains("not microseconds"),
+            "{e}"
+        );
+    }
+
+    /// No trigger on event_outbox. Any INSERT trigger, whatever its WHEN
+    /// clause, makes SQLite run a program per row, journal every statement
+    /// and buffer multi-row INSERTs in a temporary table: a fifth of each
+    /// INSERT's instructions when version 4 had one (BENCHMARKS.md,
+    /// section 1). A rule about a row belongs in a CHECK.
+    #[test]
+    fn the_outbox_table_has_no_trigger() {
+        let (_dir, conn) = migrated_to(LATEST_VERSION);
+        let triggers: Vec<String> = conn
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'event_outbox'")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(triggers.is_empty(), "{triggers:?}");
+    }
+
+    /// The look-up of an event's ledger entries that the claim makes for
+    /// each row it takes ([`crate::dedup`]'s `delivered_to_sql!`) searches
+    /// the ledger's primary key; a scan would read the whole ledger per row.
+    #[test]
+    fn the_claims_ledger_look_up_searches_its_key() {
+        let (_dir, conn) = migrated_to(LATEST_VERSION);
+        let sql = format!(
+            "EXPLAIN QUERY PLAN SELECT id, {} FROM event_outbox WHERE id = ?1",
+            crate::dedup::delivered_to_sql!()
+        );
+        let plan: Vec<String> = conn
+            .prepare(&sql)
+            .unwrap()
+            .query_map([1], |r| r.get(3))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            plan.iter()
+                .any(|l| l.starts_with("SEARCH d USING PRIMARY KEY")),
+            "{plan:?}"
+        );
+        assert!(!plan.iter().any(|l| l.starts_with("SCAN")), "{plan:?}");
     }
 }
