@@ -50,42 +50,6 @@ fn checkpoint(conn: &rusqlite::Connection) {
         .unwrap();
 }
 
-/// Inserts `n` delivered rows (finished just now, so the relay's purge
-/// leaves them alone) and one `delivered_events` row each, with plain SQL,
-/// 500,000 rows per transaction.
-fn fill_delivered(conn: &mut rusqlite::Connection, n: usize) {
-    let now = outboxd::Timestamp::now().as_millis();
-    let chunk = 500_000;
-    let mut done = 0;
-    while done < n {
-        let k = (n - done).min(chunk);
-        let tx = conn.transaction().unwrap();
-        let before: i64 = tx
-            .query_row("SELECT coalesce(max(id), 0) FROM event_outbox", [], |r| {
-                r.get(0)
-            })
-            .unwrap();
-        tx.execute(
-            "WITH RECURSIVE c(x) AS (SELECT ?1 UNION ALL SELECT x + 1 FROM c WHERE x < ?2)
-             INSERT INTO event_outbox (event_id, event_type, event_version, payload,
-                                       occurred_at, created_at, available_at, status, finished_at)
-             SELECT printf('00000000000000%012d', x), 'bench.old.v1', 1, '{\"i\":' || x || '}',
-                    ?3, ?3, ?3, 'delivered', ?3
-               FROM c",
-            rusqlite::params![done as i64 + 1, (done + k) as i64, now],
-        )
-        .unwrap();
-        tx.execute(
-            "INSERT INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
-             SELECT event_id, 'old-consumer', id, finished_at FROM event_outbox WHERE id > ?1",
-            [before],
-        )
-        .unwrap();
-        tx.commit().unwrap();
-        done += k;
-    }
-}
-
 /// Drains every due event with a default relay and one no-op consumer;
 /// returns events per second.
 fn drain(path: &Path, n: usize) -> f64 {
@@ -136,7 +100,7 @@ fn main() {
 
     let template = |name: &str, due: usize, delivered: usize| {
         let (path, mut conn) = new_db(dir.path(), name);
-        fill_delivered(&mut conn, delivered);
+        common::fill_delivered(&mut conn, delivered, "old-consumer");
         enqueue_due(&mut conn, due);
         checkpoint(&conn);
         path

@@ -445,8 +445,9 @@ fn picks_up_a_commit_from_another_process() {
         .status()
         .unwrap();
     assert!(status.success());
-    // The other process has committed and exited: from here only
-    // data_version can tell the relay (how soon is benches' business).
+    // The other process has committed and exited: from here only the
+    // watch on the -wal file (or the 1 s poll floor) can tell the relay
+    // (how soon is benches' business).
     assert_eq!(rx.recv_timeout(LONG).unwrap(), "other.process.v1");
     stop(relay);
 }

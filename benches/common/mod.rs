@@ -273,3 +273,39 @@ pub fn raw_claim(conn: &rusqlite::Connection, now: i64) -> Vec<(i64, String)> {
     .collect::<Result<_, _>>()
     .unwrap()
 }
+
+/// Inserts `n` delivered rows (finished just now, so the relay's purge
+/// leaves them alone) and one `delivered_events` row each for `consumer`,
+/// with plain SQL, 500,000 rows per transaction.
+pub fn fill_delivered(conn: &mut rusqlite::Connection, n: usize, consumer: &str) {
+    let now = outboxd::Timestamp::now().as_millis();
+    let chunk = 500_000;
+    let mut done = 0;
+    while done < n {
+        let k = (n - done).min(chunk);
+        let tx = conn.transaction().unwrap();
+        let before: i64 = tx
+            .query_row("SELECT coalesce(max(id), 0) FROM event_outbox", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        tx.execute(
+            "WITH RECURSIVE c(x) AS (SELECT ?1 UNION ALL SELECT x + 1 FROM c WHERE x < ?2)
+             INSERT INTO event_outbox (event_id, event_type, event_version, payload,
+                                       occurred_at, created_at, available_at, status, finished_at)
+             SELECT printf('00000000000000%012d', x), 'bench.old.v1', 1, '{\"i\":' || x || '}',
+                    ?3, ?3, ?3, 'delivered', ?3
+               FROM c",
+            rusqlite::params![done as i64 + 1, (done + k) as i64, now],
+        )
+        .unwrap();
+        tx.execute(
+            "INSERT INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
+             SELECT event_id, ?2, id, finished_at FROM event_outbox WHERE id > ?1",
+            rusqlite::params![before, consumer],
+        )
+        .unwrap();
+        tx.commit().unwrap();
+        done += k;
+    }
+}

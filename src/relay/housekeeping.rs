@@ -99,6 +99,16 @@ impl Housekeeping {
         at >= self.next
     }
 
+    /// When the next tick is due.
+    pub(crate) fn next_at(&self) -> Instant {
+        self.next
+    }
+
+    /// The WAL file, if the database has one on disk.
+    pub(crate) fn wal(&self) -> Option<&std::path::Path> {
+        self.wal.as_deref()
+    }
+
     /// Runs one tick and schedules the next. `idle`: the relay holds no
     /// delivery and has not written for a while; `held`: the rows of its
     /// deliveries.

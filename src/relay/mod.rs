@@ -88,6 +88,7 @@ mod metrics;
 mod plan;
 mod retry;
 mod transactional;
+mod wake;
 mod worker;
 mod writer;
 
@@ -139,9 +140,12 @@ pub const MIN_LEASE: Duration = Duration::from_secs(1);
 /// `doctor` tell a lease the system clock stepped away from (one ending
 /// further ahead than any relay could have set it) from a real one.
 pub const MAX_LEASE: Duration = Duration::from_secs(600);
-/// How often an idle relay checks `PRAGMA data_version` for commits made by
-/// other processes.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// How often a relay checks `PRAGMA data_version` for commits made by other
+/// connections when no file-system notification tells it sooner (the
+/// floor). A notification on the database's `-wal` file (inotify on Linux)
+/// wakes it within a millisecond; the floor is for file systems that send
+/// none, and keeps an idle relay at about one wake-up a second.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// The shortest [`RelayBuilder::poll_interval`].
 pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
 /// The longest [`RelayBuilder::poll_interval`].
@@ -187,6 +191,8 @@ pub(crate) struct Settings {
     pub max_payload_bytes: u64,
     pub lease: Duration,
     pub poll_interval: Duration,
+    /// Watch the `-wal` file for other connections' commits.
+    pub watch_wal: bool,
     pub flush_interval: Duration,
     pub housekeeping_interval: Duration,
     pub stale_after: Duration,
@@ -209,6 +215,7 @@ pub struct RelayBuilder {
     max_payload_bytes: u64,
     lease: Duration,
     poll_interval: Duration,
+    watch_wal: bool,
     flush_interval: Duration,
     housekeeping_interval: Duration,
     stale_after: Duration,
@@ -358,10 +365,23 @@ impl RelayBuilder {
         self
     }
 
-    /// How often an idle relay looks for other processes' commits (default
-    /// [`DEFAULT_POLL_INTERVAL`]).
+    /// How often the relay looks for other connections' commits when no
+    /// file-system notification comes (default [`DEFAULT_POLL_INTERVAL`],
+    /// 1 s). On Linux a notification on the `-wal` file wakes the relay at
+    /// once; this floor matters on file systems that send none.
     pub fn poll_interval(mut self, d: Duration) -> Self {
         self.poll_interval = d;
+        self
+    }
+
+    /// Whether the relay watches the database's `-wal` file for other
+    /// connections' commits (default true; where the platform or file
+    /// system has no notification, the relay falls back to
+    /// [`poll_interval`](Self::poll_interval) on its own). Off, it looks
+    /// only every poll interval: for a file system whose notifications
+    /// misbehave, or to measure the difference.
+    pub fn watch_wal(mut self, on: bool) -> Self {
+        self.watch_wal = on;
         self
     }
 
@@ -537,6 +557,7 @@ impl RelayBuilder {
                 max_payload_bytes: self.max_payload_bytes,
                 lease: self.lease,
                 poll_interval: self.poll_interval,
+                watch_wal: self.watch_wal,
                 flush_interval: self.flush_interval,
                 housekeeping_interval: self.housekeeping_interval,
                 stale_after: self.stale_after,
@@ -626,6 +647,7 @@ impl Relay {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             lease: DEFAULT_LEASE,
             poll_interval: DEFAULT_POLL_INTERVAL,
+            watch_wal: true,
             flush_interval: DEFAULT_FLUSH_INTERVAL,
             housekeeping_interval: DEFAULT_HOUSEKEEPING_INTERVAL,
             stale_after: DEFAULT_STALE_AFTER,

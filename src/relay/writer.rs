@@ -23,6 +23,7 @@ use super::housekeeping::Housekeeping;
 use super::metrics::{ConsumerResult, Metrics};
 use super::plan::{self, Limits, Load, Plan, Planner, MAX_ERROR_BACKOFF};
 use super::retry::{self, Verdict};
+use super::wake::{self, Timers, Wake};
 use super::worker::{Job, JobOutcome};
 use super::{ConsumerEntry, Control, Settings, DEFAULT_DROP_GRACE};
 use crate::clock::{Clock, Timestamp};
@@ -345,7 +346,14 @@ impl Writer {
             workers,
         } = pool;
         let mut jobs = Some(jobs);
-        let mut last_poll = Instant::now();
+        let mut wake = Wake::start(
+            self.settings
+                .watch_wal
+                .then(|| self.housekeeping.wal())
+                .flatten(),
+            self.settings.poll_interval,
+            Instant::now(),
+        );
         tracing::info!(
             workers = workers.len(),
             consumers = self.consumers.len(),
@@ -407,11 +415,22 @@ impl Writer {
                 }
             }
 
-            let wait = self.planner.wait(
-                self.settings.poll_interval,
-                self.shutdown_at,
-                Instant::now(),
-            );
+            // Sleep until a message, a notification, the next data_version
+            // read or the next timed work (relay/wake.rs).
+            let at = Instant::now();
+            let timed = wake::until_timed_work(&Timers {
+                now: self.clock.now(),
+                at,
+                next_due: self.next_due,
+                earliest_lease: self.earliest_lease,
+                lease: self.settings.lease,
+                earliest_renewal: self.earliest_renewal,
+                housekeeping: self.housekeeping.next_at(),
+            });
+            let wait = self
+                .planner
+                .wait(wake.timeout(at).min(timed), self.shutdown_at, at);
+            let mut signalled = false;
             select! {
                 recv(outcomes) -> o => if let Ok(o) = o { self.push_outcomes(o) },
                 recv(self.control) -> c => match c {
@@ -419,22 +438,26 @@ impl Writer {
                     Ok(Control::Shutdown(grace)) => self.begin_shutdown(grace, &mut jobs, &unstarted),
                     Err(_) => self.begin_shutdown(DEFAULT_DROP_GRACE, &mut jobs, &unstarted),
                 },
+                recv(wake.signals()) -> r => signalled = wake.took(r),
                 default(wait) => {}
             }
             // Commits by other connections (other processes, or the host's
-            // own connections) change data_version; ours do not. Checked at
-            // most once per poll interval.
-            if last_poll.elapsed() >= self.settings.poll_interval {
-                last_poll = Instant::now();
-                match data_version(&self.conn) {
+            // own connections) change data_version; ours do not.
+            if wake.read_due(signalled, Instant::now()) {
+                let changed = match data_version(&self.conn) {
                     Ok(v) if v != self.data_version => {
                         self.data_version = v;
                         self.want_claim = true;
                         self.planner.foreign_write(Instant::now());
+                        true
                     }
-                    Ok(_) => {}
-                    Err(e) => tracing::debug!(error = %e, "cannot read data_version"),
-                }
+                    Ok(_) => false,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot read data_version");
+                        false
+                    }
+                };
+                wake.read(changed, Instant::now());
             }
         }
 
