@@ -15,8 +15,8 @@
 //!   (tests/run_faults.rs leaves room for it); musl, the release
 //!   binaries' libc, has no per-thread arenas. The notification comes when
 //!   the commit *starts* writing, and the commit becomes visible only
-//!   after its last frame (and, at `synchronous=FULL`, its fsync), so after a notification the writer
-//!   reads `data_version` in a short burst: every [`BURST_STEP`] for
+//!   after its last frame (and, at `synchronous=FULL`, its fsync), so
+//!   after a notification the writer reads `data_version` in a short burst: every [`BURST_STEP`] for
 //!   [`BURST_STEADY`], then at doubling gaps up to the floor, until it sees
 //!   the change. The relay's own commits also notify; each costs a burst of
 //!   about twenty cheap reads.
