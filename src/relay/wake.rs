@@ -12,14 +12,14 @@
 //!   reads the notifications into a stack buffer. Under glibc it still
 //!   costs a malloc arena's 64 MB of address space (the thread's start-up
 //!   allocates), which matters only under an address-space limit
-//!   (tests/run_faults.rs leaves room for it); musl, the release
-//!   binaries' libc, has no per-thread arenas. The notification comes when
-//!   the commit *starts* writing, and the commit becomes visible only
-//!   after its last frame (and, at `synchronous=FULL`, its fsync), so
-//!   after a notification the writer reads `data_version` in a short burst: every [`BURST_STEP`] for
-//!   [`BURST_STEADY`], then at doubling gaps up to the floor, until it sees
-//!   the change. The relay's own commits also notify; each costs a burst of
-//!   about twenty cheap reads.
+//!   (tests/run_faults.rs leaves room for it); musl, the release binaries'
+//!   libc, has no per-thread arenas. The notification comes when the commit
+//!   *starts* writing, and the commit becomes visible only after its last
+//!   frame (and, at `synchronous=FULL`, its fsync), so after a notification
+//!   the writer reads `data_version` in a short burst: every [`BURST_STEP`]
+//!   for [`BURST_STEADY`], then at doubling gaps up to the floor, until it
+//!   sees the change. The relay's own commits also notify; each costs a
+//!   burst of about twenty cheap reads.
 //! - **The floor**: every poll interval (1 s by default) whatever happened,
 //!   for file systems that send no notification (network file systems, a
 //!   watch the kernel refused) and as a safety net.
