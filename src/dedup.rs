@@ -450,18 +450,8 @@ mod tests {
         assert!(missing(&[1], &done, |i| names[i]).is_empty());
         assert!(missing(&[], &done, |i| names[i]).is_empty());
     }
-}
 
-#[cfg(test)]
-mod operator_read_tests {
-    use super::*;
-
-    fn db() -> (tempfile::TempDir, Connection) {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::connection::open(dir.path().join("o.db")).unwrap();
-        crate::schema::migrate(&mut conn).unwrap();
-        (dir, conn)
-    }
+    // The operator's reads (console, replay).
 
     #[test]
     fn key_agrees_with_the_sql_key() {
