@@ -24,27 +24,17 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{
-    bench_dir, env_or, header, ms, percentile, sleep_until, wait_for, wall_micros, Stats,
-};
+use common::producer::{self, producer_sync, Seq};
+use common::{bench_dir, env_or, header, ms, percentile, wait_for, wall_micros, Stats};
 use outboxd::{Delivery, Event, Outcome, Relay, RelayHandle};
 
-const ROLE: &str = "OUTBOXD_BENCH_ROLE";
-const DB: &str = "OUTBOXD_BENCH_DB";
-/// Events produced before the measured ones, not counted.
 const WARMUP: usize = 20;
 /// The relay before the file watch polled this often.
 const OLD_POLL: Duration = Duration::from_millis(5);
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Seq {
-    seq: i64,
-}
 
 fn fresh_db(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}-{}.db", ulid::Ulid::generate()));
@@ -174,35 +164,6 @@ fn idle(dir: &Path, secs: u64) {
 // ---------------------------------------------------------------------------
 // 2. Cross-process pick-up.
 
-fn producer_sync() -> String {
-    std::env::var("OUTBOXD_BENCH_PRODUCER_SYNC").unwrap_or_else(|_| "NORMAL".into())
-}
-
-/// The child process: `WARMUP + n` events at `rate`/s on its own
-/// connection; prints the wall-clock micros after each measured commit.
-fn producer_main() {
-    let path = std::env::var(DB).expect("OUTBOXD_BENCH_DB names the database");
-    let n = env_or("OUTBOXD_BENCH_EVENTS", 2_000);
-    let rate = env_or("OUTBOXD_BENCH_RATE", 100);
-    let mut conn = outboxd::connection::open(&path).unwrap();
-    conn.execute_batch(&format!("PRAGMA synchronous = {}", producer_sync()))
-        .unwrap();
-    let interval = Duration::from_secs_f64(1.0 / rate as f64);
-    let start = Instant::now();
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for i in 0..(WARMUP + n) {
-        sleep_until(start + interval * i as u32);
-        let seq = i as i64 - WARMUP as i64;
-        let tx = conn.transaction().unwrap();
-        outboxd::enqueue(&tx, &Event::new("bench.idle.v1", &Seq { seq }).unwrap()).unwrap();
-        tx.commit().unwrap();
-        let t = wall_micros();
-        if seq >= 0 {
-            writeln!(out, "{t}").unwrap();
-        }
-    }
-}
-
 /// One run: (sorted latencies, wake-ups of the writer are not counted).
 fn pick_up(dir: &Path, n: usize, rate: usize, watch: bool) -> Vec<Duration> {
     let path = fresh_db(dir, "pickup");
@@ -218,22 +179,7 @@ fn pick_up(dir: &Path, n: usize, rate: usize, watch: bool) -> Vec<Duration> {
         builder = builder.poll_interval(OLD_POLL);
     }
     let relay: RelayHandle = builder.build().unwrap().start().unwrap();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .env(ROLE, "producer")
-        .env(DB, &path)
-        .env("OUTBOXD_BENCH_EVENTS", n.to_string())
-        .env("OUTBOXD_BENCH_RATE", rate.to_string())
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("re-run this bench binary as the producer");
-    assert!(out.status.success(), "the producer failed: {}", out.status);
-    let commits: Vec<i64> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    assert_eq!(commits.len(), n);
+    let commits = producer::run_child(&path, (WARMUP, n, rate));
     let mut seen = vec![None; n];
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut got = 0;
@@ -292,8 +238,8 @@ fn pick_ups(dir: &Path, n: usize, runs: usize) {
 }
 
 fn main() {
-    if std::env::var(ROLE).as_deref() == Ok("producer") {
-        producer_main();
+    if producer::is_child() {
+        producer::child_main("bench.idle.v1");
         return;
     }
     let secs = env_or("OUTBOXD_BENCH_IDLE_SECS", 600) as u64;

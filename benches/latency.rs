@@ -1,8 +1,9 @@
 //! Latency from commit to consumer start: p50, p99 and max over N events
 //! produced at a steady rate, with the producer in the same process (it
 //! calls `RelayHandle::notify` after each commit) and in another process
-//! (this bench binary re-executed as the producer; the relay sees its
-//! commits through `PRAGMA data_version` polling).
+//! (this bench binary re-executed as the producer; the relay hears of its
+//! commits through its watch on the -wal file, see src/relay/wake.rs, and
+//! benches/idle.rs for the comparison with the old 5 ms poll).
 //!
 //!   cargo bench --bench latency                       # 10,000 events at 1,000/s, 5 runs
 //!   OUTBOXD_BENCH_RATE=200 OUTBOXD_BENCH_EVENTS=2000 cargo bench --bench latency   # 200/s
@@ -20,69 +21,24 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::producer::{self, producer_sync, Seq};
 use common::{bench_dir, env_or, header, ms, percentile, sleep_until, wall_micros, Stats};
-use outboxd::{Delivery, Event, Outcome, Relay, RelayHandle};
+use outboxd::{Delivery, Outcome, Relay, RelayHandle};
 
-const ROLE: &str = "OUTBOXD_BENCH_ROLE";
-const DB: &str = "OUTBOXD_BENCH_DB";
-/// Events produced before the measured ones, not counted (start-up effects).
 const WARMUP: usize = 100;
+const EVENT_TYPE: &str = "bench.latency.v1";
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Seq {
-    seq: i64,
-}
-
-/// The producer's `synchronous` setting: NORMAL by default, because on a
-/// disk whose fsync takes milliseconds a FULL producer cannot keep up 1,000
-/// commits a second (OUTBOXD_BENCH_PRODUCER_SYNC=FULL measures that case).
-fn producer_sync() -> String {
-    std::env::var("OUTBOXD_BENCH_PRODUCER_SYNC").unwrap_or_else(|_| "NORMAL".into())
-}
-
-/// Produces `warmup + n` events at `rate` per second on its own connection
-/// (outboxd's settings: WAL, synchronous as [`producer_sync`]), returning the wall-clock
-/// microseconds right after each measured commit. Warm-up events get
-/// negative sequence numbers.
+/// Produces in this process, notifying the relay after each commit when
+/// given its handle.
 fn produce(path: &Path, n: usize, rate: usize, notify: Option<&RelayHandle>) -> Vec<i64> {
-    let mut conn = outboxd::connection::open(path).unwrap();
-    conn.execute_batch(&format!("PRAGMA synchronous = {}", producer_sync()))
-        .unwrap();
-    let interval = Duration::from_secs_f64(1.0 / rate as f64);
-    let start = Instant::now();
-    let mut commits = Vec::with_capacity(n);
-    for i in 0..(WARMUP + n) {
-        sleep_until(start + interval * i as u32);
-        let seq = i as i64 - WARMUP as i64;
-        let tx = conn.transaction().unwrap();
-        outboxd::enqueue(&tx, &Event::new("bench.latency.v1", &Seq { seq }).unwrap()).unwrap();
-        tx.commit().unwrap();
-        let t = wall_micros();
+    producer::produce(path, EVENT_TYPE, (WARMUP, n, rate), || {
         if let Some(h) = notify {
             h.notify();
         }
-        if seq >= 0 {
-            commits.push(t);
-        }
-    }
-    commits
-}
-
-/// The child process: produce, then print one commit time per line.
-fn producer_main() {
-    let path = std::env::var(DB).expect("OUTBOXD_BENCH_DB names the database");
-    let n = env_or("OUTBOXD_BENCH_EVENTS", 10_000);
-    let rate = env_or("OUTBOXD_BENCH_RATE", 1000);
-    let commits = produce(Path::new(&path), n, rate, None);
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for t in commits {
-        writeln!(out, "{t}").unwrap();
-    }
+    })
 }
 
 /// Starts a relay whose consumer reports (seq, start wall micros).
@@ -147,22 +103,7 @@ fn in_process(dir: &Path, n: usize, rate: usize) -> (Vec<Duration>, f64) {
 fn cross_process(dir: &Path, n: usize, rate: usize) -> (Vec<Duration>, f64) {
     let path = fresh_db(dir);
     let (handle, starts) = start_relay(&path);
-    let out = Command::new(std::env::current_exe().unwrap())
-        .env(ROLE, "producer")
-        .env(DB, &path)
-        .env("OUTBOXD_BENCH_EVENTS", n.to_string())
-        .env("OUTBOXD_BENCH_RATE", rate.to_string())
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("re-run this bench binary as the producer");
-    assert!(out.status.success(), "the producer failed: {}", out.status);
-    let commits: Vec<i64> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    assert_eq!(commits.len(), n, "the producer reported every commit");
+    let commits = producer::run_child(&path, (WARMUP, n, rate));
     let rate = achieved(&commits);
     let lat = latencies(&commits, starts);
     handle.shutdown(Duration::from_secs(10)).unwrap();
@@ -235,8 +176,8 @@ fn fmt(s: Stats) -> String {
 }
 
 fn main() {
-    if std::env::var(ROLE).as_deref() == Ok("producer") {
-        producer_main();
+    if producer::is_child() {
+        producer::child_main(EVENT_TYPE);
         return;
     }
     let n = env_or("OUTBOXD_BENCH_EVENTS", 10_000);
@@ -266,7 +207,7 @@ fn main() {
             "p50 ≤ 0.2 ms, p99 ≤ 1 ms",
         ),
         (
-            "outboxd, producer in another process (data_version poll)",
+            "outboxd, producer in another process (-wal watch)",
             xp,
             "p99 ≤ 6 ms",
         ),

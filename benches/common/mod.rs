@@ -5,6 +5,8 @@
 //! every helper.
 #![allow(dead_code)]
 
+pub mod producer;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
