@@ -180,26 +180,8 @@ fn pick_up(dir: &Path, n: usize, rate: usize, watch: bool) -> Vec<Duration> {
     }
     let relay: RelayHandle = builder.build().unwrap().start().unwrap();
     let commits = producer::run_child(&path, (WARMUP, n, rate));
-    let mut seen = vec![None; n];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut got = 0;
-    while got < n {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let (seq, t) = starts
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("only {got} of {n} events reached the consumer"));
-        if seq >= 0 && seen[seq as usize].is_none() {
-            seen[seq as usize] = Some(t);
-            got += 1;
-        }
-    }
+    let lat = producer::latencies(&commits, starts);
     relay.shutdown(Duration::from_secs(10)).unwrap();
-    let mut lat: Vec<Duration> = commits
-        .iter()
-        .zip(seen)
-        .map(|(&c, s)| Duration::from_micros((s.unwrap() - c).max(0) as u64))
-        .collect();
-    lat.sort();
     lat
 }
 

@@ -24,7 +24,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::producer::{self, producer_sync, Seq};
+use common::producer::{self, latencies, producer_sync, Seq};
 use common::{bench_dir, env_or, header, ms, percentile, sleep_until, wall_micros, Stats};
 use outboxd::{Delivery, Outcome, Relay, RelayHandle};
 
@@ -56,31 +56,6 @@ fn start_relay(path: &Path) -> (RelayHandle, crossbeam_channel::Receiver<(i64, i
         .start()
         .unwrap();
     (handle, rx)
-}
-
-/// Latencies (sorted) from commit times and consumer starts.
-fn latencies(commits: &[i64], starts: crossbeam_channel::Receiver<(i64, i64)>) -> Vec<Duration> {
-    let n = commits.len();
-    let mut seen = vec![None; n];
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut got = 0;
-    while got < n {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let (seq, t) = starts
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("only {got} of {n} events reached the consumer in time"));
-        if seq >= 0 && seen[seq as usize].is_none() {
-            seen[seq as usize] = Some(t);
-            got += 1;
-        }
-    }
-    let mut lat: Vec<Duration> = commits
-        .iter()
-        .zip(seen)
-        .map(|(&c, s)| Duration::from_micros((s.unwrap() - c).max(0) as u64))
-        .collect();
-    lat.sort();
-    lat
 }
 
 fn fresh_db(dir: &Path) -> std::path::PathBuf {

@@ -105,3 +105,31 @@ pub fn run_child(path: &Path, (warmup, n, rate): (usize, usize, usize)) -> Vec<i
     assert_eq!(commits.len(), n, "the producer reported every commit");
     commits
 }
+
+/// Latencies (sorted) from commit times and consumer starts.
+pub fn latencies(
+    commits: &[i64],
+    starts: crossbeam_channel::Receiver<(i64, i64)>,
+) -> Vec<Duration> {
+    let n = commits.len();
+    let mut seen = vec![None; n];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut got = 0;
+    while got < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (seq, t) = starts
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("only {got} of {n} events reached the consumer in time"));
+        if seq >= 0 && seen[seq as usize].is_none() {
+            seen[seq as usize] = Some(t);
+            got += 1;
+        }
+    }
+    let mut lat: Vec<Duration> = commits
+        .iter()
+        .zip(seen)
+        .map(|(&c, s)| Duration::from_micros((s.unwrap() - c).max(0) as u64))
+        .collect();
+    lat.sort();
+    lat
+}
