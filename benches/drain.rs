@@ -29,7 +29,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{bench_dir, env_or, header, Stats};
+use common::{bench_dir, drain_timed, env_or, header, Stats};
 use outboxd::{Delivery, Event, Outcome, Relay};
 use rusqlite::{params, Connection};
 
@@ -146,35 +146,7 @@ fn relay_drain(path: &Path, n: usize, consumers: usize, workers: Option<usize>) 
     if let Some(w) = workers {
         b = b.workers(w);
     }
-    let check = Connection::open(path).unwrap();
-    let start = Instant::now();
-    let handle = b.build().unwrap().start().unwrap();
-    // An O(1) probe of the due index, so that watching costs the relay
-    // nothing measurable.
-    loop {
-        let left: bool = check
-            .query_row(
-                "SELECT EXISTS (SELECT 1 FROM event_outbox WHERE status = 'pending')",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        if !left {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let took = start.elapsed();
-    handle.shutdown(Duration::from_secs(10)).unwrap();
-    let delivered: i64 = check
-        .query_row(
-            "SELECT count(*) FROM event_outbox WHERE status = 'delivered'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(delivered as usize, n);
-    took
+    drain_timed(path, b.build().unwrap(), n)
 }
 
 /// One measured configuration.

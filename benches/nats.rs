@@ -166,32 +166,7 @@ fn relay(url: Option<&str>, db: &Path, n: usize, w: usize) -> Duration {
             outboxd::Outcome::Delivered
         }),
     };
-    let check = rusqlite::Connection::open(db).unwrap();
-    let start = Instant::now();
-    let handle = builder.workers(w).build().unwrap().start().unwrap();
-    let pending = || -> bool {
-        check
-            .query_row(
-                "SELECT EXISTS (SELECT 1 FROM event_outbox WHERE status = 'pending')",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap()
-    };
-    while pending() {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let took = start.elapsed();
-    handle.shutdown(Duration::from_secs(10)).unwrap();
-    let delivered: i64 = check
-        .query_row(
-            "SELECT count(*) FROM event_outbox WHERE status = 'delivered'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(delivered as usize, n, "every event delivered, none dead");
-    took
+    common::drain_timed(db, builder.workers(w).build().unwrap(), n)
 }
 
 fn main() {
