@@ -422,6 +422,41 @@ mod tests {
         }
     }
 
+    /// Version 6 alters event_outbox's CHECKs in place. The objects change
+    /// capture installs beside it (a view, its INSTEAD OF trigger writing
+    /// event_outbox rows, a trigger on event_outbox itself) come through
+    /// the migration word for word, so capture's drift check stays quiet,
+    /// and still write events.
+    #[test]
+    fn capture_objects_survive_version_6_unchanged() {
+        let (_dir, mut conn) = migrated_to(5);
+        let objects = crate::capture::generate::event_objects();
+        for o in &objects {
+            conn.execute_batch(&o.sql).unwrap();
+        }
+        let sql_of = |conn: &Connection, name: &str| -> String {
+            conn.query_row(
+                "SELECT sql FROM sqlite_master WHERE name = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let before: Vec<String> = objects.iter().map(|o| sql_of(&conn, &o.name)).collect();
+        migrate(&mut conn).unwrap();
+        let after: Vec<String> = objects.iter().map(|o| sql_of(&conn, &o.name)).collect();
+        assert_eq!(before, after);
+        conn.execute(
+            "INSERT INTO outboxd_capture_event (event_type, payload) VALUES ('page.insert.v1', '{}')",
+            [],
+        )
+        .unwrap();
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM event_outbox", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1);
+    }
+
     /// The look-up of an event's ledger entries that the claim makes for
     /// each row it takes ([`crate::dedup`]'s `delivered_to_sql!`) searches
     /// the ledger's primary key; a scan would read the whole ledger per row.
