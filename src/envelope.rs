@@ -222,18 +222,19 @@ impl EventType {
         if !names.contains('.') {
             return Err(fail("it needs a domain, a verb and a version"));
         }
-        let mut segment_len = 0;
-        for b in names.bytes().chain([b'.']) {
+        let mut segment_start = 0;
+        for (i, &b) in names.as_bytes().iter().enumerate() {
             if b == b'.' {
-                if segment_len == 0 {
+                if i == segment_start {
                     return Err(fail("it has an empty segment"));
                 }
-                segment_len = 0;
-            } else if b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' {
-                segment_len += 1;
-            } else {
+                segment_start = i + 1;
+            } else if !(b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
                 return Err(fail("a segment has a character other than a-z, 0-9 or _"));
             }
+        }
+        if segment_start == names.len() {
+            return Err(fail("it has an empty segment"));
         }
         let digits = version
             .strip_prefix('v')
