@@ -71,8 +71,9 @@ pub(crate) fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
 /// wrote it twice) out of delivery at the same time, in one batch or in
 /// two relays' batches: the second is claimed only once the first is
 /// finished, and then finds the first's consumers in the ledger. Ids are
-/// matched as written, in upper and in lower case (the forms producers
-/// write; a ULID in mixed case is not matched).
+/// matched in any letter case (ASCII letters, which the ledger key's
+/// `upper()` folds too), with one probe of `event_outbox_event_id`, which
+/// compares under NOCASE since schema version 6.
 ///
 /// The rows taken are the longest prefix, in due order, whose payloads fit
 /// in the [`Budget`]; rows over its maximum are passed over. Sizes come
@@ -129,8 +130,9 @@ const CLAIM: &str = concat!(
                                  AND p.status = 'pending' AND p.id < o.id))
                          AND (o.event_id IS NULL OR NOT EXISTS (
                               SELECT 1 FROM event_outbox p
-                               WHERE p.event_id IN (o.event_id, upper(o.event_id), lower(o.event_id))
-                                 AND p.status = 'pending' AND p.id <> o.id
+                               WHERE p.event_id = o.event_id COLLATE NOCASE
+                                 AND p.event_id IS NOT NULL AND p.id <> o.id
+                                 AND p.status = 'pending'
                                  AND (p.id < o.id OR p.claim_token IS NOT NULL)))
                        ORDER BY o.available_at, o.id
                        LIMIT ?4)
@@ -632,6 +634,33 @@ mod tests {
         assert!(finish_delivered(&conn, 2, "T", now).unwrap());
         let got = claim(&conn, "U", now, later, 10).unwrap();
         assert_eq!(got.iter().map(|c| c.row_id).collect::<Vec<_>>(), [1]);
+    }
+
+    /// Schema version 6: the event-id rule matches an id in any letter
+    /// case, mixed case too (before, only the forms as written, in upper
+    /// and in lower case were probed, so a mixed-case twin went out beside
+    /// its original although both share one ledger key).
+    #[test]
+    fn a_row_waits_for_a_twin_in_mixed_case() {
+        let (_d, conn) = db();
+        let (id, mixed) = ("01JDQ8F6ZC1Y0D3W9N7K2M4P5R", "01jDq8F6zc1Y0d3w9N7k2M4p5R");
+        conn.execute(
+            "INSERT INTO event_outbox (id, event_id, event_type) VALUES (1, ?1, 'a.b.v1'),
+                    (2, ?2, 'a.b.v1'), (3, ?3, 'a.b.v1')",
+            params![mixed, id, crate::EventId::new().to_string()],
+        )
+        .unwrap();
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let later = now.plus(std::time::Duration::from_secs(30));
+        let ids = |rows: Vec<ClaimedRow>| rows.iter().map(|c| c.row_id).collect::<Vec<_>>();
+        assert_eq!(ids(claim(&conn, "T", now, later, 10).unwrap()), [1, 3]);
+        // Row 1 is leased: its canonical twin still waits...
+        assert!(claim(&conn, "U", now, later, 10).unwrap().is_empty());
+        // ...until it is finished, and then shares its ledger key.
+        assert!(finish_delivered(&conn, 1, "T", now).unwrap());
+        let got = claim(&conn, "U", now, later, 10).unwrap();
+        assert_eq!(got.iter().map(|c| c.row_id).collect::<Vec<_>>(), [2]);
+        assert_eq!(got[0].event_key, id);
     }
 
     /// Issue 11.3: a claim takes the rows whose payloads fit in the byte
