@@ -368,7 +368,7 @@ impl Enqueuer {
 /// first: a batch is written in statements of 32 rows, its remainder in
 /// statements of 4, the last 0–3 one at a time. Measured with callgrind
 /// (BENCHMARKS.md, section 1), instructions per event of a 100-event
-/// batch on schema version 6 (no statement journal): 8 rows a statement
+/// batch on schema version 7 (no statement journal): 8 rows a statement
 /// 13.4 k, 16 rows 12.7 k, 32 rows 12.5 k, 50 rows 12.3 k; on version 5,
 /// whose CHECKs called functions and so journalled every multi-row
 /// statement, more than 8 rows gained nothing. Two sizes keep the
@@ -402,7 +402,7 @@ const INSERT_ONE: &str = concat!(
 /// The INSERT of `ROWS_PER_INSERT[size]` events without idempotency keys.
 ///
 /// `OR FAIL` rather than the default `ABORT`: with no function call in the
-/// table's CHECKs (schema version 6), SQLite then writes the rows without a
+/// table's CHECKs (schema version 7), SQLite then writes the rows without a
 /// statement journal (a copy of every page the statement touches, kept to
 /// undo its earlier rows if a later one fails: 0.9 k instructions per
 /// event). No row in it can fail: [`Event::batchable`] keeps out every row

@@ -58,8 +58,13 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 6,
+        name: "event_id_nocase",
+        sql: include_str!("../../migrations/0006_event_id_nocase.sql"),
+    },
+    Migration {
+        version: 7,
         name: "checks_without_functions",
-        sql: include_str!("../../migrations/0006_checks_without_functions.sql"),
+        sql: include_str!("../../migrations/0007_checks_without_functions.sql"),
     },
 ];
 
@@ -300,6 +305,59 @@ mod tests {
         );
     }
 
+    /// A database at version 5, with rows in every state, migrates to the
+    /// latest version keeping every row as it was, and its event-id index
+    /// (rebuilt with NOCASE in version 6) finds every spelling of an id
+    /// with one probe, finished rows too.
+    #[test]
+    fn a_version_5_database_upgrades_and_finds_event_ids_in_any_case() {
+        let (_dir, mut conn) = migrated_to(5);
+        conn.execute_batch(
+            "INSERT INTO event_outbox (event_id, event_type, payload)
+                  VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a.b.v1', '1'),
+                         ('01jdq8f6zc1y0d3w9n7k2m4p5r', 'a.b.v1', '2'),
+                         ('01JdQ8f6Zc1Y0D3W9N7K2M4P5R', 'a.b.v1', '3');
+             INSERT INTO event_outbox (event_type, payload) VALUES ('a.b.v1', '4');
+             INSERT INTO event_outbox (event_id, event_type, payload, claim_token, lease_until)
+                  VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5T', 'a.b.v1', '5', 'T', 9);
+             INSERT INTO event_outbox (event_id, event_type, payload, status, finished_at)
+                  VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a.b.v1', '6', 'delivered', 5),
+                         ('01JDQ8F6ZC1Y0D3W9N7K2M4P5W', 'a.b.v1', '7', 'dead', 6);
+             INSERT INTO delivered_events VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'c', 6, 8);",
+        )
+        .unwrap();
+        let outbox = rows(&conn, "event_outbox");
+        let ledger = rows(&conn, "delivered_events");
+
+        let report = migrate(&mut conn).unwrap();
+        assert_eq!((report.from, report.to), (5, LATEST_VERSION));
+        assert_eq!(rows(&conn, "event_outbox"), outbox);
+        assert_eq!(rows(&conn, "delivered_events"), ledger);
+        conn.query_row("PRAGMA integrity_check", [], |r| r.get::<_, String>(0))
+            .map(|ok| assert_eq!(ok, "ok"))
+            .unwrap();
+        let same_id: Vec<String> = conn
+            .prepare(
+                "SELECT payload FROM event_outbox INDEXED BY event_outbox_event_id
+                  WHERE event_id = ?1 COLLATE NOCASE ORDER BY id",
+            )
+            .unwrap()
+            .query_map(["01jDq8F6zc1y0d3w9n7k2m4p5R"], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(same_id, ["1", "2", "3", "6"], "every spelling, one probe");
+        let entries: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM event_outbox INDEXED BY event_outbox_event_id
+                  WHERE event_id >= '' COLLATE NOCASE",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(entries, 6, "every row with an event id, none without");
+    }
+
     /// No trigger on event_outbox. Any INSERT trigger, whatever its WHEN
     /// clause, makes SQLite run a program per row, journal every statement
     /// and buffer multi-row INSERTs in a temporary table: a fifth of each
@@ -428,7 +486,7 @@ mod tests {
     /// the migration word for word, so capture's drift check stays quiet,
     /// and still write events.
     #[test]
-    fn capture_objects_survive_version_6_unchanged() {
+    fn capture_objects_survive_version_7_unchanged() {
         let (_dir, mut conn) = migrated_to(5);
         let objects = crate::capture::generate::event_objects();
         for o in &objects {

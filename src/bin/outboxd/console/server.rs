@@ -620,6 +620,14 @@ fn read_head(conn: &mut Conn, limits: &Limits) -> Result<Option<Head>, Response>
                 Err(_) => return Err(Response::text(400, "not an HTTP request\n")),
             }
         };
+        // A head that arrived whole in one read is over the limit too
+        // (it once passed: the size was checked only while incomplete).
+        if parsed
+            .as_ref()
+            .is_some_and(|(len, _)| *len > limits.max_head)
+        {
+            return Err(Response::text(431, "the request head is too large\n"));
+        }
         if let Some((len, head)) = parsed {
             conn.buf.drain(..len);
             return Ok(Some(head));
@@ -757,6 +765,7 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::net::TcpStream;
+    use std::sync::atomic::AtomicUsize;
     use std::time::Instant;
 
     fn echo_server(limits: Limits) -> Server {
@@ -980,6 +989,334 @@ mod tests {
         };
         assert!(ok.ends_with("/f 5"), "{ok}");
         server.stop();
+    }
+
+    /// A server answering every request with `handler`.
+    fn server_with(
+        limits: Limits,
+        handler: impl Fn(&Request) -> Response + Send + Sync + 'static,
+    ) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Server::start(vec![(listener, Arc::new(handler) as Arc<Handler>)], limits).unwrap()
+    }
+
+    /// Reads until the server closes the connection, or fails after `wait`.
+    fn read_until_closed(s: &mut TcpStream, wait: Duration) -> std::io::Result<Vec<u8>> {
+        s.set_read_timeout(Some(wait))?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn a_keep_alive_connection_silent_past_the_io_timeout_is_closed() {
+        let server = echo_server(Limits {
+            io_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        });
+        let mut s = TcpStream::connect(server.addrs()[0]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        assert!(keep_alive_get(&mut s, "/one").contains("/one 0"));
+        // Answered and kept open; then silent: the server closes it (EOF),
+        // where without the bound this read would fail at 20 s.
+        let started = Instant::now();
+        let rest = read_until_closed(&mut s, Duration::from_secs(20)).unwrap();
+        assert!(rest.is_empty(), "{rest:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        server.stop();
+    }
+
+    #[test]
+    fn a_head_over_the_limit_or_with_too_many_headers_gets_431() {
+        let server = echo_server(Limits {
+            max_head: 1024,
+            ..Limits::default()
+        });
+        let addr = server.addrs()[0];
+        let send = |head: String| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(head.as_bytes()).unwrap();
+            String::from_utf8_lossy(&read_until_closed(&mut s, Duration::from_secs(10)).unwrap())
+                .into_owned()
+        };
+        let big = format!(
+            "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(2000)
+        );
+        let out = send(big);
+        assert!(out.starts_with("HTTP/1.1 431"), "{out}");
+        let many: String = (0..65).map(|i| format!("X-{i}: v\r\n")).collect();
+        let out = send(format!("GET / HTTP/1.1\r\nHost: x\r\n{many}\r\n"));
+        assert!(out.starts_with("HTTP/1.1 431"), "{out}");
+        // Under both limits it is answered.
+        let out = send("GET /fine HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".into());
+        assert!(
+            out.starts_with("HTTP/1.1 200") && out.ends_with("/fine 0"),
+            "{out}"
+        );
+        server.stop();
+    }
+
+    #[test]
+    fn a_body_that_stops_arriving_gets_408_and_a_chunked_one_501() {
+        let server = echo_server(Limits {
+            io_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        });
+        let mut s = TcpStream::connect(server.addrs()[0]).unwrap();
+        write!(
+            s,
+            "POST /f HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhalf"
+        )
+        .unwrap();
+        let out = read_until_closed(&mut s, Duration::from_secs(20)).unwrap();
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+        assert!(
+            out.to_ascii_lowercase().contains("connection: close"),
+            "{out}"
+        );
+        let mut s = TcpStream::connect(server.addrs()[0]).unwrap();
+        write!(
+            s,
+            "POST /f HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        )
+        .unwrap();
+        let out = read_until_closed(&mut s, Duration::from_secs(20)).unwrap();
+        assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 501"));
+        server.stop();
+    }
+
+    #[test]
+    fn connections_beyond_the_cap_wait_until_one_closes() {
+        let server = echo_server(Limits {
+            max_connections: 2,
+            io_timeout: Duration::from_secs(30),
+            ..Limits::default()
+        });
+        let addr = server.addrs()[0];
+        let mut held: Vec<TcpStream> = (0..2)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                assert!(keep_alive_get(&mut s, "/held").contains("/held 0"));
+                s
+            })
+            .collect();
+        // The third connects (the kernel's listen queue) but is not served
+        // while both are open.
+        let mut third = TcpStream::connect(addr).unwrap();
+        write!(
+            third,
+            "GET /third HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        third
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        let err = third.read(&mut byte).unwrap_err();
+        assert!(
+            matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+            "{err}"
+        );
+        // One closes: the third is taken and answered.
+        held.pop();
+        let out = read_until_closed(&mut third, Duration::from_secs(10)).unwrap();
+        assert!(String::from_utf8_lossy(&out).ends_with("/third 0"));
+        assert!(keep_alive_get(&mut held[0], "/still").contains("/still 0"));
+        server.stop();
+    }
+
+    #[test]
+    fn a_client_that_stops_reading_its_answer_is_cut_off() {
+        // One connection at a time: the second client is served only once
+        // the first, which never reads its 32 MB answer, is cut off.
+        let server = server_with(
+            Limits {
+                max_connections: 1,
+                io_timeout: Duration::from_millis(300),
+                ..Limits::default()
+            },
+            |r: &Request| match r.path.as_str() {
+                "/big" => Response::text(200, "x".repeat(32 << 20)),
+                _ => Response::text(200, "small"),
+            },
+        );
+        let addr = server.addrs()[0];
+        let mut stuck = TcpStream::connect(addr).unwrap();
+        write!(stuck, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let started = Instant::now();
+        let out = get(addr, "/small");
+        assert!(out.ends_with("small"), "{out}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        drop(stuck);
+        server.stop();
+    }
+
+    #[test]
+    fn at_most_the_handler_threads_answer_at_once() {
+        let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (release_tx, release) = crossbeam_channel::unbounded::<()>();
+        let server = {
+            let (running, most) = (running.clone(), most.clone());
+            server_with(
+                Limits {
+                    handlers: 2,
+                    ..Limits::default()
+                },
+                move |_: &Request| {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    let _ = release.recv();
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    Response::text(200, "done")
+                },
+            )
+        };
+        let addr = server.addrs()[0];
+        let clients: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(move || get(addr, "/slow")))
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while running.load(Ordering::SeqCst) < 2 {
+            assert!(Instant::now() < deadline, "the handlers did not start");
+            std::thread::yield_now();
+        }
+        // Four requests are in; a third handler would start now if allowed.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(running.load(Ordering::SeqCst), 2);
+        for _ in 0..4 {
+            release_tx.send(()).unwrap();
+        }
+        for c in clients {
+            assert!(c.join().unwrap().ends_with("done"));
+        }
+        assert_eq!(most.load(Ordering::SeqCst), 2);
+        server.stop();
+    }
+
+    #[test]
+    fn a_panicking_handler_answers_500_and_the_server_goes_on() {
+        let server = server_with(Limits::default(), |r: &Request| {
+            assert!(r.path != "/panic", "a handler's bug");
+            Response::text(200, "fine")
+        });
+        let addr = server.addrs()[0];
+        assert!(get(addr, "/panic").starts_with("HTTP/1.1 500"));
+        for _ in 0..(2 * Limits::default().handlers) {
+            assert!(get(addr, "/ok").ends_with("fine"));
+        }
+        server.stop();
+    }
+
+    #[test]
+    fn every_answer_carries_the_security_headers_and_head_has_no_body() {
+        let server = server_with(Limits::default(), |_: &Request| {
+            Response::html(200, "<p>page</p>".into())
+                .with_header("Set-Cookie", "a=b\r\nX-Injected: 1".into())
+        });
+        let addr = server.addrs()[0];
+        let out = get(addr, "/");
+        let lower = out.to_ascii_lowercase();
+        for header in [
+            format!("content-security-policy: {CSP}"),
+            "x-content-type-options: nosniff".into(),
+            "x-frame-options: deny".into(),
+            "referrer-policy: same-origin".into(),
+            "cache-control: no-store".into(),
+            "content-type: text/html; charset=utf-8".into(),
+            // The line break is taken out, so no header is injected.
+            "set-cookie: a=bx-injected: 1".into(),
+        ] {
+            assert!(
+                lower.contains(&header.to_ascii_lowercase()),
+                "{header} in {out}"
+            );
+        }
+        assert!(out.ends_with("<p>page</p>"), "{out}");
+        let mut s = TcpStream::connect(addr).unwrap();
+        write!(s, "HEAD / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let out =
+            String::from_utf8(read_until_closed(&mut s, Duration::from_secs(10)).unwrap()).unwrap();
+        assert!(
+            out.to_ascii_lowercase().contains("content-length: 11\r\n"),
+            "{out}"
+        );
+        assert!(out.ends_with("\r\n\r\n"), "no body: {out}");
+        server.stop();
+    }
+
+    #[test]
+    fn stopping_closes_idle_connections_and_lets_an_answer_finish() {
+        let (release_tx, release) = crossbeam_channel::unbounded::<()>();
+        let (started_tx, started) = crossbeam_channel::unbounded::<()>();
+        let server = server_with(
+            Limits {
+                io_timeout: Duration::from_secs(30),
+                ..Limits::default()
+            },
+            move |r: &Request| {
+                if r.path == "/slow" {
+                    started_tx.send(()).unwrap();
+                    release.recv().unwrap();
+                }
+                Response::text(200, format!("{} done", r.path))
+            },
+        );
+        let addr = server.addrs()[0];
+        let mut idle = TcpStream::connect(addr).unwrap();
+        idle.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        assert!(keep_alive_get(&mut idle, "/idle").contains("/idle done"));
+        let slow = std::thread::spawn(move || get(addr, "/slow"));
+        started.recv_timeout(Duration::from_secs(10)).unwrap();
+        let stopping = std::thread::spawn(move || server.stop());
+        // The idle connection is closed at once (long before its 30 s).
+        let rest = read_until_closed(&mut idle, Duration::from_secs(10)).unwrap();
+        assert!(rest.is_empty());
+        // New clients are refused once the listener is closed.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).is_ok() {
+            assert!(Instant::now() < deadline, "still accepting");
+            std::thread::yield_now();
+        }
+        assert!(!stopping.is_finished(), "stop waits for the answer");
+        release_tx.send(()).unwrap();
+        let out = slow.join().unwrap();
+        assert!(
+            out.starts_with("HTTP/1.1 200") && out.ends_with("/slow done"),
+            "{out}"
+        );
+        stopping.join().unwrap();
+    }
+
+    #[test]
+    fn stopping_waits_at_most_the_grace() {
+        let (started_tx, started) = crossbeam_channel::unbounded::<()>();
+        let (_never_tx, never) = crossbeam_channel::unbounded::<()>();
+        let server = server_with(
+            Limits {
+                shutdown_grace: Duration::from_millis(300),
+                ..Limits::default()
+            },
+            move |_: &Request| {
+                started_tx.send(()).unwrap();
+                let _ = never.recv();
+                Response::text(200, "late")
+            },
+        );
+        let addr = server.addrs()[0];
+        let _client = std::thread::spawn(move || {
+            TcpStream::connect(addr).map(|mut s| {
+                let _ = write!(s, "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+                let _ = read_until_closed(&mut s, Duration::from_secs(30));
+            })
+        });
+        started.recv_timeout(Duration::from_secs(10)).unwrap();
+        let t = Instant::now();
+        server.stop();
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     }
 
     #[test]

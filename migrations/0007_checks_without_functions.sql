@@ -1,4 +1,4 @@
--- outboxd schema, version 6: the three CHECKs on event_outbox that called
+-- outboxd schema, version 7: the three CHECKs on event_outbox that called
 -- SQL functions (length, typeof) say the same with comparisons and CAST.
 --
 -- Why. A statement that may write several rows and may stop half-way
