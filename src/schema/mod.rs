@@ -61,6 +61,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "event_id_nocase",
         sql: include_str!("../../migrations/0006_event_id_nocase.sql"),
     },
+    Migration {
+        version: 7,
+        name: "checks_without_functions",
+        sql: include_str!("../../migrations/0007_checks_without_functions.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.
@@ -369,6 +374,145 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         assert!(triggers.is_empty(), "{triggers:?}");
+    }
+
+    /// Version 6 restates three CHECKs without function calls (so that a
+    /// multi-row INSERT needs no statement journal). Foreign producers must
+    /// see no difference: each value below, written into each checked
+    /// column, gets the same verdict (written, or refused naming the same
+    /// constraint) from version 5 and from the latest schema.
+    #[test]
+    fn the_checks_without_functions_refuse_exactly_what_version_5_refused() {
+        let (_d5, v5) = migrated_to(5);
+        let (_d6, latest) = migrated_to(LATEST_VERSION);
+        let verdict = |conn: &Connection, column: &str, value: &str| {
+            let sql = if column == "event_type" {
+                format!("INSERT INTO event_outbox (event_type) VALUES ({value})")
+            } else {
+                format!(
+                    "INSERT INTO event_outbox (event_type, {column}) VALUES ('a.b.v1', {value})"
+                )
+            };
+            match conn.execute(&sql, []) {
+                Ok(_) => "written".to_string(),
+                Err(e) => e.to_string(),
+            }
+        };
+        let times = [
+            "0",
+            "1",
+            "-1",
+            "1764487080123",
+            "253402300799999",
+            "253402300800000",
+            "9223372036854775807",
+            "-9223372036854775807",
+            "-9223372036854775807 - 1",
+            "1764487080123.0",
+            "1764487080123.5",
+            "-0.0",
+            "0.5",
+            "1e15",
+            "1e300",
+            "-1e300",
+            "9223372036854775807.0",
+            "9223372036854775808.0",
+            "-9223372036854775808.0",
+            "-9223372036854777856.0",
+            "'1764487080123'",
+            "' 42 '",
+            "'4.0'",
+            "'4.5'",
+            "'2026-11-30T07:18:00Z'",
+            "''",
+            "'-9223372036854775808'",
+            "'-9.22337203685478e+18'",
+            "x''",
+            "x'31'",
+            "x'0000'",
+            "NULL",
+        ];
+        let mut compared = 0;
+        for column in ["occurred_at", "created_at", "available_at"] {
+            for value in times {
+                let (old, new) = (verdict(&v5, column, value), verdict(&latest, column, value));
+                assert_eq!(old, new, "{column} = {value}");
+                compared += 1;
+            }
+        }
+        for value in [
+            "''", "'a'", "' '", "'a.b.v1'", "x''", "x'00'", "x'61'", "0", "1.5", "-0.0", "NULL",
+        ] {
+            let (old, new) = (
+                verdict(&v5, "event_type", value),
+                verdict(&latest, "event_type", value),
+            );
+            assert_eq!(old, new, "event_type = {value}");
+            compared += 1;
+        }
+        // Both schemas did refuse some of them, for each reason.
+        for name in [
+            "event_outbox_type_not_empty",
+            "event_outbox_times_are_integers",
+            "event_outbox_times_in_milliseconds",
+        ] {
+            assert!(
+                times
+                    .iter()
+                    .chain(["''"].iter())
+                    .any(|v| ["available_at", "event_type"]
+                        .iter()
+                        .any(|c| verdict(&latest, c, v).contains(name))),
+                "{name} never fired"
+            );
+        }
+        assert!(compared > 100);
+        // And the latest table calls no function in a CHECK.
+        let sql: String = latest
+            .query_row(
+                "SELECT sql FROM sqlite_master WHERE name = 'event_outbox'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        for f in ["typeof(", "length("] {
+            assert!(!sql.contains(f), "{f} in {sql}");
+        }
+    }
+
+    /// Version 6 alters event_outbox's CHECKs in place. The objects change
+    /// capture installs beside it (a view, its INSTEAD OF trigger writing
+    /// event_outbox rows, a trigger on event_outbox itself) come through
+    /// the migration word for word, so capture's drift check stays quiet,
+    /// and still write events.
+    #[test]
+    fn capture_objects_survive_version_7_unchanged() {
+        let (_dir, mut conn) = migrated_to(5);
+        let objects = crate::capture::generate::event_objects();
+        for o in &objects {
+            conn.execute_batch(&o.sql).unwrap();
+        }
+        let sql_of = |conn: &Connection, name: &str| -> String {
+            conn.query_row(
+                "SELECT sql FROM sqlite_master WHERE name = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let before: Vec<String> = objects.iter().map(|o| sql_of(&conn, &o.name)).collect();
+        migrate(&mut conn).unwrap();
+        let after: Vec<String> = objects.iter().map(|o| sql_of(&conn, &o.name)).collect();
+        assert_eq!(before, after);
+        conn.execute(
+            "INSERT INTO outboxd_capture_event (event_type, payload) VALUES ('page.insert.v1', '{}')",
+            [],
+        )
+        .unwrap();
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM event_outbox", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1);
     }
 
     /// The look-up of an event's ledger entries that the claim makes for
