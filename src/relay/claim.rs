@@ -725,6 +725,16 @@ mod tests {
         assert_eq!(got[0].event_key, id);
     }
 
+    /// Inserts a due row whose payload (a JSON string) is `size` bytes.
+    fn insert_sized(conn: &Connection, size: i64) {
+        conn.execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload)
+             VALUES (?1, 'a.b.v1', '\"' || substr(hex(zeroblob(?2)), 1, ?2 - 2) || '\"')",
+            params![crate::EventId::new().to_string(), size],
+        )
+        .unwrap();
+    }
+
     /// Issue 11.3: a claim takes the rows whose payloads fit in the byte
     /// budget (at least one when told to) and passes over the payloads above
     /// the maximum, which `oversized` finds and `dead_letter_oversized`
@@ -733,12 +743,7 @@ mod tests {
     fn a_claim_keeps_to_its_byte_budget_and_leaves_large_payloads_unread() {
         let (_d, conn) = db();
         for size in [10, 10, 5000, 10, 10] {
-            conn.execute(
-                "INSERT INTO event_outbox (event_id, event_type, payload)
-                 VALUES (?1, 'a.b.v1', '\"' || substr(hex(zeroblob(?2)), 1, ?2 - 2) || '\"')",
-                params![crate::EventId::new().to_string(), size],
-            )
-            .unwrap();
+            insert_sized(&conn, size);
         }
         let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
         let take = |bytes, one_anyway, max_payload| {
@@ -845,12 +850,7 @@ mod tests {
         let (_d, conn) = db();
         let sizes = [30_i64, 10, 50, 20, 10, 40];
         for size in sizes {
-            conn.execute(
-                "INSERT INTO event_outbox (event_id, event_type, payload)
-                 VALUES (?1, 'a.b.v1', '\"' || substr(hex(zeroblob(?2)), 1, ?2 - 2) || '\"')",
-                params![crate::EventId::new().to_string(), size],
-            )
-            .unwrap();
+            insert_sized(&conn, size);
         }
         let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
         let until = now.plus(std::time::Duration::from_secs(30));
