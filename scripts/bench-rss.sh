@@ -10,6 +10,14 @@
 # the pending count until it is 0 (confirmed by `outboxd status --json`), reads the process's peak
 # resident set (VmHWM in /proc/PID/status), then sends SIGTERM and waits for
 # a clean exit. Prints one Markdown table row. Needs sqlite3 and jq.
+#
+# The row also gives the largest anonymous part seen (RssAnon, sampled each
+# second: the heap, SQLite's caches, stacks) and the file-backed part at the
+# end (RssFile: the binary's and libc's code the kernel mapped). The
+# file-backed part depends on how the binary sits in the page cache (a file
+# just written is mapped in large folios, more of it at once), so the
+# binary's cached pages are dropped before the run (dd iflag=nocache): every
+# run then maps its code as after a reboot, and runs compare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,11 +74,14 @@ status_pending() {
     "$bin" --db "$db" status --json | jq '.counts.pending_due + .counts.pending_delayed + .counts.leased'
 }
 
+sync "$bin"
+dd if="$bin" iflag=nocache count=0 status=none
 start=$(date +%s.%N)
 # shellcheck disable=SC2086
 "$bin" --db "$db" run ${RUN_ARGS:-} >/dev/null 2>"$dir/run.log" &
 pid=$!
 hwm=0
+anon=0
 deadline=$(( $(date +%s) + timeout_s ))
 while :; do
     if ! kill -0 "$pid" 2>/dev/null; then
@@ -78,6 +89,8 @@ while :; do
     fi
     h=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
     (( h > hwm )) && hwm=$h
+    a=$(awk '/^RssAnon:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
+    (( a > anon )) && anon=$a
     left=$(pending 2>/dev/null || echo -1)
     [[ $left == 0 ]] && break
     if (( $(date +%s) > deadline )); then echo "error: $left still pending after ${timeout_s}s" >&2; exit 1; fi
@@ -87,12 +100,15 @@ done
 end=$(date +%s.%N)
 h=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status")
 (( h > hwm )) && hwm=$h
+a=$(awk '/^RssAnon:/ {print $2}' "/proc/$pid/status")
+(( a > anon )) && anon=$a
+file=$(awk '/^RssFile:/ {print $2}' "/proc/$pid/status")
 kill -TERM "$pid"
 rc=0
 wait "$pid" || rc=$?
 pid=
 delivered=$("$bin" --db "$db" status --json | jq '.counts.delivered')
 secs=$(awk "BEGIN {print $end - $start}")
-printf '| outboxd run, %s events | peak RSS %.1f MB (VmHWM %s kB) | drained in %.1f s (%s delivered, %s dead) | exit %s after SIGTERM | load %s |\n' \
-    "$n" "$(awk "BEGIN {print $hwm / 1024}")" "$hwm" "$secs" "$delivered" \
+printf '| outboxd run, %s events | peak RSS %.1f MB (VmHWM %s kB) | anon at most %s kB, file %s kB | drained in %.1f s (%s delivered, %s dead) | exit %s after SIGTERM | load %s |\n' \
+    "$n" "$(awk "BEGIN {print $hwm / 1024}")" "$hwm" "$anon" "$file" "$secs" "$delivered" \
     "$("$bin" --db "$db" status --json | jq '.counts.dead')" "$rc" "$(cut -d' ' -f1 /proc/loadavg)"

@@ -29,6 +29,18 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The size the WAL file is truncated back to after a checkpoint.
 pub const DEFAULT_JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
+/// The page cache, in KiB, of connections that only look at a few rows or
+/// scan once ([`small_cache`]): a [`ConnectionManager::read_only`] pool's
+/// connections, `outboxd run`'s capture watch. SQLite's default is 2,000
+/// KiB per connection, and a connection keeps what it read until it
+/// closes: the console's six pooled readers, each scanning the status
+/// indexes of a large file, held up to 12 MB that way. Beside a relay the
+/// cache buys a reader little anyway: SQLite empties a WAL reader's cache
+/// at the start of any read transaction after another connection
+/// committed, so it only serves repeat reads within one transaction, where
+/// 64 pages hold the b-trees' upper levels.
+pub const SMALL_CACHE_KIB: u32 = 256;
+
 /// Opens (creating if needed) a database file read-write and [`configure`]s it.
 /// A directory, a file that is not a database, or a file that cannot be
 /// written is refused with an error naming the path.
@@ -238,6 +250,13 @@ pub fn configure(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
+/// Bounds `conn`'s page cache to [`SMALL_CACHE_KIB`], for a connection that
+/// stays open but only looks at a few rows at a time or scans once.
+pub fn small_cache(conn: &Connection) -> Result<()> {
+    conn.execute_batch(&format!("PRAGMA cache_size = -{SMALL_CACHE_KIB}"))
+        .map_err(Error::db("set a small page cache"))
+}
+
 /// Waits for a lock up to [`DEFAULT_BUSY_TIMEOUT`], trying again every
 /// 0.1 ms for the first ten tries, then every millisecond or so.
 ///
@@ -350,7 +369,8 @@ fn explain(path: &Path, conn: &Connection, e: Error) -> Error {
 
 /// An r2d2 connection manager for outboxd's read pool: each connection is
 /// opened and [`configure`]d like [`open`]'s, or opened like
-/// [`open_read_only`]'s by a [`ConnectionManager::read_only`] manager.
+/// [`open_read_only`]'s, with a [`small_cache`], by a
+/// [`ConnectionManager::read_only`] manager.
 #[derive(Debug, Clone)]
 pub struct ConnectionManager {
     path: PathBuf,
@@ -367,7 +387,9 @@ impl ConnectionManager {
     }
 
     /// A manager of read-only connections to the existing database at
-    /// `path` (status, metrics, the console).
+    /// `path` (status, metrics, the console), each with a [`small_cache`]:
+    /// a pool keeps its connections, and each would otherwise keep up to
+    /// 2 MB of pages.
     pub fn read_only(path: impl Into<PathBuf>) -> ConnectionManager {
         ConnectionManager {
             path: path.into(),
@@ -382,7 +404,9 @@ impl r2d2::ManageConnection for ConnectionManager {
 
     fn connect(&self) -> Result<Connection> {
         if self.read_only {
-            open_read_only(&self.path)
+            let conn = open_read_only(&self.path)?;
+            small_cache(&conn)?;
+            Ok(conn)
         } else {
             open(&self.path)
         }
@@ -425,6 +449,21 @@ mod tests {
             .query_row("PRAGMA synchronous", [], |r| r.get(0))
             .unwrap();
         assert_eq!(sync, 2);
+    }
+
+    #[test]
+    fn a_read_only_pool_keeps_a_small_cache_and_a_writing_one_the_default() {
+        use r2d2::ManageConnection;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.db");
+        let cache = |conn: &Connection| -> i64 {
+            conn.query_row("PRAGMA cache_size", [], |r| r.get(0))
+                .unwrap()
+        };
+        let writing = ConnectionManager::new(&path).connect().unwrap();
+        assert_eq!(cache(&writing), -2000, "SQLite's default");
+        let reading = ConnectionManager::read_only(&path).connect().unwrap();
+        assert_eq!(cache(&reading), -i64::from(SMALL_CACHE_KIB));
     }
 
     #[test]

@@ -334,6 +334,12 @@ pub fn drain_timed(path: &Path, relay: outboxd::Relay, n: usize) -> Duration {
     }
     let took = start.elapsed();
     handle.shutdown(Duration::from_secs(10)).unwrap();
+    assert_all_delivered(&check, n);
+    took
+}
+
+/// Checks that the database `check` reads holds `n` delivered events.
+pub fn assert_all_delivered(check: &rusqlite::Connection, n: usize) {
     let delivered: i64 = check
         .query_row(
             "SELECT count(*) FROM event_outbox WHERE status = 'delivered'",
@@ -342,5 +348,4 @@ pub fn drain_timed(path: &Path, relay: outboxd::Relay, n: usize) -> Duration {
         )
         .unwrap();
     assert_eq!(delivered as usize, n, "every event delivered, none dead");
-    took
 }

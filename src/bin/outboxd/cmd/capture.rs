@@ -370,8 +370,14 @@ impl Watch {
     fn check(&mut self, now: Timestamp) -> Result<()> {
         let mut conn = match self.conn.take() {
             Some(c) => c,
-            None => outboxd::connection::open(&self.db)
-                .with_context(|| format!("cannot open {}", self.db.display()))?,
+            None => {
+                let conn = outboxd::connection::open(&self.db)
+                    .with_context(|| format!("cannot open {}", self.db.display()))?;
+                // Kept open for the life of `run`, reading a few rows
+                // every housekeeping interval.
+                outboxd::connection::small_cache(&conn)?;
+                conn
+            }
         };
         let result = self.check_on(&mut conn, now);
         self.conn = Some(conn);
