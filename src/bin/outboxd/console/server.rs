@@ -18,6 +18,11 @@
 //!   keep-alive connection silent that long is closed (hyper's header read
 //!   timeout, which runs from the end of one answer to the next head); a
 //!   head over [`Limits::max_head`] gets 431 (hyper's answer);
+//! - hyper answers a head it cannot parse or take (400, 414, 431) itself,
+//!   before any handler: those answers lack the security headers every
+//!   other one carries ([`to_hyper`]), as hyper 1 has no hook to add headers
+//!   to them, but they have no body (Content-Length 0), so there is nothing
+//!   to render, sniff or frame;
 //! - a body over [`Limits::max_body`] is refused (413) unread, one that does
 //!   not arrive within the I/O timeout gets 408, a chunked one 501;
 //! - a client that stops reading its answer is cut off after the I/O
@@ -942,6 +947,34 @@ mod tests {
             out.starts_with("HTTP/1.1 200") && out.ends_with("/fine 0"),
             "{out}"
         );
+        server.stop();
+    }
+
+    #[test]
+    fn hyper_s_own_refusals_have_no_body() {
+        // They cannot carry the security headers (see the module doc), so
+        // they must have nothing a browser could render.
+        let server = echo_server(Limits {
+            max_head: 1024,
+            ..Limits::default()
+        });
+        let addr = server.addrs()[0];
+        for (request, status) in [
+            ("GET / HTTP/1.1\r\nHo st: x\r\n\r\n".to_string(), "400"),
+            ("NOT A REQUEST\r\n\r\n".to_string(), "400"),
+            (
+                format!("GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(2000)),
+                "431",
+            ),
+        ] {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(request.as_bytes()).unwrap();
+            let out = read_until_closed(&mut s, Duration::from_secs(10)).unwrap();
+            let out = String::from_utf8_lossy(&out).to_ascii_lowercase();
+            assert!(out.starts_with(&format!("http/1.1 {status}")), "{out}");
+            assert!(out.contains("content-length: 0\r\n"), "{out}");
+            assert!(out.ends_with("\r\n\r\n"), "no body: {out}");
+        }
         server.stop();
     }
 
