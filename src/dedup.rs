@@ -152,13 +152,25 @@ pub(crate) fn forget(
 /// may be replayed for another consumer; deleting the entry would run a
 /// consumer that already succeeded again. So an entry is never purged ahead
 /// of its row (nor of a second row with the same event id), however old it
-/// is. The key is the canonical upper-case id; producers write ids in upper
-/// or lower case, and both forms are looked up on the event id index.
+/// is. The key is the canonical upper-case id; a row may spell it in any
+/// letter case, and one probe of the event-id index (NOCASE since schema
+/// version 6) finds every spelling.
 fn no_row_stays(going: &str) -> String {
     format!(
         "NOT EXISTS (SELECT 1 FROM event_outbox o WHERE o.id = d.outbox_id AND NOT ({going}))
          AND NOT EXISTS (SELECT 1 FROM event_outbox o
-              WHERE o.event_id IN (d.event_key, lower(d.event_key)) AND NOT ({going}))"
+              WHERE o.event_id = d.event_key COLLATE NOCASE AND o.event_id IS NOT NULL
+                AND NOT ({going}))"
+    )
+}
+
+/// [`purge_batch`]'s statement: ?1 the cutoff, ?2 the limit.
+fn purge_batch_sql() -> String {
+    format!(
+        "DELETE FROM delivered_events WHERE (event_key, consumer) IN (
+             SELECT event_key, consumer FROM delivered_events d
+              WHERE delivered_at < ?1 AND {} LIMIT ?2)",
+        no_row_stays("0")
     )
 }
 
@@ -169,17 +181,12 @@ pub(crate) fn purge_batch(
     cutoff: Timestamp,
     limit: usize,
 ) -> rusqlite::Result<u64> {
-    conn.prepare_cached(&format!(
-        "DELETE FROM delivered_events WHERE (event_key, consumer) IN (
-             SELECT event_key, consumer FROM delivered_events d
-              WHERE delivered_at < ?1 AND {} LIMIT ?2)",
-        no_row_stays("0")
-    ))?
-    .execute(params![
-        cutoff.as_millis(),
-        i64::try_from(limit).unwrap_or(i64::MAX)
-    ])
-    .map(|n| n as u64)
+    conn.prepare_cached(&purge_batch_sql())?
+        .execute(params![
+            cutoff.as_millis(),
+            i64::try_from(limit).unwrap_or(i64::MAX)
+        ])
+        .map(|n| n as u64)
 }
 
 /// How many entries [`purge_batch`] would delete in all, once the purge has
@@ -349,6 +356,49 @@ mod tests {
         let mut conn = crate::connection::open(dir.path().join("d.db")).unwrap();
         crate::schema::migrate(&mut conn).unwrap();
         (dir, conn)
+    }
+
+    /// Schema version 6: an entry stays while a row carrying its event id
+    /// stays, whatever the letter case the row spells it in (mixed case
+    /// too: before, only the key and its lower case were looked up, and
+    /// this entry was purged), and the purge finds such rows on the
+    /// event-id index, never by a scan.
+    #[test]
+    fn the_purge_keeps_an_entry_while_a_row_spells_its_id_in_any_case() {
+        let (_d, conn) = db();
+        conn.execute_batch(
+            "INSERT INTO event_outbox (id, event_id, event_type)
+                  VALUES (7, '01jDq8F6zc1Y0d3w9N7k2M4p5R', 'a.b.v1');
+             INSERT INTO delivered_events VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a', 1, 5),
+                  ('01JDQ8F6ZC1Y0D3W9N7K2M4P5S', 'a', 2, 5);",
+        )
+        .unwrap();
+        assert_eq!(
+            purge_batch(&conn, Timestamp::from_millis(10), 100).unwrap(),
+            1
+        );
+        let kept: Vec<String> = conn
+            .prepare("SELECT event_key FROM delivered_events")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(kept, ["01JDQ8F6ZC1Y0D3W9N7K2M4P5R"]);
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", purge_batch_sql()))
+            .unwrap()
+            .query_map(params![10, 100], |r| r.get(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert!(
+            plan.iter()
+                .any(|l| l.starts_with("SEARCH o USING")
+                    && l.contains("INDEX event_outbox_event_id")),
+            "{plan:?}"
+        );
+        assert!(!plan.iter().any(|l| l.starts_with("SCAN o")), "{plan:?}");
     }
 
     #[test]

@@ -166,6 +166,25 @@ impl Event {
     pub fn id(&self) -> EventId {
         self.event_id
     }
+
+    /// When the event becomes due, if enqueued at `now`.
+    fn available_at_from(&self, now: Timestamp) -> Timestamp {
+        match self.available {
+            Available::Now => now,
+            Available::After(d) => now.plus(d),
+            Available::At(t) => t,
+        }
+    }
+
+    /// True when the event can share a multi-row INSERT: it has no
+    /// idempotency key (so it cannot be a duplicate) and no CHECK of the
+    /// table refuses it. Its type is validated, its times are integers and
+    /// its status is the default; only a due time past year 9999 remains,
+    /// and such an event goes alone, to be refused with the schema's reason.
+    fn batchable(&self, now: Timestamp) -> bool {
+        self.idempotency_key.is_none()
+            && self.available_at_from(now).as_millis() <= LATEST_AVAILABLE_AT
+    }
 }
 
 /// What [`enqueue`] did.
@@ -273,13 +292,15 @@ impl Enqueuer {
 
     /// Enqueues several events. See [`enqueue_many`].
     ///
-    /// Events without an idempotency key are written eight to a statement:
-    /// one INSERT of several rows pays SQLite's per-statement work (cursors
-    /// on the table and its indexes, the AUTOINCREMENT counter) once instead
-    /// of once per event. Such events cannot conflict, so the rows written
-    /// are exactly the rows given. An event with a key, and the tail of a
-    /// batch, go one to a statement, because each needs its own answer
-    /// (written or duplicate). Ids follow the order given either way.
+    /// Events without an idempotency key are written 32 (then 4) to a
+    /// statement: one INSERT of several rows pays SQLite's per-statement
+    /// work (cursors on the table and its indexes, the AUTOINCREMENT
+    /// counter) once instead of once per event. Such events cannot
+    /// conflict, so the rows written are exactly the rows given. An event
+    /// with a key, one the schema would refuse, and the last few of a
+    /// batch go one to a statement: each needs its own answer (written or
+    /// duplicate, or the schema's reason). Ids follow the order given
+    /// either way.
     pub fn enqueue_many<'a>(
         &self,
         conn: &Connection,
@@ -294,23 +315,25 @@ impl Enqueuer {
         }
         let now = Timestamp::now();
         let mut done = Vec::with_capacity(events.len());
-        let (mut one, mut many) = (None, None);
+        let mut one = None;
+        let mut many: [Option<rusqlite::CachedStatement<'_>>; ROWS_PER_INSERT.len()] =
+            Default::default();
         let mut rest = &events[..];
         while let Some(first) = rest.first() {
-            let keyless = rest
+            let batchable = rest
                 .iter()
-                .take(ROWS_PER_INSERT)
-                .take_while(|e| e.idempotency_key.is_none())
+                .take(ROWS_PER_INSERT[0])
+                .take_while(|e| e.batchable(now))
                 .count();
-            if keyless == ROWS_PER_INSERT {
-                let stmt = match &mut many {
+            if let Some(size) = ROWS_PER_INSERT.iter().position(|&n| n <= batchable) {
+                let stmt = match &mut many[size] {
                     Some(stmt) => stmt,
-                    None => many.insert(prepare(conn, insert_many_sql())?),
+                    slot => slot.insert(prepare(conn, insert_many_sql(size))?),
                 };
-                let rows = &rest[..ROWS_PER_INSERT];
+                let rows = &rest[..ROWS_PER_INSERT[size]];
                 insert_keyless(stmt, rows, now)?;
                 done.extend(rows.iter().map(|e| Enqueued::New(e.event_id)));
-                rest = &rest[ROWS_PER_INSERT..];
+                rest = &rest[rows.len()..];
             } else {
                 let stmt = match &mut one {
                     Some(stmt) => stmt,
@@ -341,12 +364,20 @@ impl Enqueuer {
     }
 }
 
-/// Events per multi-row INSERT in [`Enqueuer::enqueue_many`]. Measured
-/// with callgrind (BENCHMARKS.md, section 1), SQLite's instructions per row
-/// on schema version 5: one row a statement 23.2 k, 4 rows 17.4 k, 8 rows
-/// 15.8 k, 16 rows 15.3 k, 32 rows 15.8 k. 8 keeps the statement small (96
-/// parameters) and the one-row tail of a batch short.
-const ROWS_PER_INSERT: usize = 8;
+/// Events per multi-row INSERT in [`Enqueuer::enqueue_many`], largest
+/// first: a batch is written in statements of 32 rows, its remainder in
+/// statements of 4, the last 0–3 one at a time. Measured with callgrind
+/// (BENCHMARKS.md, section 1), instructions per event of a 100-event
+/// batch on schema version 7 (no statement journal): 8 rows a statement
+/// 13.4 k, 16 rows 12.7 k, 32 rows 12.5 k, 50 rows 12.3 k; on version 5,
+/// whose CHECKs called functions and so journalled every multi-row
+/// statement, more than 8 rows gained nothing. Two sizes keep the
+/// connection's statement cache to three enqueue entries.
+const ROWS_PER_INSERT: [usize; 2] = [32, 4];
+
+/// The latest `available_at` the schema accepts for a pending row (the
+/// last millisecond of year 9999: CHECK `event_outbox_times_in_milliseconds`).
+const LATEST_AVAILABLE_AT: i64 = 253_402_300_799_999;
 
 /// The columns every enqueue writes, in the order [`bind_row`] binds them.
 macro_rules! columns {
@@ -368,16 +399,26 @@ const INSERT_ONE: &str = concat!(
     ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) ON CONFLICT DO NOTHING"
 );
 
-/// The INSERT of [`ROWS_PER_INSERT`] events without idempotency keys: no
-/// conflict clause, as no unique index covers a row without a key.
-fn insert_many_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
+/// The INSERT of `ROWS_PER_INSERT[size]` events without idempotency keys.
+///
+/// `OR FAIL` rather than the default `ABORT`: with no function call in the
+/// table's CHECKs (schema version 7), SQLite then writes the rows without a
+/// statement journal (a copy of every page the statement touches, kept to
+/// undo its earlier rows if a later one fails: 0.9 k instructions per
+/// event). No row in it can fail: [`Event::batchable`] keeps out every row
+/// a CHECK would refuse, no unique index covers a row without a key, and
+/// the rowid comes from AUTOINCREMENT. (An I/O error or a full disk in the
+/// middle rolls back the host's whole transaction, as it does for a
+/// one-row INSERT.)
+fn insert_many_sql(size: usize) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; ROWS_PER_INSERT.len()] =
+        [const { std::sync::OnceLock::new() }; ROWS_PER_INSERT.len()];
+    SQL[size].get_or_init(|| {
         let row = format!("({})", ["?"; PARAMS_PER_ROW].join(", "));
         format!(
-            "INSERT INTO event_outbox ({}) VALUES {}",
+            "INSERT OR FAIL INTO event_outbox ({}) VALUES {}",
             columns!(),
-            vec![row; ROWS_PER_INSERT].join(", ")
+            vec![row; ROWS_PER_INSERT[size]].join(", ")
         )
     })
 }
@@ -394,11 +435,7 @@ fn bind_row(
     e: &Event,
     now: Timestamp,
 ) -> rusqlite::Result<()> {
-    let available_at = match e.available {
-        Available::Now => now,
-        Available::After(d) => now.plus(d),
-        Available::At(t) => t,
-    };
+    let available_at = e.available_at_from(now);
     // The id as text on the stack: no allocation per event.
     let mut id = [0; ulid::ULID_LEN];
     stmt.raw_bind_parameter(first, &*e.event_id.ulid().array_to_str(&mut id))?;
@@ -415,8 +452,8 @@ fn bind_row(
     stmt.raw_bind_parameter(first + 11, available_at.as_millis())
 }
 
-/// Writes [`ROWS_PER_INSERT`] events without idempotency keys with one
-/// statement (the caller checked their sizes).
+/// Writes events without idempotency keys with one statement of as many
+/// rows (the caller checked their sizes and [`Event::batchable`]).
 fn insert_keyless(
     stmt: &mut rusqlite::CachedStatement<'_>,
     rows: &[&Event],

@@ -95,9 +95,29 @@ pub enum EnvelopeError {
 pub struct EventId(Ulid);
 
 impl EventId {
-    /// A fresh id.
+    /// A fresh id, greater than every id minted before it in this process
+    /// (within one millisecond the random part counts up instead of being
+    /// drawn again).
+    ///
+    /// Why: the ids of one batch then enter the `event_id` index in order,
+    /// at its right edge, instead of at random places among that
+    /// millisecond's entries (BENCHMARKS.md section 1: 0.7 k instructions
+    /// per event of a 100-event `enqueue_many`). Ids stay unique across
+    /// processes: each millisecond still starts from 80 random bits.
     pub fn new() -> EventId {
-        EventId(Ulid::generate())
+        static IDS: std::sync::Mutex<ulid::Generator> =
+            std::sync::Mutex::new(ulid::Generator::new());
+        // A poisoned lock only means another thread panicked while holding
+        // it; the generator inside is still a valid last id.
+        let mut ids = IDS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let id = match ids.generate() {
+            Ok(id) => id,
+            // 2^80 ids in one millisecond: carry into the next.
+            Err(overflow) => overflow.commit_overflow_random(),
+        };
+        EventId(id)
     }
 
     /// Parses a ULID (case-insensitive Crockford base32).
@@ -192,21 +212,29 @@ impl EventType {
         if s.len() > MAX_EVENT_TYPE_LEN {
             return Err(fail("it is longer than 255 bytes"));
         }
-        let segments: Vec<&str> = s.split('.').collect();
-        if segments.len() < 3 {
+        // One pass over the bytes, no allocation (this runs for every event
+        // enqueued): the segments before the last dot are names, checked in
+        // order, each for emptiness and then for its characters.
+        let Some(last_dot) = s.rfind('.') else {
+            return Err(fail("it needs a domain, a verb and a version"));
+        };
+        let (names, version) = (&s[..last_dot], &s[last_dot + 1..]);
+        if !names.contains('.') {
             return Err(fail("it needs a domain, a verb and a version"));
         }
-        let (version, names) = segments.split_last().expect("three or more segments");
-        for seg in names {
-            if seg.is_empty() {
-                return Err(fail("it has an empty segment"));
-            }
-            if !seg
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-            {
+        let mut segment_start = 0;
+        for (i, &b) in names.as_bytes().iter().enumerate() {
+            if b == b'.' {
+                if i == segment_start {
+                    return Err(fail("it has an empty segment"));
+                }
+                segment_start = i + 1;
+            } else if !(b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
                 return Err(fail("a segment has a character other than a-z, 0-9 or _"));
             }
+        }
+        if segment_start == names.len() {
+            return Err(fail("it has an empty segment"));
         }
         let digits = version
             .strip_prefix('v')
@@ -837,6 +865,102 @@ mod tests {
         }
     }
 
+    /// Ids minted in a row, even within one millisecond and from several
+    /// threads, come out in increasing order (random ULIDs would not: a
+    /// thousand of them share a few milliseconds).
+    #[test]
+    fn new_ids_increase_within_a_millisecond() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(|| (0..1000).map(|_| EventId::new()).collect::<Vec<_>>()))
+            .collect();
+        let mut all = Vec::new();
+        for t in threads {
+            let ids = t.join().unwrap();
+            assert!(ids.windows(2).all(|w| w[0] < w[1]), "not increasing");
+            all.extend(ids);
+        }
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 4000, "an id was minted twice");
+    }
+
+    /// The reading `EventType::parse` replaced (split into a list of
+    /// segments, then check each): the one-pass parser must give the same
+    /// verdict and the same reason for every input.
+    fn reason_by_segment_list(s: &str) -> Option<&'static str> {
+        if s.is_empty() {
+            return Some("it is empty");
+        }
+        if s.len() > MAX_EVENT_TYPE_LEN {
+            return Some("it is longer than 255 bytes");
+        }
+        let segments: Vec<&str> = s.split('.').collect();
+        if segments.len() < 3 {
+            return Some("it needs a domain, a verb and a version");
+        }
+        let (version, names) = segments.split_last().unwrap();
+        for seg in names {
+            if seg.is_empty() {
+                return Some("it has an empty segment");
+            }
+            if !seg
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return Some("a segment has a character other than a-z, 0-9 or _");
+            }
+        }
+        let Some(digits) = version.strip_prefix('v') else {
+            return Some("the last segment is not a version such as v1");
+        };
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Some("the last segment is not a version such as v1");
+        }
+        if digits.starts_with('0') {
+            return Some("the version must be 1 or more, without leading zeros");
+        }
+        digits
+            .parse::<u32>()
+            .err()
+            .map(|_| "the version is too large")
+    }
+
+    fn reason(s: &str) -> Option<&'static str> {
+        match EventType::parse(s) {
+            Ok(_) => None,
+            Err(EnvelopeError::EventType { reason, .. }) => Some(reason),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn the_parser_gives_each_reason_as_before() {
+        for s in [
+            "",
+            "a",
+            "a.b",
+            ".b.v1",
+            "a..v1",
+            "a.b.",
+            "A.b.v1",
+            "a.B..v1",
+            "a..B.v1",
+            "a.b.c",
+            "a.b.v",
+            "a.b.v01",
+            "a.b.v0",
+            "a.b.v99999999999",
+            "a.b.v1",
+            "a.b.c.v2",
+            "a.b.1",
+            "...",
+            "a.b.v1.",
+            "é.b.v1",
+        ] {
+            assert_eq!(reason(s), reason_by_segment_list(s), "{s:?}");
+        }
+    }
+
     proptest! {
         #[test]
         fn valid_types_parse_and_keep_their_parts(
@@ -858,6 +982,11 @@ mod tests {
                 prop_assert!(s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.'));
                 prop_assert_eq!(format!("v{}", t.version()), *segs.last().unwrap());
             }
+        }
+
+        #[test]
+        fn the_parser_agrees_with_the_segment_list_reading(s in "[a-zA-Z0-9_.v]{0,12}") {
+            prop_assert_eq!(reason(&s), reason_by_segment_list(&s));
         }
 
         #[test]

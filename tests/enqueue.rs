@@ -415,6 +415,69 @@ fn a_long_batch_lands_in_order_with_every_column() {
     assert_eq!(keyed.idempotency_key.as_deref(), Some("forty-one"));
 }
 
+/// Batches of every size around the statement sizes (32 rows, then 4,
+/// then one at a time) land whole and in order, each event with its own
+/// columns, a run of 32 broken by a key included.
+#[test]
+fn batches_of_every_size_land_whole_and_in_order() {
+    for n in [1, 3, 4, 5, 31, 32, 33, 35, 36, 37, 64, 68, 71, 100] {
+        let mut host = Host::new();
+        let events: Vec<Event> = (0..n)
+            .map(|i| {
+                let e = event(json!({ "n": n, "i": i }));
+                match i {
+                    34 => e.idempotency_key("k"),
+                    _ if i % 5 == 2 => e.causation_id(format!("c{i}")).tenant("t"),
+                    _ if i % 9 == 4 => e.delay(Duration::from_millis(1_000)),
+                    _ => e,
+                }
+            })
+            .collect();
+        let tx = host.conn.transaction().unwrap();
+        let results = enqueue_many(&tx, &events).unwrap();
+        tx.commit().unwrap();
+        let expected: Vec<Enqueued> = events.iter().map(|e| Enqueued::New(e.id())).collect();
+        assert_eq!(results, expected, "n = {n}");
+        let in_id_order: Vec<(String, String)> = host
+            .conn
+            .prepare("SELECT event_id, payload FROM event_outbox ORDER BY id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let given: Vec<(String, String)> = (0..n)
+            .map(|i| {
+                (
+                    events[i].id().to_string(),
+                    format!(r#"{{"i":{i},"n":{n}}}"#),
+                )
+            })
+            .collect();
+        assert_eq!(in_id_order, given, "n = {n}");
+        for (i, e) in events.iter().enumerate() {
+            let row = stored(&host.conn, e.id()).unwrap();
+            let (causation, tenant) = if i % 5 == 2 {
+                (Some(format!("c{i}")), Some("t".to_string()))
+            } else {
+                (None, None)
+            };
+            assert_eq!(
+                (row.causation_id, row.tenant_id),
+                (causation, tenant),
+                "n = {n}, {i}"
+            );
+            assert_eq!(row.idempotency_key.is_some(), i == 34, "n = {n}, {i}");
+            let delay = if i % 9 == 4 && i % 5 != 2 && i != 34 {
+                1_000
+            } else {
+                0
+            };
+            assert_eq!(row.available_at - row.created_at, delay, "n = {n}, {i}");
+        }
+    }
+}
+
 /// A row the schema refuses in the middle of a batch (inside a statement
 /// of several rows) fails the call with the database's reason.
 #[test]

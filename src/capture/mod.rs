@@ -38,7 +38,7 @@
 //! ```
 
 mod drift;
-mod generate;
+pub(crate) mod generate;
 mod install;
 mod resolve;
 mod spec;

@@ -71,14 +71,26 @@ pub(crate) fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
 /// wrote it twice) out of delivery at the same time, in one batch or in
 /// two relays' batches: the second is claimed only once the first is
 /// finished, and then finds the first's consumers in the ledger. Ids are
-/// matched as written, in upper and in lower case (the forms producers
-/// write; a ULID in mixed case is not matched).
+/// matched in any letter case (ASCII letters, which the ledger key's
+/// `upper()` folds too), with one probe of `event_outbox_event_id`, which
+/// compares under NOCASE since schema version 6.
 ///
 /// The rows taken are the longest prefix, in due order, whose payloads fit
 /// in the [`Budget`]; rows over its maximum are passed over. Sizes come
 /// from `octet_length(payload)`, which SQLite answers from the record header
 /// without reading the payload, so a row too large to load is measured
 /// without being loaded.
+///
+/// Two statements, since adding sizes up row by row (a window) costs
+/// ~6 k instructions per claimed row (BENCHMARKS.md, section 2) and most
+/// claims fit their budget whole: [`CLAIM_WHOLE`] takes every claimable
+/// row up to the limit when their sizes add up within the budget, and
+/// nothing otherwise; only then does [`CLAIM_PREFIX`] take the prefix that
+/// fits. Either way the rows are the same. Neither runs when no pending
+/// row is due at all ([`ANY_DUE`]): a claim statement costs ~58 k
+/// instructions even when it finds nothing, that look-up ~2 k, and the
+/// writer claims after every finish (a finished row may release the next
+/// of its ordering key), so most of an idle relay's claims find nothing.
 pub(crate) fn claim(
     conn: &Connection,
     token: &str,
@@ -87,63 +99,115 @@ pub(crate) fn claim(
     limit: usize,
     budget: Budget,
 ) -> rusqlite::Result<Vec<ClaimedRow>> {
-    let mut stmt = conn.prepare_cached(CLAIM)?;
     let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    let mut rows = stmt.query(params![
+    let (token, until, now, limit_sql) = (
         token,
         lease_until.as_millis(),
         now.as_millis(),
         limit as i64,
-        clamp(budget.max_payload),
-        clamp(budget.bytes),
-        budget.one_anyway,
-    ])?;
+    );
+    let (max, bytes) = (clamp(budget.max_payload), clamp(budget.bytes));
+    let any_due: bool = conn
+        .prepare_cached(ANY_DUE)?
+        .query_row([now], |r| r.get(0))?;
+    if !any_due {
+        return Ok(Vec::new());
+    }
     let mut claimed = Vec::with_capacity(limit);
-    while let Some(r) = rows.next()? {
-        claimed.push(read_claimed(r)?);
+    let whole = params![token, until, now, limit_sql, max, bytes];
+    read_all(conn, CLAIM_WHOLE, whole, &mut claimed)?;
+    if claimed.is_empty() {
+        let prefix = params![token, until, now, limit_sql, max, bytes, budget.one_anyway];
+        read_all(conn, CLAIM_PREFIX, prefix, &mut claimed)?;
     }
     claimed.sort_by_key(|c| c.row_id);
     Ok(claimed)
 }
 
-/// The claim statement: ?1 token, ?2 lease end, ?3 now, ?4 limit, ?5 the
-/// payload maximum, ?6 the byte budget, ?7 whether the first row goes
-/// whatever its size. The innermost SELECT finds the claimable rows in due
-/// order; the window over it adds their sizes up and keeps the prefix that
-/// fits.
-const CLAIM: &str = concat!(
-    "UPDATE event_outbox
-            SET claim_token = ?1, lease_until = ?2, available_at = ?2
-          WHERE id IN (
-                SELECT id FROM (
-                  SELECT id, row_number() OVER w AS n,
-                         sum(size) OVER w AS running
-                    FROM (
-                      SELECT o.id, o.available_at, octet_length(o.payload) AS size
-                        FROM event_outbox o
-                       WHERE o.status = 'pending' AND o.available_at <= ?3
-                         AND octet_length(o.payload) <= ?5
-                         AND (o.ordering_key IS NULL OR NOT EXISTS (
-                              SELECT 1 FROM event_outbox p
-                               WHERE p.ordering_key = o.ordering_key
-                                 AND p.status = 'pending' AND p.id < o.id))
-                         AND (o.event_id IS NULL OR NOT EXISTS (
-                              SELECT 1 FROM event_outbox p
-                               WHERE p.event_id IN (o.event_id, upper(o.event_id), lower(o.event_id))
-                                 AND p.status = 'pending' AND p.id <> o.id
-                                 AND (p.id < o.id OR p.claim_token IS NOT NULL)))
-                       ORDER BY o.available_at, o.id
-                       LIMIT ?4)
-                  WINDOW w AS (ORDER BY available_at, id ROWS UNBOUNDED PRECEDING))
-                 WHERE running <= ?6 OR (?7 AND n = 1))
-        RETURNING ",
-    row_columns!(),
-    ", ordering_key, attempts, ",
-    crate::dedup::event_key_sql!(),
-    ", ",
-    crate::dedup::delivered_to_sql!(),
-    ", replay_consumers, octet_length(payload)"
+/// Runs one of the claim statements, adding the rows it returns to `into`.
+fn read_all(
+    conn: &Connection,
+    sql: &str,
+    params: &[&dyn rusqlite::ToSql],
+    into: &mut Vec<ClaimedRow>,
+) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut rows = stmt.query(params)?;
+    while let Some(r) = rows.next()? {
+        into.push(read_claimed(r)?);
+    }
+    Ok(())
+}
+
+/// Whether any pending row is due at ?1: one look-up in the due index.
+const ANY_DUE: &str = "SELECT EXISTS (SELECT 1 FROM event_outbox
+                                      WHERE status = 'pending' AND available_at <= ?1)";
+
+/// The claimable rows in due order, up to the limit, with their payload
+/// sizes: ?3 now, ?4 the limit, ?5 the payload maximum. A row is held back
+/// by an earlier pending row with its ordering key, and by another pending
+/// row with its event id (in any letter case) that is earlier or leased.
+macro_rules! claimable {
+    () => {
+        "SELECT o.id, o.available_at, octet_length(o.payload) AS size
+           FROM event_outbox o
+          WHERE o.status = 'pending' AND o.available_at <= ?3
+            AND octet_length(o.payload) <= ?5
+            AND (o.ordering_key IS NULL OR NOT EXISTS (
+                 SELECT 1 FROM event_outbox p
+                  WHERE p.ordering_key = o.ordering_key
+                    AND p.status = 'pending' AND p.id < o.id))
+            AND (o.event_id IS NULL OR NOT EXISTS (
+                 SELECT 1 FROM event_outbox p
+                  WHERE p.event_id = o.event_id COLLATE NOCASE
+                    AND p.event_id IS NOT NULL AND p.id <> o.id
+                    AND p.status = 'pending'
+                    AND (p.id < o.id OR p.claim_token IS NOT NULL)))
+          ORDER BY o.available_at, o.id
+          LIMIT ?4"
+    };
+}
+
+/// What both claim statements stamp (?1 token, ?2 lease end, which is
+/// also when the row is next due) and return.
+macro_rules! claim_update {
+    ($rows:expr) => {
+        concat!(
+            "UPDATE event_outbox SET claim_token = ?1, lease_until = ?2, available_at = ?2
+              WHERE id IN (",
+            $rows,
+            ") RETURNING ",
+            row_columns!(),
+            ", ordering_key, attempts, ",
+            crate::dedup::event_key_sql!(),
+            ", ",
+            crate::dedup::delivered_to_sql!(),
+            ", replay_consumers, octet_length(payload)"
+        )
+    };
+}
+
+/// Claims every claimable row (up to ?4) when their sizes add up to at
+/// most the byte budget ?6, and none otherwise. The rows are gathered once
+/// (MATERIALIZED), then added up and taken.
+const CLAIM_WHOLE: &str = concat!(
+    "WITH claimable AS MATERIALIZED (",
+    claimable!(),
+    ") ",
+    claim_update!("SELECT id FROM claimable WHERE (SELECT sum(size) FROM claimable) <= ?6")
 );
+
+/// Claims the longest prefix of the claimable rows, in due order, whose
+/// sizes add up to at most the byte budget ?6, or (?7) the first row
+/// whatever its size when none fits. The window adds the sizes up.
+const CLAIM_PREFIX: &str = claim_update!(concat!(
+    "SELECT id FROM (
+       SELECT id, row_number() OVER w AS n, sum(size) OVER w AS running
+         FROM (",
+    claimable!(),
+    ") WINDOW w AS (ORDER BY available_at, id ROWS UNBOUNDED PRECEDING))
+     WHERE running <= ?6 OR (?7 AND n = 1)"
+));
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let raw = RawRow::read(r, 0)?;
@@ -634,6 +698,43 @@ mod tests {
         assert_eq!(got.iter().map(|c| c.row_id).collect::<Vec<_>>(), [1]);
     }
 
+    /// Schema version 6: the event-id rule matches an id in any letter
+    /// case, mixed case too (before, only the forms as written, in upper
+    /// and in lower case were probed, so a mixed-case twin went out beside
+    /// its original although both share one ledger key).
+    #[test]
+    fn a_row_waits_for_a_twin_in_mixed_case() {
+        let (_d, conn) = db();
+        let (id, mixed) = ("01JDQ8F6ZC1Y0D3W9N7K2M4P5R", "01jDq8F6zc1Y0d3w9N7k2M4p5R");
+        conn.execute(
+            "INSERT INTO event_outbox (id, event_id, event_type) VALUES (1, ?1, 'a.b.v1'),
+                    (2, ?2, 'a.b.v1'), (3, ?3, 'a.b.v1')",
+            params![mixed, id, crate::EventId::new().to_string()],
+        )
+        .unwrap();
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let later = now.plus(std::time::Duration::from_secs(30));
+        let ids = |rows: Vec<ClaimedRow>| rows.iter().map(|c| c.row_id).collect::<Vec<_>>();
+        assert_eq!(ids(claim(&conn, "T", now, later, 10).unwrap()), [1, 3]);
+        // Row 1 is leased: its canonical twin still waits...
+        assert!(claim(&conn, "U", now, later, 10).unwrap().is_empty());
+        // ...until it is finished, and then shares its ledger key.
+        assert!(finish_delivered(&conn, 1, "T", now).unwrap());
+        let got = claim(&conn, "U", now, later, 10).unwrap();
+        assert_eq!(got.iter().map(|c| c.row_id).collect::<Vec<_>>(), [2]);
+        assert_eq!(got[0].event_key, id);
+    }
+
+    /// Inserts a due row whose payload (a JSON string) is `size` bytes.
+    fn insert_sized(conn: &Connection, size: i64) {
+        conn.execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload)
+             VALUES (?1, 'a.b.v1', '\"' || substr(hex(zeroblob(?2)), 1, ?2 - 2) || '\"')",
+            params![crate::EventId::new().to_string(), size],
+        )
+        .unwrap();
+    }
+
     /// Issue 11.3: a claim takes the rows whose payloads fit in the byte
     /// budget (at least one when told to) and passes over the payloads above
     /// the maximum, which `oversized` finds and `dead_letter_oversized`
@@ -642,12 +743,7 @@ mod tests {
     fn a_claim_keeps_to_its_byte_budget_and_leaves_large_payloads_unread() {
         let (_d, conn) = db();
         for size in [10, 10, 5000, 10, 10] {
-            conn.execute(
-                "INSERT INTO event_outbox (event_id, event_type, payload)
-                 VALUES (?1, 'a.b.v1', '\"' || substr(hex(zeroblob(?2)), 1, ?2 - 2) || '\"')",
-                params![crate::EventId::new().to_string(), size],
-            )
-            .unwrap();
+            insert_sized(&conn, size);
         }
         let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
         let take = |bytes, one_anyway, max_payload| {
@@ -691,38 +787,115 @@ mod tests {
         assert!(oversized(&conn, now, 1000, 10).unwrap().is_empty());
     }
 
-    /// The claim is a range search of the due index with index look-ups per
-    /// row, never a table scan or a sort, however many rows the table holds.
+    /// Both claim statements are a range search of the due index with index
+    /// look-ups per row, never a table scan or a sort, however many rows
+    /// the table holds.
     #[test]
     fn the_claim_searches_indexes_only() {
         let (_d, conn) = db();
         stable_plans(&conn).unwrap();
+        for (sql, n) in [(CLAIM_WHOLE, 6), (CLAIM_PREFIX, 7)] {
+            let values: [&dyn rusqlite::ToSql; 7] = [&"T", &2, &1, &10, &100, &1000, &true];
+            let plan: Vec<String> = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(&values[..n], |r| r.get(3))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            for needed in [
+                "INDEX event_outbox_due",
+                "INDEX event_outbox_ordering",
+                "INDEX event_outbox_event_id",
+            ] {
+                assert!(
+                    plan.iter().any(|l| l.contains(needed)),
+                    "{needed}: {plan:?}"
+                );
+            }
+            // Scans of the statement's own rows (at most `limit`) are
+            // fine; a scan of a table is not.
+            let own = ["SCAN (subquery", "SCAN claimable"];
+            let table_scan =
+                |l: &String| l.starts_with("SCAN") && !own.iter().any(|o| l.starts_with(o));
+            assert!(
+                !plan
+                    .iter()
+                    .any(|l| table_scan(l) || l.contains("TEMP B-TREE")),
+                "{plan:?}"
+            );
+        }
+        // The look-up that spares a claim with nothing due both statements.
         let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {CLAIM}"))
+            .prepare(&format!("EXPLAIN QUERY PLAN {ANY_DUE}"))
             .unwrap()
-            .query_map(params!["T", 2, 1, 10, 100, 1000, true], |r| r.get(3))
+            .query_map([1], |r| r.get(3))
             .unwrap()
             .collect::<rusqlite::Result<_>>()
             .unwrap();
-        for needed in [
-            "INDEX event_outbox_due",
-            "INDEX event_outbox_ordering",
-            "INDEX event_outbox_event_id",
-        ] {
-            assert!(
-                plan.iter().any(|l| l.contains(needed)),
-                "{needed}: {plan:?}"
-            );
-        }
-        // Scans of the subqueries' own rows (at most `limit`) are fine; a
-        // scan of a table is not.
-        let table_scan = |l: &String| l.starts_with("SCAN") && !l.starts_with("SCAN (subquery");
         assert!(
-            !plan
-                .iter()
-                .any(|l| table_scan(l) || l.contains("TEMP B-TREE")),
+            plan.iter().any(|l| l.contains("INDEX event_outbox_due"))
+                && !plan.iter().any(|l| l.starts_with("SCAN event_outbox")),
             "{plan:?}"
         );
+    }
+
+    /// Whichever statement takes them, the rows claimed are the longest
+    /// prefix of the claimable rows whose sizes fit the budget (or the
+    /// first, when told to take one anyway), as computed here in Rust: for
+    /// budgets at and around every prefix's total, with and without "one
+    /// anyway", at several limits.
+    #[test]
+    fn a_claim_takes_the_prefix_that_fits_whichever_statement_runs() {
+        let (_d, conn) = db();
+        let sizes = [30_i64, 10, 50, 20, 10, 40];
+        for size in sizes {
+            insert_sized(&conn, size);
+        }
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let until = now.plus(std::time::Duration::from_secs(30));
+        // Every prefix's total, one byte under it and one over.
+        let budgets: Vec<u64> = (0..=sizes.len())
+            .map(|n| sizes[..n].iter().sum::<i64>() as u64)
+            .flat_map(|t| [t.saturating_sub(1), t, t + 1])
+            .collect();
+        for limit in [1, 2, 4, 10] {
+            for bytes in budgets.iter().copied() {
+                for one_anyway in [false, true] {
+                    let budget = Budget {
+                        bytes,
+                        one_anyway,
+                        max_payload: 10_000,
+                    };
+                    let got: Vec<u64> = super::claim(&conn, "T", now, until, limit, budget)
+                        .unwrap()
+                        .iter()
+                        .map(|r| r.payload_bytes)
+                        .collect();
+                    conn.execute_batch(
+                        "UPDATE event_outbox SET claim_token = NULL, lease_until = NULL, available_at = 0",
+                    )
+                    .unwrap();
+                    let mut want = Vec::new();
+                    let mut running = 0;
+                    for &s in sizes.iter().take(limit) {
+                        let s = s as u64;
+                        running += s;
+                        if running > bytes {
+                            break;
+                        }
+                        want.push(s);
+                    }
+                    if want.is_empty() && one_anyway {
+                        want.push(sizes[0] as u64);
+                    }
+                    assert_eq!(
+                        got, want,
+                        "limit {limit}, budget {bytes}, one anyway {one_anyway}"
+                    );
+                }
+            }
+        }
     }
 
     /// With [`stable_plans`] the cached claim runs as prepared whatever its
@@ -747,8 +920,13 @@ mod tests {
                 )
                     .unwrap();
             }
-            let stmt = conn.prepare_cached(CLAIM).unwrap();
-            stmt.get_status(rusqlite::StatementStatus::RePrepare)
+            [CLAIM_WHOLE, CLAIM_PREFIX]
+                .iter()
+                .map(|sql| {
+                    let stmt = conn.prepare_cached(sql).unwrap();
+                    stmt.get_status(rusqlite::StatementStatus::RePrepare)
+                })
+                .sum::<i32>()
         };
         assert!(reprepares(false) > 0, "the guard is needed");
         assert_eq!(reprepares(true), 0);

@@ -56,6 +56,16 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "time_bound_as_check",
         sql: include_str!("../../migrations/0005_time_bound_as_check.sql"),
     },
+    Migration {
+        version: 6,
+        name: "event_id_nocase",
+        sql: include_str!("../../migrations/0006_event_id_nocase.sql"),
+    },
+    Migration {
+        version: 7,
+        name: "checks_without_functions",
+        sql: include_str!("../../migrations/0007_checks_without_functions.sql"),
+    },
 ];
 
 /// The newest schema version this build knows.
@@ -295,6 +305,59 @@ mod tests {
         );
     }
 
+    /// A database at version 5, with rows in every state, migrates to the
+    /// latest version keeping every row as it was, and its event-id index
+    /// (rebuilt with NOCASE in version 6) finds every spelling of an id
+    /// with one probe, finished rows too.
+    #[test]
+    fn a_version_5_database_upgrades_and_finds_event_ids_in_any_case() {
+        let (_dir, mut conn) = migrated_to(5);
+        conn.execute_batch(
+            "INSERT INTO event_outbox (event_id, event_type, payload)
+                  VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a.b.v1', '1'),
+                         ('01jdq8f6zc1y0d3w9n7k2m4p5r', 'a.b.v1', '2'),
+                         ('01JdQ8f6Zc1Y0D3W9N7K2M4P5R', 'a.b.v1', '3');
+             INSERT INTO event_outbox (event_type, payload) VALUES ('a.b.v1', '4');
+             INSERT INTO event_outbox (event_id, event_type, payload, claim_token, lease_until)
+                  VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5T', 'a.b.v1', '5', 'T', 9);
+             INSERT INTO event_outbox (event_id, event_type, payload, status, finished_at)
+                  VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a.b.v1', '6', 'delivered', 5),
+                         ('01JDQ8F6ZC1Y0D3W9N7K2M4P5W', 'a.b.v1', '7', 'dead', 6);
+             INSERT INTO delivered_events VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'c', 6, 8);",
+        )
+        .unwrap();
+        let outbox = rows(&conn, "event_outbox");
+        let ledger = rows(&conn, "delivered_events");
+
+        let report = migrate(&mut conn).unwrap();
+        assert_eq!((report.from, report.to), (5, LATEST_VERSION));
+        assert_eq!(rows(&conn, "event_outbox"), outbox);
+        assert_eq!(rows(&conn, "delivered_events"), ledger);
+        conn.query_row("PRAGMA integrity_check", [], |r| r.get::<_, String>(0))
+            .map(|ok| assert_eq!(ok, "ok"))
+            .unwrap();
+        let same_id: Vec<String> = conn
+            .prepare(
+                "SELECT payload FROM event_outbox INDEXED BY event_outbox_event_id
+                  WHERE event_id = ?1 COLLATE NOCASE ORDER BY id",
+            )
+            .unwrap()
+            .query_map(["01jDq8F6zc1y0d3w9n7k2m4p5R"], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(same_id, ["1", "2", "3", "6"], "every spelling, one probe");
+        let entries: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM event_outbox INDEXED BY event_outbox_event_id
+                  WHERE event_id >= '' COLLATE NOCASE",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(entries, 6, "every row with an event id, none without");
+    }
+
     /// No trigger on event_outbox. Any INSERT trigger, whatever its WHEN
     /// clause, makes SQLite run a program per row, journal every statement
     /// and buffer multi-row INSERTs in a temporary table: a fifth of each
@@ -311,6 +374,145 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         assert!(triggers.is_empty(), "{triggers:?}");
+    }
+
+    /// Version 6 restates three CHECKs without function calls (so that a
+    /// multi-row INSERT needs no statement journal). Foreign producers must
+    /// see no difference: each value below, written into each checked
+    /// column, gets the same verdict (written, or refused naming the same
+    /// constraint) from version 5 and from the latest schema.
+    #[test]
+    fn the_checks_without_functions_refuse_exactly_what_version_5_refused() {
+        let (_d5, v5) = migrated_to(5);
+        let (_d6, latest) = migrated_to(LATEST_VERSION);
+        let verdict = |conn: &Connection, column: &str, value: &str| {
+            let sql = if column == "event_type" {
+                format!("INSERT INTO event_outbox (event_type) VALUES ({value})")
+            } else {
+                format!(
+                    "INSERT INTO event_outbox (event_type, {column}) VALUES ('a.b.v1', {value})"
+                )
+            };
+            match conn.execute(&sql, []) {
+                Ok(_) => "written".to_string(),
+                Err(e) => e.to_string(),
+            }
+        };
+        let times = [
+            "0",
+            "1",
+            "-1",
+            "1764487080123",
+            "253402300799999",
+            "253402300800000",
+            "9223372036854775807",
+            "-9223372036854775807",
+            "-9223372036854775807 - 1",
+            "1764487080123.0",
+            "1764487080123.5",
+            "-0.0",
+            "0.5",
+            "1e15",
+            "1e300",
+            "-1e300",
+            "9223372036854775807.0",
+            "9223372036854775808.0",
+            "-9223372036854775808.0",
+            "-9223372036854777856.0",
+            "'1764487080123'",
+            "' 42 '",
+            "'4.0'",
+            "'4.5'",
+            "'2026-11-30T07:18:00Z'",
+            "''",
+            "'-9223372036854775808'",
+            "'-9.22337203685478e+18'",
+            "x''",
+            "x'31'",
+            "x'0000'",
+            "NULL",
+        ];
+        let mut compared = 0;
+        for column in ["occurred_at", "created_at", "available_at"] {
+            for value in times {
+                let (old, new) = (verdict(&v5, column, value), verdict(&latest, column, value));
+                assert_eq!(old, new, "{column} = {value}");
+                compared += 1;
+            }
+        }
+        for value in [
+            "''", "'a'", "' '", "'a.b.v1'", "x''", "x'00'", "x'61'", "0", "1.5", "-0.0", "NULL",
+        ] {
+            let (old, new) = (
+                verdict(&v5, "event_type", value),
+                verdict(&latest, "event_type", value),
+            );
+            assert_eq!(old, new, "event_type = {value}");
+            compared += 1;
+        }
+        // Both schemas did refuse some of them, for each reason.
+        for name in [
+            "event_outbox_type_not_empty",
+            "event_outbox_times_are_integers",
+            "event_outbox_times_in_milliseconds",
+        ] {
+            assert!(
+                times
+                    .iter()
+                    .chain(["''"].iter())
+                    .any(|v| ["available_at", "event_type"]
+                        .iter()
+                        .any(|c| verdict(&latest, c, v).contains(name))),
+                "{name} never fired"
+            );
+        }
+        assert!(compared > 100);
+        // And the latest table calls no function in a CHECK.
+        let sql: String = latest
+            .query_row(
+                "SELECT sql FROM sqlite_master WHERE name = 'event_outbox'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        for f in ["typeof(", "length("] {
+            assert!(!sql.contains(f), "{f} in {sql}");
+        }
+    }
+
+    /// Version 6 alters event_outbox's CHECKs in place. The objects change
+    /// capture installs beside it (a view, its INSTEAD OF trigger writing
+    /// event_outbox rows, a trigger on event_outbox itself) come through
+    /// the migration word for word, so capture's drift check stays quiet,
+    /// and still write events.
+    #[test]
+    fn capture_objects_survive_version_7_unchanged() {
+        let (_dir, mut conn) = migrated_to(5);
+        let objects = crate::capture::generate::event_objects();
+        for o in &objects {
+            conn.execute_batch(&o.sql).unwrap();
+        }
+        let sql_of = |conn: &Connection, name: &str| -> String {
+            conn.query_row(
+                "SELECT sql FROM sqlite_master WHERE name = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .unwrap()
+        };
+        let before: Vec<String> = objects.iter().map(|o| sql_of(&conn, &o.name)).collect();
+        migrate(&mut conn).unwrap();
+        let after: Vec<String> = objects.iter().map(|o| sql_of(&conn, &o.name)).collect();
+        assert_eq!(before, after);
+        conn.execute(
+            "INSERT INTO outboxd_capture_event (event_type, payload) VALUES ('page.insert.v1', '{}')",
+            [],
+        )
+        .unwrap();
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM event_outbox", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1);
     }
 
     /// The look-up of an event's ledger entries that the claim makes for

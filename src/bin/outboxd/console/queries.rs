@@ -18,7 +18,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use outboxd::router::{Pattern, Subscriptions};
-use outboxd::{dedup, EventId, Timestamp};
+use outboxd::{dedup, Timestamp};
 
 use super::chart::Counts;
 
@@ -274,16 +274,10 @@ const SQL_EVENT: &str = "SELECT id, event_id, event_type, tenant_id, status, att
      substr(CAST(payload AS BLOB), 1, ?2), length(CAST(payload AS BLOB)) \
      FROM event_outbox WHERE id = ?1";
 
-// An id as given, in upper case (canonical) and in lower case: foreign
-// producers write either, and upper(event_id) would defeat the index.
+// An id in any letter case: foreign producers may write any, and the
+// event-id index compares under NOCASE (schema version 6).
 const SQL_ROWS_WITH_EVENT_ID: &str =
-    "SELECT id FROM event_outbox WHERE event_id IN (?1, ?2, ?3) ORDER BY id LIMIT 20";
-
-/// An event id as given, canonical (upper case) and in lower case.
-fn id_forms(id: &str) -> [String; 3] {
-    let canonical = EventId::parse(id).map_or_else(|_| id.to_ascii_uppercase(), |e| e.to_string());
-    [id.to_string(), canonical, id.to_ascii_lowercase()]
-}
+    "SELECT id FROM event_outbox WHERE event_id = ?1 COLLATE NOCASE ORDER BY id LIMIT 20";
 
 /// Finds an event by row id (digits) or event id (a ULID in any case).
 pub fn find_event(conn: &Connection, id: &str) -> rusqlite::Result<Option<EventDetail>> {
@@ -291,7 +285,7 @@ pub fn find_event(conn: &Connection, id: &str) -> rusqlite::Result<Option<EventD
         Some(n)
     } else {
         conn.prepare_cached(SQL_ROWS_WITH_EVENT_ID)?
-            .query_row(id_forms(id), |r| r.get(0))
+            .query_row([id], |r| r.get(0))
             .optional()?
     };
     let Some(row_id) = row_id else {
@@ -355,7 +349,7 @@ pub fn find_event(conn: &Connection, id: &str) -> rusqlite::Result<Option<EventD
     if let Some(event_id) = &detail.row.event_id {
         detail.same_id = conn
             .prepare_cached(SQL_ROWS_WITH_EVENT_ID)?
-            .query_map(id_forms(event_id), |r| r.get(0))?
+            .query_map([event_id], |r| r.get(0))?
             .collect::<rusqlite::Result<Vec<i64>>>()?
             .into_iter()
             .filter(|id| *id != detail.row.id)
@@ -579,6 +573,7 @@ pub const ALL: &[(&str, &str)] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+    use outboxd::EventId;
 
     const T0: i64 = 1_764_487_080_000;
 
