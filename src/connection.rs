@@ -422,6 +422,22 @@ impl r2d2::ManageConnection for ConnectionManager {
     }
 }
 
+/// The lines of `EXPLAIN QUERY PLAN sql` with `params` bound, for tests
+/// that check a statement searches an index rather than scanning a table.
+#[cfg(test)]
+pub(crate) fn query_plan(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Vec<String> {
+    conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .unwrap()
+        .query_map(params, |r| r.get(3))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

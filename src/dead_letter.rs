@@ -212,6 +212,11 @@ fn select(conn: &Connection, which: &Selector) -> Result<Vec<i64>> {
     })
 }
 
+/// The oldest dead row carrying event id ?1, in any letter case.
+const RESOLVE_EVENT_ID: &str = "SELECT id FROM event_outbox
+  WHERE event_id = ?1 COLLATE NOCASE AND event_id IS NOT NULL AND status = 'dead'
+  ORDER BY id LIMIT 1";
+
 /// A row id ("42") or an event id (a ULID) → the row id of a dead letter.
 fn resolve(conn: &Connection, id: &str) -> Result<i64> {
     let found = if let Ok(row_id) = id.parse::<i64>() {
@@ -221,15 +226,12 @@ fn resolve(conn: &Connection, id: &str) -> Result<i64> {
             |r| r.get(0),
         )
     } else {
-        // A producer may store the id in lower case (the SQL contract
-        // accepts it); compare case-folded, among the dead rows only.
+        // A producer may store the id in any letter case (the SQL contract
+        // accepts it): compare under NOCASE, which is also how the event-id
+        // index compares (schema 6), so this is one index probe, not a walk
+        // over every dead row.
         let canonical = crate::EventId::parse(id)?.to_string();
-        conn.query_row(
-            "SELECT id FROM event_outbox
-              WHERE status = 'dead' AND upper(event_id) = ?1 ORDER BY id LIMIT 1",
-            [canonical],
-            |r| r.get(0),
-        )
+        conn.query_row(RESOLVE_EVENT_ID, [canonical], |r| r.get(0))
     };
     found
         .optional()
@@ -277,4 +279,38 @@ fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<DeadLetter> {
         dead_at: r.get::<_, Option<i64>>(6)?.map(Timestamp::from_millis),
         payload: r.get(7).ok().flatten(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dead letter is found by its event id in any letter case (a
+    /// producer may write one in lower or mixed case), with one probe of
+    /// the event-id index rather than a walk over every dead row.
+    #[test]
+    fn a_dead_letter_is_found_by_its_event_id_in_any_case_on_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = crate::connection::open(dir.path().join("d.db")).unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        conn.execute_batch(
+            "INSERT INTO event_outbox (id, event_id, event_type, status, finished_at)
+                  VALUES (3, '01jDq8F6zc1Y0d3w9N7k2M4p5R', 'a.b.v1', 'dead', 1),
+                         (4, '01JDQ8F6ZC1Y0D3W9N7K2M4P5S', 'a.b.v1', 'delivered', 1);",
+        )
+        .unwrap();
+        assert_eq!(resolve(&conn, "01JDQ8F6ZC1Y0D3W9N7K2M4P5R").unwrap(), 3);
+        assert_eq!(resolve(&conn, "01jdq8f6zc1y0d3w9n7k2m4p5r").unwrap(), 3);
+        // Not dead: not a dead letter.
+        assert!(matches!(
+            resolve(&conn, "01JDQ8F6ZC1Y0D3W9N7K2M4P5S"),
+            Err(Error::NotFound { .. })
+        ));
+        let plan = crate::connection::query_plan(&conn, RESOLVE_EVENT_ID, ["X"]);
+        assert!(
+            plan.iter()
+                .any(|l| l.contains("INDEX event_outbox_event_id")),
+            "{plan:?}"
+        );
+    }
 }

@@ -385,13 +385,7 @@ mod tests {
             .collect::<rusqlite::Result<_>>()
             .unwrap();
         assert_eq!(kept, ["01JDQ8F6ZC1Y0D3W9N7K2M4P5R"]);
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {}", purge_batch_sql()))
-            .unwrap()
-            .query_map(params![10, 100], |r| r.get(3))
-            .unwrap()
-            .collect::<rusqlite::Result<_>>()
-            .unwrap();
+        let plan = crate::connection::query_plan(&conn, &purge_batch_sql(), params![10, 100]);
         assert!(
             plan.iter()
                 .any(|l| l.starts_with("SEARCH o USING")

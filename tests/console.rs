@@ -5,6 +5,9 @@
 //! foreign producers wrote badly. The browser tests are in
 //! tests/console_browser.rs.
 
+// The console is part of the binary (the `cli` feature).
+#![cfg(feature = "cli")]
+
 mod common;
 mod console_support;
 

@@ -12,6 +12,9 @@
 //!
 //! Outside CI a missing browser skips these tests (.ci/run installs it).
 
+// The console is part of the binary (the `cli` feature).
+#![cfg(feature = "cli")]
+
 mod common;
 mod console_support;
 

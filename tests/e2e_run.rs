@@ -6,6 +6,9 @@
 //! Synchronisation is by bounded polling of the database, the output or the
 //! receiver's log; never by fixed sleeps.
 
+// The library's sinks (webhook signatures) are checked directly too.
+#![cfg(feature = "sinks")]
+
 mod common;
 
 use std::net::TcpListener;
