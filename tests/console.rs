@@ -402,7 +402,7 @@ fn open_files(pid: u32) -> usize {
 }
 
 /// Idle connections cost a socket each, not a thread: the server keeps a
-/// fixed pool of threads and a cap on open connections, so memory stays
+/// bounded pool of threads and a cap on open connections, so memory stays
 /// bounded however many clients connect (5,000 idle ones once made 3,894
 /// threads), and it answers again once they go.
 #[test]
@@ -628,7 +628,7 @@ fn the_console_and_the_metrics_address_share_one_app() {
     let bearer = format!("Bearer {token}");
     let r = request(&console_addr, "GET", "/", &[("Authorization", &bearer)], "");
     assert_eq!(r.status, 200);
-    // One status measure, one overview measure, one poller.
+    // One status measure, one overview measure, one server thread.
     for name in ["outboxd-status", "outboxd-overvie", "outboxd-http"] {
         assert_eq!(threads_named(p.pid(), name), 1, "threads named {name}");
     }

@@ -10,7 +10,8 @@
 //! `scripts/release.sh` runs both before packaging; `scripts/soak.sh` runs
 //! them as its `release` suite.
 //!
-//! The smoke: `--version` names the target, `migrate`, 1,000 events added
+//! The smoke: `--version` names the target, `generate-assets` is not in the
+//! binary (built without the `assets` feature), `migrate`, 1,000 events added
 //! with the binary's own `enqueue`, `run` delivering them to a JSONL file
 //! and to a command (which checks it got the event's envelope on stdin),
 //! `status --json` counting them delivered, and SIGTERM exiting 0.
@@ -168,6 +169,19 @@ fn smoke(target: &str) {
             env!("CARGO_PKG_VERSION")
         )),
         "{version}"
+    );
+    // Built without the `assets` feature (its bytes are over the 10 MB
+    // budget): the hidden generator is a usage error here.
+    let out = bin
+        .command(dir)
+        .args(["generate-assets", "assets"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 
     bin.ok(dir, &["migrate"]);

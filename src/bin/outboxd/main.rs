@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser};
 
 mod args;
+#[cfg(feature = "assets")]
 mod assets;
 mod cmd;
 mod config;
@@ -75,16 +76,24 @@ fn main() -> ExitCode {
         // Edition 2021, and no other thread runs yet.
         std::env::remove_var(var);
     }
-    let parsed = Cli::command()
-        .subcommand(assets::command())
-        .try_get_matches()
-        .and_then(|m| match m.subcommand_matches(assets::NAME) {
-            Some(_) => Ok((None, m)),
-            None => Cli::from_arg_matches(&m).map(|cli| (Some(cli), m)),
-        });
+    let command = Cli::command();
+    // The hidden generator is only in builds with the `assets` feature (not
+    // in the static release binaries: scripts/release.sh).
+    #[cfg(feature = "assets")]
+    let command = command.subcommand(assets::command());
+    let parsed = command.try_get_matches().and_then(|m| {
+        #[cfg(feature = "assets")]
+        if m.subcommand_matches(assets::NAME).is_some() {
+            return Ok((None, m));
+        }
+        Cli::from_arg_matches(&m).map(|cli| (Some(cli), m))
+    });
     let (cli, matches) = match parsed {
         Ok((Some(cli), m)) => (cli, m),
+        #[cfg(feature = "assets")]
         Ok((None, m)) => return assets::exec(&m),
+        #[cfg(not(feature = "assets"))]
+        Ok((None, _)) => unreachable!("only generate-assets parses to no command"),
         Err(e) => {
             return match empty.iter().find(|(_, _, flag)| {
                 e.kind() == clap::error::ErrorKind::MissingRequiredArgument

@@ -5,8 +5,9 @@
 //!
 //! ## Layout
 //!
-//! - [`server`]: the HTTP server (a poller and a fixed pool of threads,
-//!   httparse for request heads), limits, security headers.
+//! - [`server`]: the HTTP server (hyper on the console's own one-thread
+//!   tokio runtime, the handlers on a bounded pool of blocking threads),
+//!   limits, security headers.
 //! - [`auth`]: the token, the session cookie, the Host, Origin and CSRF checks.
 //! - [`routes`]: paths to handlers; reads on the pool, writes through the
 //!   library's operations (dead-letter requeue and discard, replay).

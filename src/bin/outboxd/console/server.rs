@@ -1,43 +1,61 @@
-//! The HTTP server: one poller thread and a fixed pool of handler
-//! threads, so memory stays bounded however many clients connect. One
-//! server serves every address given, each with its own handler (the
-//! console on one, /metrics and /healthz alone on another), on the same
-//! threads.
+//! The HTTP server: hyper's HTTP/1 server on a small tokio runtime owned by
+//! the console (one thread, named `outboxd-http`), the handlers run on a
+//! bounded pool of blocking threads. Nothing else in outboxd is async: the
+//! NATS sink keeps its own runtime the same way. One server serves every
+//! address given, each with its own handler (the console on one, /metrics
+//! and /healthz alone on another), on the same threads.
 //!
-//! The poller accepts connections and watches every idle one (a new
-//! connection, or a keep-alive connection between requests) with poll(2);
-//! a connection that has bytes to read goes to the handlers, one that stays
-//! silent for [`Limits::io_timeout`] is closed. An idle or slow client
-//! therefore holds no thread, only its socket, and never delays another's
-//! scrape. At most [`Limits::max_connections`] are open at once: beyond
-//! that the poller stops accepting, and new clients wait in the kernel's
-//! listen queue until one closes.
+//! hyper parses the requests and writes the answers; this module sets the
+//! bounds ([`Limits`]) and turns hyper's requests into the console's
+//! synchronous [`Request`] and [`Response`]:
 //!
-//! A handler reads one request (its head parsed by httparse, at most
-//! [`Limits::max_head`] bytes; a body of at most [`Limits::max_body`]),
-//! runs the route, writes the answer with the security headers every
-//! response carries, and hands a keep-alive connection back to the poller.
-//! Accepted sockets get `SO_RCVTIMEO`/`SO_SNDTIMEO` of the I/O timeout, so a
-//! client that stops sending (or reading) mid-request is cut off.
+//! - an idle or slow client holds a socket and a task, never a thread, so a
+//!   flood of idle connections costs memory per socket only; at most
+//!   [`Limits::max_connections`] are open at once, and beyond that the
+//!   server stops accepting: new clients wait in the kernel's listen queue
+//!   until one closes;
+//! - a request head must arrive whole within [`Limits::io_timeout`] and a
+//!   keep-alive connection silent that long is closed (hyper's header read
+//!   timeout, which runs from the end of one answer to the next head); a
+//!   head over [`Limits::max_head`] gets 431 (hyper's answer);
+//! - hyper answers a head it cannot parse or take (400, 414, 431) itself,
+//!   before any handler: those answers lack the security headers every
+//!   other one carries ([`to_hyper`]), as hyper 1 has no hook to add headers
+//!   to them, but they have no body (Content-Length 0), so there is nothing
+//!   to render, sniff or frame;
+//! - a body over [`Limits::max_body`] is refused (413) unread, one that does
+//!   not arrive within the I/O timeout gets 408, a chunked one 501;
+//! - a client that stops reading its answer is cut off after the I/O
+//!   timeout ([`WriteDeadline`]);
+//! - the handlers (SQLite reads on the pool, the library's writes) run on
+//!   at most [`Limits::handlers`] blocking threads, so a slow page never
+//!   stalls the runtime, and a panicking one answers 500.
 //!
-//! Stopping ([`Server::stop`], or dropping the server) closes the listener
+//! Stopping ([`Server::stop`], or dropping the server) closes the listeners
 //! and the idle connections at once and lets the requests being answered
 //! finish, waiting for them at most [`Limits::shutdown_grace`].
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::Future;
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpListener};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use bytes::Bytes;
+use crossbeam_channel::Receiver;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{watch, Semaphore};
 
 /// Bounds on what the server and one request may take.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Longest wait for a client to send or read a byte, and longest an
-    /// open connection may stay silent.
+    /// Longest wait for a request head, a body, or a client to read its
+    /// answer; and longest a keep-alive connection may stay silent.
     pub io_timeout: Duration,
     /// The largest request body read (forms are small).
     pub max_body: usize,
@@ -63,6 +81,9 @@ impl Default for Limits {
         }
     }
 }
+
+/// Request headers taken at most (more get 431).
+const MAX_HEADERS: usize = 64;
 
 /// The request methods the console answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,11 +262,10 @@ pub type Handler = dyn Fn(&Request) -> Response + Send + Sync;
 /// A running server; dropping it stops it as [`Server::stop`] does.
 pub struct Server {
     addrs: Vec<SocketAddr>,
-    stop: Arc<AtomicBool>,
-    /// Wakes the poller (one byte written).
-    waker: UnixStream,
-    /// Each handler thread's end (its sender dropped).
-    handlers_done: Receiver<()>,
+    /// Set to true to stop.
+    stop: watch::Sender<bool>,
+    /// Disconnected when the runtime's thread has finished.
+    finished: Receiver<()>,
     limits: Limits,
 }
 
@@ -255,60 +275,37 @@ impl Server {
         sites: Vec<(TcpListener, Arc<Handler>)>,
         limits: Limits,
     ) -> std::io::Result<Server> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .max_blocking_threads(limits.handlers.max(1))
+            .thread_name("outboxd-http-h")
+            .build()?;
         let mut addrs = Vec::with_capacity(sites.len());
         let mut listeners = Vec::with_capacity(sites.len());
-        let mut handlers = Vec::with_capacity(sites.len());
-        for (listener, handler) in sites {
-            addrs.push(listener.local_addr()?);
-            listener.set_nonblocking(true)?;
-            listeners.push(listener);
-            handlers.push(handler);
+        {
+            // Taking a std listener needs the runtime's reactor.
+            let _in_runtime = runtime.enter();
+            for (listener, handler) in sites {
+                addrs.push(listener.local_addr()?);
+                listener.set_nonblocking(true)?;
+                listeners.push((tokio::net::TcpListener::from_std(listener)?, handler));
+            }
         }
-        let handlers: Arc<[Arc<Handler>]> = handlers.into();
-        let (waker, woken) = UnixStream::pair()?;
-        woken.set_nonblocking(true)?;
-        waker.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        // Connections with bytes to read, for the handlers (never more than
-        // max_connections are open, so sending never blocks).
-        let (work_tx, work_rx) = crossbeam_channel::bounded::<Conn>(limits.max_connections);
-        // Connections the handlers are done with, back to the poller.
-        let (back_tx, back_rx) = crossbeam_channel::unbounded::<Back>();
-        let (done_tx, handlers_done) = crossbeam_channel::unbounded::<()>();
-        for n in 0..limits.handlers.max(1) {
-            let (work_rx, back_tx, done_tx) = (work_rx.clone(), back_tx.clone(), done_tx.clone());
-            let (handlers, stop, waker) = (handlers.clone(), stop.clone(), waker.try_clone()?);
-            std::thread::Builder::new()
-                .name(format!("outboxd-http-{n}"))
-                .spawn(move || {
-                    let _done = done_tx;
-                    while let Ok(mut conn) = work_rx.recv() {
-                        let handler = &*handlers[conn.site];
-                        let keep = serve(&mut conn, &limits, handler, &stop);
-                        let _ = back_tx.send(if keep { Back::Idle(conn) } else { Back::Closed });
-                        let _ = (&waker).write(&[1]);
-                    }
-                })?;
-        }
-        let poller = Poller {
-            listeners,
-            woken,
-            back: back_rx,
-            work: work_tx,
-            limits,
-            stop: stop.clone(),
-            parked: Vec::new(),
-            open: 0,
-            last_accept_error: None,
-        };
+        let (stop, stopped) = watch::channel(false);
+        let (finished_tx, finished) = crossbeam_channel::bounded::<()>(0);
         std::thread::Builder::new()
             .name("outboxd-http".into())
-            .spawn(move || poller.run())?;
+            .spawn(move || {
+                let _finished = finished_tx;
+                runtime.block_on(serve(listeners, limits, stopped));
+                // Every connection is closed, so no handler is running.
+                runtime.shutdown_background();
+            })?;
         Ok(Server {
             addrs,
             stop,
-            waker,
-            handlers_done,
+            finished,
             limits,
         })
     }
@@ -326,446 +323,340 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = (&self.waker).write(&[1]);
-        // Each handler drops its sender when it leaves; then recv fails.
+        self.stop.send_replace(true);
         let deadline = Instant::now() + self.limits.shutdown_grace;
-        loop {
-            match self.handlers_done.recv_deadline(deadline) {
-                Ok(()) => {}
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    tracing::warn!(
-                        grace_ms = self.limits.shutdown_grace.as_millis() as u64,
-                        "HTTP requests still being answered after the shutdown grace; not waiting for them"
-                    );
-                    return;
-                }
-            }
+        if let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+            self.finished.recv_deadline(deadline)
+        {
+            tracing::warn!(
+                grace_ms = self.limits.shutdown_grace.as_millis() as u64,
+                "HTTP requests still being answered after the shutdown grace; not waiting for them"
+            );
         }
     }
 }
 
-/// An open connection, and what was read from it beyond the last request.
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    /// The listener it came from (which handler answers it).
-    site: usize,
-}
-
-/// What a handler hands back.
-enum Back {
-    /// Keep-alive: watch it for the next request.
-    Idle(Conn),
-    /// Closed (dropped).
-    Closed,
-}
-
-/// An idle connection and when it is closed unless it speaks.
-struct Parked {
-    conn: Conn,
-    until: Instant,
-}
-
-/// The accept-and-watch loop (see the module doc).
-struct Poller {
-    listeners: Vec<TcpListener>,
-    woken: UnixStream,
-    back: Receiver<Back>,
-    work: Sender<Conn>,
+/// Accepts on every listener until stopped, then waits for the open
+/// connections to finish.
+async fn serve(
+    listeners: Vec<(tokio::net::TcpListener, Arc<Handler>)>,
     limits: Limits,
-    stop: Arc<AtomicBool>,
-    parked: Vec<Parked>,
-    /// Connections open: parked, queued, or with a handler.
-    open: usize,
-    last_accept_error: Option<Instant>,
+    stopped: watch::Receiver<bool>,
+) {
+    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let accepting: Vec<_> = listeners
+        .into_iter()
+        .map(|(listener, handler)| {
+            tokio::spawn(accept(
+                listener,
+                handler,
+                limits,
+                open.clone(),
+                stopped.clone(),
+            ))
+        })
+        .collect();
+    for a in accepting {
+        // Each ends (dropping its listener) once stopped.
+        let _ = a.await;
+    }
+    // Every permit back: every connection closed.
+    let _ = open.acquire_many(limits.max_connections as u32).await;
 }
 
-impl Poller {
-    fn run(mut self) {
-        use rustix::event::{poll, PollFd, PollFlags};
-        loop {
-            while let Ok(b) = self.back.try_recv() {
-                match b {
-                    Back::Idle(conn) => self.park(conn),
-                    Back::Closed => self.open -= 1,
-                }
-            }
-            if self.stop.load(Ordering::SeqCst) {
-                // Dropping the listener refuses new clients, and the parked
-                // connections close; dropping `work` lets the handlers
-                // leave once the connections already queued are answered.
-                return;
-            }
-            let now = Instant::now();
-            let before = self.parked.len();
-            self.parked.retain(|p| p.until > now);
-            self.open -= before - self.parked.len();
-            let accepting = self.open < self.limits.max_connections;
-            let wait = self
-                .parked
-                .iter()
-                .map(|p| p.until.saturating_duration_since(now))
-                .min()
-                .unwrap_or(Duration::from_secs(60));
-            // The poll set: the waker, each listener, each parked connection.
-            let sites = self.listeners.len();
-            let ready: Vec<bool> = {
-                let mut fds = Vec::with_capacity(self.parked.len() + sites + 1);
-                fds.push(PollFd::new(&self.woken, PollFlags::IN));
-                for l in &self.listeners {
-                    fds.push(if accepting {
-                        PollFd::new(l, PollFlags::IN)
-                    } else {
-                        // Not watched: its clients wait in the listen queue.
-                        PollFd::new(&self.woken, PollFlags::empty())
-                    });
-                }
-                for p in &self.parked {
-                    fds.push(PollFd::new(&p.conn.stream, PollFlags::IN));
-                }
-                let timeout = rustix::event::Timespec::try_from(wait).ok();
-                match poll(&mut fds, timeout.as_ref()) {
-                    Ok(_) => fds.iter().map(|f| !f.revents().is_empty()).collect(),
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot watch the HTTP connections; the console stops serving");
-                        return;
-                    }
-                }
-            };
-            if ready[0] {
-                let mut sink = [0u8; 64];
-                while matches!((&self.woken).read(&mut sink), Ok(n) if n > 0) {}
-            }
-            // Idle connections that spoke (or closed) go to the handlers:
-            // from the end, so the indices stay valid.
-            for i in (0..self.parked.len()).rev() {
-                if ready[i + 1 + sites] {
-                    let p = self.parked.swap_remove(i);
-                    if self.work.send(p.conn).is_err() {
-                        self.open -= 1;
-                    }
-                }
-            }
-            for site in 0..sites {
-                if accepting && ready[1 + site] {
-                    self.accept(site);
-                }
-            }
-        }
-    }
-
-    fn park(&mut self, conn: Conn) {
-        self.parked.push(Parked {
-            conn,
-            until: Instant::now() + self.limits.io_timeout,
-        });
-    }
-
-    /// Takes the connections waiting on listener `site`, up to the limit.
-    fn accept(&mut self, site: usize) {
-        while self.open < self.limits.max_connections {
-            match self.listeners[site].accept() {
-                Ok((stream, _)) => {
-                    let configured = stream
-                        .set_nonblocking(false)
-                        .and_then(|()| stream.set_read_timeout(Some(self.limits.io_timeout)))
-                        .and_then(|()| stream.set_write_timeout(Some(self.limits.io_timeout)));
-                    if configured.is_ok() {
-                        self.open += 1;
-                        self.park(Conn {
-                            stream,
-                            buf: Vec::new(),
-                            site,
-                        });
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                // Out of file descriptors, say: the connection stays in the
-                // queue. Said at most every 10 s, and tried again after a
-                // pause rather than at once.
-                Err(e) => {
-                    if self
-                        .last_accept_error
-                        .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
-                    {
-                        tracing::error!(error = %e, "cannot accept an HTTP connection");
-                        self.last_accept_error = Some(Instant::now());
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                    return;
-                }
-            }
-        }
-    }
+/// Resolves once the server is told to stop (or its handle is gone).
+async fn until_stopped(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
 }
 
-/// Answers the requests a connection has sent; true to keep it open for
-/// more (keep-alive), false once it is done or broken (then it is dropped,
-/// which closes it).
-fn serve(conn: &mut Conn, limits: &Limits, handler: &Handler, stop: &AtomicBool) -> bool {
+/// Takes connections on one listener, each once a connection slot is
+/// free, and serves each on a task of its own.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    handler: Arc<Handler>,
+    limits: Limits,
+    open: Arc<Semaphore>,
+    stopped: watch::Receiver<bool>,
+) {
+    let mut last_error: Option<Instant> = None;
     loop {
-        let (head, keep_alive) = match read_head(conn, limits) {
-            Ok(Some(h)) => {
-                let keep = h.keep_alive;
-                (h, keep)
-            }
-            Ok(None) => return false,
-            Err(refusal) => {
-                let _ = write_response(&mut conn.stream, "HTTP/1.1", false, false, &refusal);
-                return false;
-            }
+        let taken = tokio::select! {
+            _ = until_stopped(stopped.clone()) => return,
+            taken = async {
+                // At the cap, the listener is not read: clients queue.
+                let slot = open.clone().acquire_owned().await;
+                (slot, listener.accept().await)
+            } => taken,
         };
-        let (response, body_read) = match read_body(conn, &head, limits) {
-            Ok(request) => {
-                let r =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(&request)));
-                let r = r.unwrap_or_else(|_| {
-                    Response::text(500, "internal error; see the outboxd log\n")
+        match taken {
+            (Ok(slot), Ok((stream, _))) => {
+                let conn = connection(stream, handler.clone(), limits, stopped.clone());
+                tokio::spawn(async move {
+                    conn.await;
+                    drop(slot);
                 });
-                (r, true)
             }
-            Err(r) => (r, false),
-        };
+            (_, Err(e))
+                if matches!(
+                    e.kind(),
+                    ErrorKind::ConnectionAborted
+                        | ErrorKind::ConnectionReset
+                        | ErrorKind::Interrupted
+                ) => {}
+            // Out of file descriptors, say: the connection stays in the
+            // queue. Said at most every 10 s, and tried again after a
+            // pause rather than at once.
+            (_, Err(e)) => {
+                if last_error.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    tracing::error!(error = %e, "cannot accept an HTTP connection");
+                    last_error = Some(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            // The semaphore is never closed.
+            (Err(_), _) => return,
+        }
+    }
+}
+
+/// Serves one connection's requests until it closes, a bound cuts it off,
+/// or the server stops (then the request being answered finishes first).
+async fn connection(
+    stream: tokio::net::TcpStream,
+    handler: Arc<Handler>,
+    limits: Limits,
+    stopped: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let io = TokioIo::new(WriteDeadline::new(stream, limits.io_timeout));
+    let service = hyper::service::service_fn(move |req| answer(req, handler.clone(), limits));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.io_timeout)
+        .max_header_size(limits.max_head)
+        .max_headers(MAX_HEADERS)
+        .serve_connection(io, service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = until_stopped(stopped) => {}
+    }
+    // Closes at once when idle, after the answer being written otherwise.
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
+}
+
+/// Reads one request's body, runs the handler on a blocking thread and
+/// turns its response into hyper's.
+async fn answer(
+    req: hyper::Request<Incoming>,
+    handler: Arc<Handler>,
+    limits: Limits,
+) -> Result<hyper::Response<Full<Bytes>>, std::convert::Infallible> {
+    let (response, keep) = match read(req, &limits).await {
+        Ok(request) => {
+            // A panic in the handler ends its task, not the thread pool.
+            let r = tokio::task::spawn_blocking(move || handler(&request)).await;
+            let r =
+                r.unwrap_or_else(|_| Response::text(500, "internal error; see the outboxd log\n"));
+            (r, true)
+        }
         // After a refused body the stream is not at a request's start.
-        let keep = keep_alive && body_read && !stop.load(Ordering::SeqCst);
-        if write_response(
-            &mut conn.stream,
-            head.version,
-            head.is_head,
-            keep,
-            &response,
-        )
-        .is_err()
-            || !keep
-        {
-            return false;
-        }
-        if conn.buf.is_empty() {
-            return true;
-        }
-        // A pipelined request is already read: answer it now.
-    }
-}
-
-/// A request's head, parsed.
-struct Head {
-    method: Method,
-    is_head: bool,
-    version: &'static str,
-    target: String,
-    headers: Vec<(String, String)>,
-    keep_alive: bool,
-}
-
-/// Reads until a whole request head is buffered and parses it. None when
-/// the client closed (or went silent) between requests.
-fn read_head(conn: &mut Conn, limits: &Limits) -> Result<Option<Head>, Response> {
-    let mut chunk = [0u8; 4096];
-    loop {
-        let parsed = {
-            let mut fields = [httparse::EMPTY_HEADER; 64];
-            let mut req = httparse::Request::new(&mut fields);
-            match req.parse(&conn.buf) {
-                Ok(httparse::Status::Complete(len)) => {
-                    let version = if req.version == Some(0) {
-                        "HTTP/1.0"
-                    } else {
-                        "HTTP/1.1"
-                    };
-                    let headers: Vec<(String, String)> = req
-                        .headers
-                        .iter()
-                        .map(|h| {
-                            (
-                                h.name.to_ascii_lowercase(),
-                                String::from_utf8_lossy(h.value).trim().to_string(),
-                            )
-                        })
-                        .collect();
-                    let connection = headers
-                        .iter()
-                        .find(|(n, _)| n == "connection")
-                        .map(|(_, v)| v.to_ascii_lowercase())
-                        .unwrap_or_default();
-                    let keep_alive = if version == "HTTP/1.0" {
-                        connection.contains("keep-alive")
-                    } else {
-                        !connection.contains("close")
-                    };
-                    let name = req.method.unwrap_or("");
-                    Some((
-                        len,
-                        Head {
-                            method: match name {
-                                "GET" | "HEAD" => Method::Get,
-                                "POST" => Method::Post,
-                                _ => Method::Other,
-                            },
-                            is_head: name == "HEAD",
-                            version,
-                            target: req.path.unwrap_or("/").to_string(),
-                            headers,
-                            keep_alive,
-                        },
-                    ))
-                }
-                Ok(httparse::Status::Partial) => None,
-                Err(httparse::Error::TooManyHeaders) => {
-                    return Err(Response::text(431, "too many request headers\n"))
-                }
-                Err(_) => return Err(Response::text(400, "not an HTTP request\n")),
-            }
-        };
-        // A head that arrived whole in one read is over the limit too
-        // (it once passed: the size was checked only while incomplete).
-        if parsed
-            .as_ref()
-            .is_some_and(|(len, _)| *len > limits.max_head)
-        {
-            return Err(Response::text(431, "the request head is too large\n"));
-        }
-        if let Some((len, head)) = parsed {
-            conn.buf.drain(..len);
-            return Ok(Some(head));
-        }
-        if conn.buf.len() >= limits.max_head {
-            return Err(Response::text(431, "the request head is too large\n"));
-        }
-        match conn.stream.read(&mut chunk) {
-            // Closed, or silent past the I/O timeout, before a request began.
-            Ok(0) if conn.buf.is_empty() => return Ok(None),
-            Err(_) if conn.buf.is_empty() => return Ok(None),
-            Ok(0) => return Ok(None),
-            Ok(n) => conn.buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return Err(Response::text(408, "the request did not arrive in time\n")),
-        }
-    }
-}
-
-/// Reads the body the head announces and builds the request, or the
-/// response refusing it.
-fn read_body(conn: &mut Conn, head: &Head, limits: &Limits) -> Result<Request, Response> {
-    let header = |name: &str| {
-        head.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        Err(refusal) => (refusal, false),
     };
-    if header("transfer-encoding").is_some() {
+    Ok(to_hyper(response, keep))
+}
+
+/// The console's request from hyper's, its body read whole, or the
+/// response refusing it.
+async fn read(req: hyper::Request<Incoming>, limits: &Limits) -> Result<Request, Response> {
+    let (head, body) = req.into_parts();
+    if head.headers.contains_key(hyper::header::TRANSFER_ENCODING) {
         return Err(Response::text(
             501,
             "chunked request bodies are not supported; send a Content-Length\n",
         ));
     }
-    let len = match header("content-length") {
-        None => 0,
-        Some(v) => v
-            .parse::<usize>()
-            .map_err(|_| Response::text(400, "the Content-Length is not a number\n"))?,
-    };
+    // hyper has checked that a Content-Length is a number.
+    let len = head
+        .headers
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .unwrap_or(0);
     if len > limits.max_body {
         return Err(Response::text(
             413,
             format!("the body is over {} bytes\n", limits.max_body),
         ));
     }
-    let mut chunk = [0u8; 4096];
-    while conn.buf.len() < len {
-        match conn.stream.read(&mut chunk) {
-            Ok(0) | Err(_) => {
-                return Err(Response::text(
-                    408,
-                    "the request body did not arrive in time\n",
-                ))
-            }
-            Ok(n) => conn.buf.extend_from_slice(&chunk[..n]),
+    let body = match tokio::time::timeout(limits.io_timeout, body.collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes().to_vec(),
+        _ => {
+            return Err(Response::text(
+                408,
+                "the request body did not arrive in time\n",
+            ))
         }
-    }
-    let body: Vec<u8> = conn.buf.drain(..len).collect();
-    let (path, query) = head.target.split_once('?').unwrap_or((&head.target, ""));
+    };
+    let headers = head
+        .headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                // hyper's names are lower case already.
+                name.as_str().to_string(),
+                String::from_utf8_lossy(value.as_bytes()).trim().to_string(),
+            )
+        })
+        .collect();
     Ok(Request {
-        method: head.method,
-        path: decode(path),
-        query: query.to_string(),
-        headers: head.headers.clone(),
+        method: match head.method {
+            hyper::Method::GET | hyper::Method::HEAD => Method::Get,
+            hyper::Method::POST => Method::Post,
+            _ => Method::Other,
+        },
+        path: decode(head.uri.path()),
+        query: head.uri.query().unwrap_or("").to_string(),
+        headers,
         body,
     })
 }
 
-/// The reason phrase of the status codes the console sends.
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        303 => "See Other",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        413 => "Content Too Large",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        501 => "Not Implemented",
-        503 => "Service Unavailable",
-        _ => "",
+/// hyper's response with the security headers every answer carries (hyper
+/// sets its Content-Length, leaves the body out for HEAD and closes the
+/// connection after a `Connection: close`).
+fn to_hyper(r: Response, keep_alive: bool) -> hyper::Response<Full<Bytes>> {
+    let mut out = hyper::Response::new(Full::new(Bytes::from(r.body)));
+    *out.status_mut() =
+        hyper::StatusCode::from_u16(r.status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = out.headers_mut();
+    let fixed = [
+        ("content-type", r.content_type),
+        ("content-security-policy", CSP),
+        ("x-content-type-options", "nosniff"),
+        ("x-frame-options", "DENY"),
+        ("referrer-policy", "same-origin"),
+        ("cache-control", "no-store"),
+    ];
+    for (name, value) in fixed {
+        headers.insert(name, hyper::header::HeaderValue::from_static(value));
+    }
+    for (name, value) in r.headers {
+        // Values are the console's own; a line break would end the header.
+        let value: String = value.chars().filter(|c| !c.is_control()).collect();
+        if let Ok(value) = hyper::header::HeaderValue::from_str(&value) {
+            headers.append(name, value);
+        }
+    }
+    if !keep_alive {
+        headers.insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+    }
+    out
+}
+
+/// A connection whose writes fail with `TimedOut` once they have made no
+/// progress for the timeout: a client that stops reading its answer (its
+/// window full) is cut off, as the old server's `SO_SNDTIMEO` did, instead
+/// of holding a connection slot for ever. Reads are passed through (hyper
+/// bounds the wait for a head, [`read`] the wait for a body).
+struct WriteDeadline {
+    stream: tokio::net::TcpStream,
+    timeout: Duration,
+    /// Armed when a write first finds the socket full, cleared on progress.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl WriteDeadline {
+    fn new(stream: tokio::net::TcpStream, timeout: Duration) -> WriteDeadline {
+        WriteDeadline {
+            stream,
+            timeout,
+            stalled: None,
+        }
+    }
+
+    /// Passes a finished write on; a pending one fails once the deadline
+    /// armed by its first wait has passed.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if r.is_ready() {
+            self.stalled = None;
+            return r;
+        }
+        let timeout = self.timeout;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                ErrorKind::TimedOut,
+                "the client read nothing of its answer within the I/O timeout",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
-/// Writes the response with the security headers (no body for HEAD).
-fn write_response(
-    out: &mut TcpStream,
-    version: &str,
-    is_head: bool,
-    keep_alive: bool,
-    r: &Response,
-) -> std::io::Result<()> {
-    let mut head = format!(
-        "{version} {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n",
-        r.status,
-        reason(r.status),
-        r.content_type,
-        r.body.len()
-    );
-    for (name, value) in [
-        ("Content-Security-Policy", CSP),
-        ("X-Content-Type-Options", "nosniff"),
-        ("X-Frame-Options", "DENY"),
-        ("Referrer-Policy", "same-origin"),
-        ("Cache-Control", "no-store"),
-    ] {
-        head.push_str(&format!("{name}: {value}\r\n"));
+impl AsyncRead for WriteDeadline {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
     }
-    for (name, value) in &r.headers {
-        // Values are the console's own; a line break would end the header.
-        let value: String = value.chars().filter(|c| !c.is_control()).collect();
-        head.push_str(&format!("{name}: {value}\r\n"));
+}
+
+impl AsyncWrite for WriteDeadline {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.watch(cx, r)
     }
-    head.push_str(match (keep_alive, version) {
-        (false, _) => "Connection: close\r\n",
-        (true, "HTTP/1.0") => "Connection: keep-alive\r\n",
-        (true, _) => "",
-    });
-    head.push_str("\r\n");
-    let mut bytes = head.into_bytes();
-    if !is_head {
-        bytes.extend_from_slice(&r.body);
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.watch(cx, r)
     }
-    out.write_all(&bytes)?;
-    out.flush()
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.stream).poll_flush(cx);
+        this.watch(cx, r)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.stream).poll_shutdown(cx);
+        this.watch(cx, r)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
+    use std::io::{Read, Write};
     use std::net::TcpStream;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Instant;
 
     fn echo_server(limits: Limits) -> Server {
@@ -1045,7 +936,9 @@ mod tests {
         );
         let out = send(big);
         assert!(out.starts_with("HTTP/1.1 431"), "{out}");
-        let many: String = (0..65).map(|i| format!("X-{i}: v\r\n")).collect();
+        let many: String = (0..MAX_HEADERS + 1)
+            .map(|i| format!("X-{i}: v\r\n"))
+            .collect();
         let out = send(format!("GET / HTTP/1.1\r\nHost: x\r\n{many}\r\n"));
         assert!(out.starts_with("HTTP/1.1 431"), "{out}");
         // Under both limits it is answered.
@@ -1054,6 +947,34 @@ mod tests {
             out.starts_with("HTTP/1.1 200") && out.ends_with("/fine 0"),
             "{out}"
         );
+        server.stop();
+    }
+
+    #[test]
+    fn hyper_s_own_refusals_have_no_body() {
+        // They cannot carry the security headers (see the module doc), so
+        // they must have nothing a browser could render.
+        let server = echo_server(Limits {
+            max_head: 1024,
+            ..Limits::default()
+        });
+        let addr = server.addrs()[0];
+        for (request, status) in [
+            ("GET / HTTP/1.1\r\nHo st: x\r\n\r\n".to_string(), "400"),
+            ("NOT A REQUEST\r\n\r\n".to_string(), "400"),
+            (
+                format!("GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(2000)),
+                "431",
+            ),
+        ] {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(request.as_bytes()).unwrap();
+            let out = read_until_closed(&mut s, Duration::from_secs(10)).unwrap();
+            let out = String::from_utf8_lossy(&out).to_ascii_lowercase();
+            assert!(out.starts_with(&format!("http/1.1 {status}")), "{out}");
+            assert!(out.contains("content-length: 0\r\n"), "{out}");
+            assert!(out.ends_with("\r\n\r\n"), "no body: {out}");
+        }
         server.stop();
     }
 
@@ -1072,10 +993,7 @@ mod tests {
         let out = read_until_closed(&mut s, Duration::from_secs(20)).unwrap();
         let out = String::from_utf8_lossy(&out);
         assert!(out.starts_with("HTTP/1.1 408"), "{out}");
-        assert!(
-            out.to_ascii_lowercase().contains("connection: close"),
-            "{out}"
-        );
+        assert!(out.contains("connection: close"), "{out}");
         let mut s = TcpStream::connect(server.addrs()[0]).unwrap();
         write!(
             s,
@@ -1218,31 +1136,24 @@ mod tests {
         });
         let addr = server.addrs()[0];
         let out = get(addr, "/");
-        let lower = out.to_ascii_lowercase();
         for header in [
             format!("content-security-policy: {CSP}"),
             "x-content-type-options: nosniff".into(),
-            "x-frame-options: deny".into(),
+            "x-frame-options: DENY".into(),
             "referrer-policy: same-origin".into(),
             "cache-control: no-store".into(),
             "content-type: text/html; charset=utf-8".into(),
             // The line break is taken out, so no header is injected.
-            "set-cookie: a=bx-injected: 1".into(),
+            "set-cookie: a=bX-Injected: 1".into(),
         ] {
-            assert!(
-                lower.contains(&header.to_ascii_lowercase()),
-                "{header} in {out}"
-            );
+            assert!(out.contains(&header), "{header} in {out}");
         }
         assert!(out.ends_with("<p>page</p>"), "{out}");
         let mut s = TcpStream::connect(addr).unwrap();
         write!(s, "HEAD / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
         let out =
             String::from_utf8(read_until_closed(&mut s, Duration::from_secs(10)).unwrap()).unwrap();
-        assert!(
-            out.to_ascii_lowercase().contains("content-length: 11\r\n"),
-            "{out}"
-        );
+        assert!(out.contains("content-length: 11\r\n"), "{out}");
         assert!(out.ends_with("\r\n\r\n"), "no body: {out}");
         server.stop();
     }
