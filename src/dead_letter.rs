@@ -290,9 +290,7 @@ mod tests {
     /// the event-id index rather than a walk over every dead row.
     #[test]
     fn a_dead_letter_is_found_by_its_event_id_in_any_case_on_the_index() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::connection::open(dir.path().join("d.db")).unwrap();
-        crate::schema::migrate(&mut conn).unwrap();
+        let (_dir, conn) = crate::schema::test_db();
         conn.execute_batch(
             "INSERT INTO event_outbox (id, event_id, event_type, status, finished_at)
                   VALUES (3, '01jDq8F6zc1Y0d3w9N7k2M4p5R', 'a.b.v1', 'dead', 1),

@@ -351,13 +351,6 @@ pub fn progress(conn: &Connection, event_key: &str) -> rusqlite::Result<Vec<(Str
 mod tests {
     use super::*;
 
-    fn db() -> (tempfile::TempDir, Connection) {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::connection::open(dir.path().join("d.db")).unwrap();
-        crate::schema::migrate(&mut conn).unwrap();
-        (dir, conn)
-    }
-
     /// Schema version 6: an entry stays while a row carrying its event id
     /// stays, whatever the letter case the row spells it in (mixed case
     /// too: before, only the key and its lower case were looked up, and
@@ -365,7 +358,7 @@ mod tests {
     /// event-id index, never by a scan.
     #[test]
     fn the_purge_keeps_an_entry_while_a_row_spells_its_id_in_any_case() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         conn.execute_batch(
             "INSERT INTO event_outbox (id, event_id, event_type)
                   VALUES (7, '01jDq8F6zc1Y0d3w9N7k2M4p5R', 'a.b.v1');
@@ -397,7 +390,7 @@ mod tests {
 
     #[test]
     fn the_key_is_the_canonical_id_or_the_row_for_a_legacy_row_in_sql_and_rust() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         let id = crate::EventId::new().to_string();
         conn.execute(
             "INSERT INTO event_outbox (id, event_id, event_type) VALUES (1, lower(?1), 'a.b.v1'),
@@ -425,7 +418,7 @@ mod tests {
 
     #[test]
     fn the_claims_look_up_reads_what_record_wrote() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         let id = crate::EventId::new().to_string();
         conn.execute(
             "INSERT INTO event_outbox (id, event_id, event_type) VALUES (1, lower(?1), 'a.b.v1')",
@@ -463,7 +456,7 @@ mod tests {
     /// idempotent (a transactional consumer's own entry may be there).
     #[test]
     fn recording_many_at_once_writes_each_entry_once() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         let (a, b) = (crate::EventId::new().to_string(), "#7".to_string());
         record(&conn, &a, "x", 1, Timestamp::from_millis(5)).unwrap();
         let entries = [
@@ -501,7 +494,7 @@ mod tests {
 
     #[test]
     fn progress_and_has_read_what_record_wrote_on_the_primary_key() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         let id = crate::EventId::new().to_string();
         record(&conn, &id, "b", 1, Timestamp::from_millis(7)).unwrap();
         record(&conn, &id, "a", 1, Timestamp::from_millis(5)).unwrap();
@@ -515,19 +508,13 @@ mod tests {
         assert!(progress(&conn, "#9").unwrap().is_empty());
         assert!(has(&conn, &id, "a").unwrap() && !has(&conn, &id, "c").unwrap());
         // A page reads it per row: one look-up, never a scan.
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {SQL_PROGRESS}"))
-            .unwrap()
-            .query_map([&id], |r| r.get(3))
-            .unwrap()
-            .collect::<rusqlite::Result<_>>()
-            .unwrap();
+        let plan = crate::connection::query_plan(&conn, SQL_PROGRESS, [&id]);
         assert!(plan.iter().all(|s| s.starts_with("SEARCH")), "{plan:?}");
     }
 
     #[test]
     fn a_selection_counts_what_it_selects() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         let ids: Vec<String> = (0..4).map(|_| crate::EventId::new().to_string()).collect();
         for (n, (id, ty)) in ids
             .iter()

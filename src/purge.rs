@@ -281,9 +281,7 @@ mod tests {
     /// another consumer's retry, so the retry ran that consumer again.
     #[test]
     fn the_ledger_of_a_pending_or_dead_row_outlives_its_ttl() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::connection::open(dir.path().join("a.db")).unwrap();
-        crate::schema::migrate(&mut conn).unwrap();
+        let (_dir, mut conn) = crate::schema::test_db();
         conn.execute_batch(
             "INSERT INTO event_outbox (id, event_id, event_type) VALUES (1, 'e1', 'a.b.v1');
              INSERT INTO event_outbox (id, event_id, event_type, status, finished_at)
@@ -323,9 +321,7 @@ mod tests {
     /// and a dry run counts what the purge deletes.
     #[test]
     fn the_ledger_of_a_kept_row_is_never_purged_ahead_of_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::connection::open(dir.path().join("k.db")).unwrap();
-        crate::schema::migrate(&mut conn).unwrap();
+        let (_dir, mut conn) = crate::schema::test_db();
         let now = Timestamp::from_millis(1_000_000);
         conn.execute_batch(&format!(
             "INSERT INTO event_outbox (id, event_id, event_type, status, finished_at)
@@ -367,9 +363,7 @@ mod tests {
     /// row and dedup entry was purged. A huge retention now means "keep".
     #[test]
     fn a_huge_retention_never_purges_a_delivered_row_or_its_ledger() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::connection::open(dir.path().join("h.db")).unwrap();
-        crate::schema::migrate(&mut conn).unwrap();
+        let (_dir, mut conn) = crate::schema::test_db();
         conn.execute_batch(
             "INSERT INTO event_outbox (id, event_id, event_type, status, finished_at)
                   VALUES (1, 'e1', 'a.b.v1', 'delivered', 5);
@@ -418,16 +412,9 @@ mod tests {
     /// write transaction (5,000,000 delivered rows made the relay 7x slower).
     #[test]
     fn deleting_finished_rows_searches_the_finished_index() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::connection::open(dir.path().join("p.db")).unwrap();
-        crate::schema::migrate(&mut conn).unwrap();
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {DELETE_FINISHED}"))
-            .unwrap()
-            .query_map(params!["delivered", 0, 10], |r| r.get(3))
-            .unwrap()
-            .collect::<rusqlite::Result<_>>()
-            .unwrap();
+        let (_dir, conn) = crate::schema::test_db();
+        let plan =
+            crate::connection::query_plan(&conn, DELETE_FINISHED, params!["delivered", 0, 10]);
         assert!(
             plan.iter()
                 .any(|l| l.contains("USING COVERING INDEX event_outbox_finished")),

@@ -458,7 +458,7 @@ fn fenced(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqli
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{schema, Enqueuer, Event};
+    use crate::{Enqueuer, Event};
 
     /// No byte budget to speak of: the claims of tests about other rules.
     const ANY: Budget = Budget {
@@ -477,13 +477,6 @@ mod tests {
         super::claim(conn, token, now, lease_until, limit, ANY)
     }
 
-    fn db() -> (tempfile::TempDir, Connection) {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::connection::open(dir.path().join("t.db")).unwrap();
-        schema::migrate(&mut conn).unwrap();
-        (dir, conn)
-    }
-
     fn put(conn: &Connection, ty: &str, key: Option<&str>) {
         let mut e = Event::new(ty, &1).unwrap();
         if let Some(k) = key {
@@ -497,7 +490,7 @@ mod tests {
 
     #[test]
     fn a_lost_lease_fences_out_the_old_owner() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         put(&conn, "a.b.v1", None);
         let t0 = Timestamp::now().plus(std::time::Duration::from_secs(1));
         let first = claim(
@@ -537,7 +530,7 @@ mod tests {
     /// not returned; the others are finished as `finish_delivered` would.
     #[test]
     fn finishing_many_at_once_keeps_each_rows_fence() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         for _ in 0..4 {
             put(&conn, "a.b.v1", None);
         }
@@ -574,7 +567,7 @@ mod tests {
     /// `attempts` made every claim fail, so no event was delivered at all.
     #[test]
     fn a_foreign_row_with_text_attempts_does_not_block_claims() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         conn.execute(
             "INSERT INTO event_outbox (event_id, event_type, attempts)
              VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a.b.v1', 'many')",
@@ -590,7 +583,7 @@ mod tests {
 
     #[test]
     fn the_schema_refuses_a_time_that_is_not_an_integer() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         for value in ["1500000000000.5", "'tomorrow'"] {
             let e = conn
                 .execute(
@@ -611,7 +604,7 @@ mod tests {
     /// text time still meets the CHECK on types.
     #[test]
     fn the_schema_refuses_an_available_at_in_microseconds() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         let insert = |available_at: &str| {
             conn.execute(
                 &format!(
@@ -646,7 +639,7 @@ mod tests {
     /// (and so dead-lettered with the reason).
     #[test]
     fn a_time_outside_years_1_to_9999_makes_the_row_invalid() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         conn.execute_batch(&format!(
             "INSERT INTO event_outbox (event_id, event_type, occurred_at)
              VALUES ('01JDQ8F6ZC1Y0D3W9N7K2M4P5R', 'a.b.v1', {});
@@ -669,7 +662,7 @@ mod tests {
     /// one is in flight waits too).
     #[test]
     fn a_row_waits_while_a_twin_is_earlier_or_leased() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         let id = crate::EventId::new().to_string();
         conn.execute(
             "INSERT INTO event_outbox (id, event_id, event_type, status, finished_at)
@@ -704,7 +697,7 @@ mod tests {
     /// its original although both share one ledger key).
     #[test]
     fn a_row_waits_for_a_twin_in_mixed_case() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         let (id, mixed) = ("01JDQ8F6ZC1Y0D3W9N7K2M4P5R", "01jDq8F6zc1Y0d3w9N7k2M4p5R");
         conn.execute(
             "INSERT INTO event_outbox (id, event_id, event_type) VALUES (1, ?1, 'a.b.v1'),
@@ -741,7 +734,7 @@ mod tests {
     /// ends.
     #[test]
     fn a_claim_keeps_to_its_byte_budget_and_leaves_large_payloads_unread() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         for size in [10, 10, 5000, 10, 10] {
             insert_sized(&conn, size);
         }
@@ -792,17 +785,11 @@ mod tests {
     /// the table holds.
     #[test]
     fn the_claim_searches_indexes_only() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         stable_plans(&conn).unwrap();
         for (sql, n) in [(CLAIM_WHOLE, 6), (CLAIM_PREFIX, 7)] {
             let values: [&dyn rusqlite::ToSql; 7] = [&"T", &2, &1, &10, &100, &1000, &true];
-            let plan: Vec<String> = conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .unwrap()
-                .query_map(&values[..n], |r| r.get(3))
-                .unwrap()
-                .collect::<rusqlite::Result<_>>()
-                .unwrap();
+            let plan = crate::connection::query_plan(&conn, sql, &values[..n]);
             for needed in [
                 "INDEX event_outbox_due",
                 "INDEX event_outbox_ordering",
@@ -826,13 +813,7 @@ mod tests {
             );
         }
         // The look-up that spares a claim with nothing due both statements.
-        let plan: Vec<String> = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {ANY_DUE}"))
-            .unwrap()
-            .query_map([1], |r| r.get(3))
-            .unwrap()
-            .collect::<rusqlite::Result<_>>()
-            .unwrap();
+        let plan = crate::connection::query_plan(&conn, ANY_DUE, [1]);
         assert!(
             plan.iter().any(|l| l.contains("INDEX event_outbox_due"))
                 && !plan.iter().any(|l| l.starts_with("SCAN event_outbox")),
@@ -847,7 +828,7 @@ mod tests {
     /// anyway", at several limits.
     #[test]
     fn a_claim_takes_the_prefix_that_fits_whichever_statement_runs() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         let sizes = [30_i64, 10, 50, 20, 10, 40];
         for size in sizes {
             insert_sized(&conn, size);
@@ -904,7 +885,7 @@ mod tests {
     #[test]
     fn the_claim_is_not_prepared_again_for_each_limit() {
         let reprepares = |stable: bool| {
-            let (_d, conn) = db();
+            let (_d, conn) = crate::schema::test_db();
             if stable {
                 stable_plans(&conn).unwrap();
             }
@@ -934,7 +915,7 @@ mod tests {
 
     #[test]
     fn ordering_keys_release_one_event_at_a_time() {
-        let (_d, conn) = db();
+        let (_d, conn) = crate::schema::test_db();
         put(&conn, "a.b.v1", Some("k"));
         put(&conn, "a.b.v1", Some("k"));
         put(&conn, "a.b.v1", Some("other"));

@@ -264,9 +264,7 @@ mod tests {
 
     #[test]
     fn a_repair_makes_stepped_retries_and_events_due_and_ends_far_leases_unrenewed() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::connection::open(dir.path().join("c.db")).unwrap();
-        crate::schema::migrate(&mut conn).unwrap();
+        let (_dir, conn) = crate::schema::test_db();
         let now = Timestamp::from_millis(T0);
         let hour = 3_600_000;
         conn.execute_batch(&format!(

@@ -320,9 +320,7 @@ mod tests {
 
     #[test]
     fn a_tick_purges_a_batch_and_measures_staleness() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut conn = crate::connection::open(dir.path().join("h.db")).unwrap();
-        crate::schema::migrate(&mut conn).unwrap();
+        let (_dir, mut conn) = crate::schema::test_db();
         conn.execute_batch(
             "INSERT INTO event_outbox (event_type, available_at) VALUES ('a.b.v1', 1000), ('a.b.v1', 9000);
              INSERT INTO event_outbox (event_type, status, finished_at) VALUES ('a.b.v1', 'delivered', 1);",

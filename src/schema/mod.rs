@@ -68,6 +68,16 @@ pub const MIGRATIONS: &[Migration] = &[
     },
 ];
 
+/// A fresh database at the latest schema in a temporary directory, for
+/// unit tests (the directory goes when the first value is dropped).
+#[cfg(test)]
+pub(crate) fn test_db() -> (tempfile::TempDir, rusqlite::Connection) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut conn = crate::connection::open(dir.path().join("test.db")).unwrap();
+    migrate(&mut conn).unwrap();
+    (dir, conn)
+}
+
 /// The newest schema version this build knows.
 pub const LATEST_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
