@@ -104,14 +104,15 @@ fn large_payloads_among_small_ones_never_abort_a_relay_under_a_memory_limit() {
     // loads a batch of these payloads (on main it retried its claim with
     // SQLITE_NOMEM forever, delivering nothing), the second for one that
     // loads several (on main: "memory allocation failed", abort).
+    // Each includes room for the glibc malloc arenas (64 MB of address
+    // space per allocating thread) of the relay's thread watching the -wal
+    // file (src/relay/wake.rs) and of its checkpoint thread
+    // (src/relay/checkpoint.rs); a batch of these payloads needs several
+    // times one arena's room.
     let (large, bytes, limits) = if full() {
-        (8, 50_000_000, ["500000000", "700000000"])
+        (8, 50_000_000, ["628000000", "828000000"])
     } else {
-        // The first leaves room for one more glibc malloc arena (64 MB of
-        // address space per allocating thread) than it did before the
-        // relay's thread watching the -wal file (src/relay/wake.rs); a
-        // batch of these payloads needs several times that.
-        (4, 40_000_000, ["464000000", "700000000"])
+        (4, 40_000_000, ["528000000", "764000000"])
     };
     let sb = Sandbox::migrated();
     let mut small = sb.enqueue(&(0..5).map(|n| event("small.one.v1", n)).collect::<Vec<_>>());

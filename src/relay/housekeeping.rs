@@ -1,9 +1,9 @@
 //! The relay's housekeeping, run by the writer between its transactions:
 //! one batch of TTL purge, the dead letters of payloads over the maximum, a
-//! passive WAL checkpoint (a truncating one when the relay is idle and the
-//! WAL has grown), and the stale check. Each in its own short transaction;
-//! a failure is logged and tried again at the next tick, never allowed to
-//! stop deliveries.
+//! truncating WAL checkpoint when the relay is idle and the WAL has grown
+//! (the passive ones run on their own thread: `checkpoint`), and the stale
+//! check. Each in its own short transaction; a failure is logged and tried
+//! again at the next tick, never allowed to stop deliveries.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -162,9 +162,6 @@ impl Housekeeping {
         }
         dead_letter_oversized(conn, now, self.max_payload, &mut tick);
         Metrics::add(&metrics.dead_lettered, tick.dead_lettered);
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::debug!(error = %e, "checkpoint failed");
-        }
         if let Some(wal) = self.wal.as_deref().filter(|_| idle) {
             truncate_large_wal(conn, wal);
         }

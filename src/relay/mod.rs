@@ -72,7 +72,9 @@
 //! - [`dedup`](crate::dedup): which of them had the event already.
 //! - `retry`: [`RetryPolicy`] and the verdict over a row's outcomes
 //!   (delivered, retry when, or dead letter and why).
-//! - `housekeeping`: purge ticks, WAL checkpoint, the stale check.
+//! - `housekeeping`: purge ticks, the stale check.
+//! - `checkpoint`: WAL checkpoints on a thread of their own, off the
+//!   writer's commits.
 //! - `clock_step`: noticing a step of the system clock, and the repair of
 //!   the leases and retry times it left far ahead.
 //! - `claim`: the claim statement and the token-fenced writes.
@@ -81,6 +83,7 @@
 //!   ledger entry, commit or rollback), on its worker's connection.
 //! - `metrics`: the counters behind [`RelayHandle::metrics`].
 
+mod checkpoint;
 pub(crate) mod claim;
 mod clock_step;
 mod housekeeping;

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{select, Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior};
 
+use super::checkpoint::Checkpointer;
 use super::claim;
 use super::clock_step::{ClockWatch, Repair};
 use super::housekeeping::Housekeeping;
@@ -73,6 +74,9 @@ pub(crate) struct Pool {
 
 pub(crate) struct Writer {
     conn: Connection,
+    /// Runs the WAL checkpoints the writer's commits call for; stopped
+    /// when the writer ends.
+    checkpointer: Option<Checkpointer>,
     settings: Settings,
     consumers: Arc<Vec<ConsumerEntry>>,
     routes: Routes,
@@ -268,7 +272,7 @@ impl Writer {
         metrics: Arc<Metrics>,
         control: Receiver<Control>,
     ) -> Result<Writer> {
-        let conn = crate::connection::open(&settings.path)?;
+        let mut conn = crate::connection::open(&settings.path)?;
         crate::schema::ensure_current(&conn)?;
         // The relay's own writes may use NORMAL: a relay commit lost to power
         // loss only moves an event back a step (a claim, a "delivered" mark),
@@ -278,6 +282,9 @@ impl Writer {
             .map_err(Error::db("set the relay's synchronous mode"))?;
         claim::stable_plans(&conn).map_err(Error::db("set the relay's query planning"))?;
         let data_version = data_version(&conn).map_err(Error::db("read data_version"))?;
+        let checkpointer = Checkpointer::start(&settings.path, &mut conn, |f| {
+            super::spawn(super::checkpoint::THREAD.into(), f)
+        })?;
         let capacity = settings.batch_size.max(settings.workers * 2);
         let planner = Planner::new(Limits {
             batch_size: settings.batch_size,
@@ -306,6 +313,7 @@ impl Writer {
         );
         Ok(Writer {
             conn,
+            checkpointer: Some(checkpointer),
             consumers,
             routes,
             clock,
@@ -406,6 +414,11 @@ impl Writer {
                     idle,
                     |id| in_flight.contains_key(&id),
                 );
+                // Pages other connections committed (their own commits
+                // checkpoint only past 1,000 pages).
+                if let Some(checkpointer) = &self.checkpointer {
+                    checkpointer.request();
+                }
                 // Rows a clock step left waiting may be due now.
                 self.want_claim |= tick.made_due;
                 // A row dead-lettered there may have held back its ordering key.
@@ -487,6 +500,9 @@ impl Writer {
     /// error returned (the binary exits non-zero), since those deliveries
     /// will be made again.
     fn finish(mut self) -> Result<()> {
+        if let Some(checkpointer) = self.checkpointer.take() {
+            checkpointer.stop(&mut self.conn);
+        }
         let unwritten = Unwritten {
             outcomes: self.given_up.outcomes + self.pending.len(),
             releases: self.given_up.releases + self.to_release.len(),

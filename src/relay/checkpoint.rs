@@ -1,0 +1,200 @@
+//! WAL checkpoints off the writer's commits.
+//!
+//! SQLite's auto-checkpoint runs inside whichever commit takes the WAL past
+//! 1,000 pages, on the committing thread. On the relay's writer that put a
+//! checkpoint (two fsyncs and up to 4 MiB copied) between a commit and the
+//! next claim once in every few hundred transactions: at 1,000 events/s it
+//! was the whole of the pick-up p99 (2.3 ms against 0.17 ms without it,
+//! BENCHMARKS.md section 3). So the writer's connection hands the work to a
+//! thread of its own: its WAL hook (which replaces the auto-checkpoint on
+//! that connection) wakes the checkpoint thread once the WAL holds
+//! [`CHECKPOINT_AT`] pages, earlier than any connection's auto-checkpoint
+//! would run, and the thread runs a passive checkpoint on its own
+//! connection while the writer goes on.
+//!
+//! A checkpoint that runs beside a writer copies the pages committed before
+//! it started, and SQLite starts the WAL over only at a transaction that
+//! began with every page copied: while commits keep coming, the thread's
+//! checkpoints alone never get there. So at [`CHECKPOINT_INLINE_AT`] pages,
+//! SQLite's own threshold, the writer still checkpoints in its commit, as
+//! SQLite would have (passive, and skipped at once while the thread is at
+//! work); by then the thread has copied nearly every page, the writer's
+//! checkpoint copies only those committed since, and the WAL keeps the
+//! size SQLite gives it.
+//!
+//! Under glibc the thread costs a malloc arena's 64 MB of address space
+//! (SQLite allocates while checkpointing), which matters only under an
+//! address-space limit (tests/run_faults.rs leaves room for it).
+
+use std::ffi::c_int;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::Sender;
+use rusqlite::wal::CheckpointMode;
+use rusqlite::Connection;
+
+use crate::error::{Error, Result};
+
+/// WAL pages at which a writer's commit wakes the checkpoint thread: half
+/// SQLite's auto-checkpoint threshold (1,000 pages), so the thread's
+/// checkpoint usually runs before a host's connection would run its own.
+pub(crate) const CHECKPOINT_AT: c_int = 500;
+
+/// WAL pages at which the writer checkpoints in its own commit, to let the
+/// WAL start over (see the module's documentation): SQLite's default
+/// auto-checkpoint threshold.
+pub(crate) const CHECKPOINT_INLINE_AT: c_int = 1_000;
+
+/// The name of the checkpoint thread.
+pub(crate) const THREAD: &str = "outboxd-checkpoint";
+
+/// The checkpoint thread and the writer connection's WAL hook that wakes it.
+pub(crate) struct Checkpointer {
+    wake: Option<Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    /// Checkpoints the thread ran (read by the tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    done: Arc<AtomicU64>,
+}
+
+impl Checkpointer {
+    /// Opens the thread's connection to `path`, starts it with `spawn`, and
+    /// sets `writer`'s WAL hook (which turns SQLite's auto-checkpoint off on
+    /// that connection).
+    pub(crate) fn start(
+        path: &Path,
+        writer: &mut Connection,
+        spawn: impl FnOnce(Box<dyn FnOnce() + Send>) -> Result<JoinHandle<()>>,
+    ) -> Result<Checkpointer> {
+        let conn = crate::connection::open(path)?;
+        crate::connection::small_cache(&conn)?;
+        let (wake, woken) = crossbeam_channel::bounded::<()>(1);
+        let done = Arc::new(AtomicU64::new(0));
+        let counted = done.clone();
+        let thread = spawn(Box::new(move || {
+            for () in woken {
+                match conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
+                    Ok(_) => {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "checkpoint failed; will retry"),
+                }
+            }
+        }))?;
+        let hook = wake.clone();
+        writer
+            .wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages: c_int| {
+                if pages >= CHECKPOINT_INLINE_AT {
+                    // Busy (the thread is checkpointing) is not an error here.
+                    let _ = wal.checkpoint();
+                } else if pages >= CHECKPOINT_AT {
+                    request(&hook);
+                }
+                Ok(())
+            }))
+            .map_err(Error::db("set the writer's WAL hook"))?;
+        Ok(Checkpointer {
+            wake: Some(wake),
+            thread: Some(thread),
+            done,
+        })
+    }
+
+    /// Asks for a passive checkpoint soon (the housekeeping tick's, for
+    /// pages other connections committed).
+    pub(crate) fn request(&self) {
+        if let Some(wake) = &self.wake {
+            request(wake);
+        }
+    }
+
+    /// Checkpoints the thread has run.
+    #[cfg(test)]
+    pub(crate) fn done(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// Removes `writer`'s WAL hook (restoring SQLite's auto-checkpoint) and
+    /// waits for the thread to finish its checkpoint and close its
+    /// connection.
+    pub(crate) fn stop(mut self, writer: &mut Connection) {
+        // Dropping the hook drops its sender; the thread ends when none is left.
+        let unhooked = writer
+            .wal_hook(None::<fn(&mut rusqlite::hooks::Wal, c_int) -> rusqlite::Result<()>>)
+            .and_then(|()| writer.execute_batch("PRAGMA wal_autocheckpoint = 1000"));
+        if let Err(e) = unhooked {
+            tracing::warn!(error = %e, "cannot restore the writer's auto-checkpoint");
+        }
+        self.wake = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Wakes the thread unless a wake-up is already waiting for it (or it has
+/// ended).
+fn request(wake: &Sender<()>) {
+    let _ = wake.try_send(());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spawn(f: Box<dyn FnOnce() + Send>) -> Result<JoinHandle<()>> {
+        Ok(std::thread::Builder::new()
+            .name(THREAD.into())
+            .spawn(f)
+            .unwrap())
+    }
+
+    fn wal_pages(path: &Path) -> u64 {
+        let wal = std::fs::metadata(format!("{}-wal", path.display())).map_or(0, |m| m.len());
+        wal / 4096
+    }
+
+    /// The writer's commits wake the thread, which checkpoints on its own
+    /// connection, and the WAL stays within what the thread keeps up with.
+    #[test]
+    fn the_writers_commits_are_checkpointed_by_the_thread() {
+        let (dir, mut writer) = crate::schema::test_db();
+        let path = dir.path().join("test.db");
+        let checkpointer = Checkpointer::start(&path, &mut writer, spawn).unwrap();
+        let auto: i64 = writer
+            .query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(auto, 0, "the hook replaces the writer's auto-checkpoint");
+        // Commits without an fsync: the test is about pages, not durability.
+        writer
+            .execute_batch("PRAGMA synchronous = OFF; CREATE TABLE t (x BLOB)")
+            .unwrap();
+        // 6,000 commits of a page or two: over ten times the wake-up threshold.
+        for _ in 0..6_000 {
+            writer
+                .execute("INSERT INTO t VALUES (zeroblob(3000))", [])
+                .unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while checkpointer.done() == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(checkpointer.done() > 0, "the thread ran no checkpoint");
+        // The writer's own checkpoint at SQLite's threshold lets the WAL
+        // start over; it may pass that by what was committed while the
+        // thread's checkpoint held the checkpoint lock.
+        assert!(
+            wal_pages(&path) < 2 * u64::try_from(CHECKPOINT_INLINE_AT).unwrap(),
+            "the WAL grew to {} pages",
+            wal_pages(&path)
+        );
+        checkpointer.stop(&mut writer);
+        let auto: i64 = writer
+            .query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(auto, 1000, "stop restores SQLite's auto-checkpoint");
+    }
+}
