@@ -8,7 +8,7 @@
 //! BENCHMARKS.md section 3). So the writer's connection hands the work to a
 //! thread of its own: its WAL hook (which replaces the auto-checkpoint on
 //! that connection) wakes the checkpoint thread once the WAL holds
-//! [`CHECKPOINT_AT`] pages, earlier than any connection's auto-checkpoint
+//! [`CHECKPOINT_AT`] pages, long before any connection's auto-checkpoint
 //! would run, and the thread runs a passive checkpoint on its own
 //! connection while the writer goes on.
 //!
@@ -38,10 +38,17 @@ use rusqlite::Connection;
 
 use crate::error::{Error, Result};
 
-/// WAL pages at which a writer's commit wakes the checkpoint thread: half
-/// SQLite's auto-checkpoint threshold (1,000 pages), so the thread's
-/// checkpoint usually runs before a host's connection would run its own.
-pub(crate) const CHECKPOINT_AT: c_int = 500;
+/// WAL pages at which a writer's commit wakes the checkpoint thread: a
+/// tenth of SQLite's auto-checkpoint threshold (1,000 pages), so the thread
+/// checkpoints long before a host's connection would, and each checkpoint
+/// copies about 400 KiB. Smaller checkpoints keep hosts' commits short: the
+/// fsync that ends a checkpoint also holds back a host's commit fsync on
+/// the same file system (ext4 commits its journal for both). With 500
+/// pages, 3 of 15 runs of the host bench had a host commit over 50 ms;
+/// with 100, none of 15, at the same drain rate (BENCHMARKS.md, section
+/// 5). The price is more writes to the database file: a page changed often
+/// is copied back once per checkpoint.
+pub(crate) const CHECKPOINT_AT: c_int = 100;
 
 /// WAL pages at which the writer checkpoints in its own commit, to let the
 /// WAL start over (see the module's documentation): SQLite's default
@@ -172,7 +179,7 @@ mod tests {
         writer
             .execute_batch("PRAGMA synchronous = OFF; CREATE TABLE t (x BLOB)")
             .unwrap();
-        // 6,000 commits of a page or two: over ten times the wake-up threshold.
+        // 6,000 commits of a page or two: many times the wake-up threshold.
         for _ in 0..6_000 {
             writer
                 .execute("INSERT INTO t VALUES (zeroblob(3000))", [])
