@@ -44,8 +44,8 @@ use crate::error::{Error, Result};
 /// copies about 400 KiB. Smaller checkpoints keep hosts' commits short: the
 /// fsync that ends a checkpoint also holds back a host's commit fsync on
 /// the same file system (ext4 commits its journal for both). With 500
-/// pages, 3 of 15 runs of the host bench had a host commit over 50 ms;
-/// with 100, none of 15, at the same drain rate (BENCHMARKS.md, section
+/// pages, 2 of 20 runs of the host bench had a host commit over 50 ms;
+/// with 100, none of 25, at the same drain rate (BENCHMARKS.md, section
 /// 5). The price is more writes to the database file: a page changed often
 /// is copied back once per checkpoint.
 pub(crate) const CHECKPOINT_AT: c_int = 100;
