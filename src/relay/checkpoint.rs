@@ -23,8 +23,11 @@
 //! connection may checkpoint at a time (another gets SQLITE_BUSY at once),
 //! so the writer's commits past that size stop waking the thread: it
 //! finishes the checkpoint it is in (and at most one more, asked before),
-//! and the writer's next commit gets the lock. The WAL then holds at most
-//! [`CHECKPOINT_INLINE_AT`] pages plus what the writer commits meanwhile.
+//! and the writer's next commit gets the lock. What the writer commits
+//! meanwhile can be much (a checkpoint ends with two fsyncs; a test
+//! committing without a pause saw 12,000 pages), so at [`CHECKPOINT_WAIT_AT`]
+//! pages the writer waits for the thread's checkpoint to end and runs its
+//! own: the WAL never holds much more than that.
 //!
 //! Under glibc the thread costs a malloc arena's 64 MB of address space
 //! (SQLite allocates while checkpointing), which matters only under an
@@ -35,6 +38,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use rusqlite::wal::CheckpointMode;
@@ -59,6 +63,17 @@ pub(crate) const CHECKPOINT_AT: c_int = 100;
 /// auto-checkpoint threshold.
 pub(crate) const CHECKPOINT_INLINE_AT: c_int = 1_000;
 
+/// WAL pages (8 MiB) at which the writer, finding the thread's checkpoint
+/// still running, waits for it (up to [`CHECKPOINT_WAIT`]) to run its own,
+/// rather than let the WAL grow (see the module's documentation).
+pub(crate) const CHECKPOINT_WAIT_AT: c_int = 2_000;
+
+/// The longest the writer waits for the thread's checkpoint to end.
+const CHECKPOINT_WAIT: Duration = Duration::from_secs(1);
+
+/// How often the waiting writer tries the checkpoint lock.
+const CHECKPOINT_RETRY: Duration = Duration::from_micros(200);
+
 /// The name of the checkpoint thread.
 pub(crate) const THREAD: &str = "outboxd-checkpoint";
 
@@ -76,6 +91,10 @@ struct Shared {
     /// Checkpoints the thread ran (read by the tests).
     #[cfg_attr(not(test), allow(dead_code))]
     done: AtomicU64,
+    /// The most pages the WAL held after a writer's commit (read by the
+    /// tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    most_pages: AtomicI32,
     /// The WAL's pages after the writer's last commit (read by the tests).
     #[cfg_attr(not(test), allow(dead_code))]
     pages: AtomicI32,
@@ -111,10 +130,18 @@ impl Checkpointer {
         writer
             .wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages: c_int| {
                 hooked.pages.store(pages, Ordering::Relaxed);
+                hooked.most_pages.fetch_max(pages, Ordering::Relaxed);
                 if pages >= CHECKPOINT_INLINE_AT {
                     // Busy means the thread's checkpoint is finishing; the
-                    // next commit tries again.
-                    let _ = wal.checkpoint();
+                    // next commit tries again, or past CHECKPOINT_WAIT_AT
+                    // this one waits for it.
+                    let deadline = Instant::now() + CHECKPOINT_WAIT;
+                    while wal.checkpoint().is_err()
+                        && pages >= CHECKPOINT_WAIT_AT
+                        && Instant::now() < deadline
+                    {
+                        std::thread::sleep(CHECKPOINT_RETRY);
+                    }
                 } else if pages >= CHECKPOINT_AT {
                     request(&hook);
                 }
@@ -146,6 +173,12 @@ impl Checkpointer {
     #[cfg(test)]
     fn pages(&self) -> i32 {
         self.shared.pages.load(Ordering::Relaxed)
+    }
+
+    /// The most pages the WAL held after a writer's commit.
+    #[cfg(test)]
+    fn most_pages(&self) -> i32 {
+        self.shared.most_pages.load(Ordering::Relaxed)
     }
 
     /// Removes `writer`'s WAL hook (restoring SQLite's auto-checkpoint) and
@@ -204,11 +237,18 @@ mod tests {
             w.execute("INSERT INTO t VALUES (zeroblob(3000))", [])
                 .unwrap();
         };
-        // 20,000 commits of a page or two, many times the WAL's size.
-        for _ in 0..20_000 {
+        // 50,000 commits of a page or two, many times the WAL's size.
+        for _ in 0..50_000 {
             insert(&writer);
         }
         assert!(checkpointer.done() > 0, "the thread ran no checkpoint");
+        // Past CHECKPOINT_WAIT_AT the writer waited for its own checkpoint
+        // (a commit adds a page or two).
+        assert!(
+            checkpointer.most_pages() <= CHECKPOINT_WAIT_AT + 4,
+            "the WAL reached {} pages",
+            checkpointer.most_pages()
+        );
         // Then one commit a millisecond: the WAL must start over (a commit
         // then finds it nearly empty) within a few seconds.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
