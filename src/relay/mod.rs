@@ -51,6 +51,10 @@
 //!   are half spent, and claims the next batch, all in one `BEGIN
 //!   IMMEDIATE` transaction (group commit).
 //! - A `control` channel carries `notify` and `shutdown` from the handle.
+//! - A **checkpoint** thread, started with the writer and on its own
+//!   connection, copies the WAL back into the database file when the
+//!   writer's commits have grown it (`checkpoint`), so those copies and
+//!   their fsyncs do not sit between a commit and the next claim.
 //!
 //! While another connection is writing (seen through `data_version`), the
 //! writer's transactions carry at most 16 rows, and after a full one it
