@@ -899,6 +899,15 @@ mod tests {
         Ok(out)
     }
 
+    /// Sends `request` on a new connection and returns all the server
+    /// answers until it closes the connection (within 10 s), as text.
+    fn exchange(addr: std::net::SocketAddr, request: &str) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        String::from_utf8_lossy(&read_until_closed(&mut s, Duration::from_secs(10)).unwrap())
+            .into_owned()
+    }
+
     #[test]
     fn a_keep_alive_connection_silent_past_the_io_timeout_is_closed() {
         let server = echo_server(Limits {
@@ -924,12 +933,7 @@ mod tests {
             ..Limits::default()
         });
         let addr = server.addrs()[0];
-        let send = |head: String| {
-            let mut s = TcpStream::connect(addr).unwrap();
-            s.write_all(head.as_bytes()).unwrap();
-            String::from_utf8_lossy(&read_until_closed(&mut s, Duration::from_secs(10)).unwrap())
-                .into_owned()
-        };
+        let send = |head: String| exchange(addr, &head);
         let big = format!(
             "GET / HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
             "a".repeat(2000)
@@ -967,10 +971,7 @@ mod tests {
                 "431",
             ),
         ] {
-            let mut s = TcpStream::connect(addr).unwrap();
-            s.write_all(request.as_bytes()).unwrap();
-            let out = read_until_closed(&mut s, Duration::from_secs(10)).unwrap();
-            let out = String::from_utf8_lossy(&out).to_ascii_lowercase();
+            let out = exchange(addr, &request).to_ascii_lowercase();
             assert!(out.starts_with(&format!("http/1.1 {status}")), "{out}");
             assert!(out.contains("content-length: 0\r\n"), "{out}");
             assert!(out.ends_with("\r\n\r\n"), "no body: {out}");
@@ -1149,10 +1150,10 @@ mod tests {
             assert!(out.contains(&header), "{header} in {out}");
         }
         assert!(out.ends_with("<p>page</p>"), "{out}");
-        let mut s = TcpStream::connect(addr).unwrap();
-        write!(s, "HEAD / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-        let out =
-            String::from_utf8(read_until_closed(&mut s, Duration::from_secs(10)).unwrap()).unwrap();
+        let out = exchange(
+            addr,
+            "HEAD / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
         assert!(out.contains("content-length: 11\r\n"), "{out}");
         assert!(out.ends_with("\r\n\r\n"), "no body: {out}");
         server.stop();
