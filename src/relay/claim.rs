@@ -4,6 +4,8 @@
 //! can never overwrite the outcome of the row's new owner. All functions run
 //! on the writer thread's connection, inside its transaction.
 
+use std::fmt::Write as _;
+
 use rusqlite::config::DbConfig;
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection};
@@ -61,11 +63,11 @@ pub(crate) fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
 
 /// Claims up to `limit` due rows: pending, `available_at <= now`, not held
 /// back by an earlier pending row with the same ordering key, nor by another
-/// pending row with the same event id that is earlier or leased. One
-/// statement stamps the token and moves `available_at` to the end of the
-/// lease, so a leased row is simply not due; it also returns each row's
-/// ledger key and the consumers that already have its event, rather than
-/// one more statement per row. Rows come back in id order.
+/// pending row with the same event id that is earlier or leased. The claim
+/// stamps the token and moves `available_at` to the end of the lease, so a
+/// leased row is simply not due; it also reads each row's ledger key and
+/// the consumers that already have its event, rather than one more
+/// statement per row. Rows come back in id order.
 ///
 /// The event-id rule keeps two rows of one event (a foreign producer that
 /// wrote it twice) out of delivery at the same time, in one batch or in
@@ -79,16 +81,18 @@ pub(crate) fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
 /// in the [`Budget`]; rows over its maximum are passed over. Sizes come
 /// from `octet_length(payload)`, which SQLite answers from the record header
 /// without reading the payload, so a row too large to load is measured
-/// without being loaded.
+/// without being loaded, and no payload past the budget is read.
 ///
-/// Two statements, since adding sizes up row by row (a window) costs
-/// ~6 k instructions per claimed row (BENCHMARKS.md, section 2) and most
-/// claims fit their budget whole: [`CLAIM_WHOLE`] takes every claimable
-/// row up to the limit when their sizes add up within the budget, and
-/// nothing otherwise; only then does [`CLAIM_PREFIX`] take the prefix that
-/// fits. Either way the rows are the same. Neither runs when no pending
-/// row is due at all ([`ANY_DUE`]): a claim statement costs ~58 k
-/// instructions even when it finds nothing, that look-up ~2 k, and the
+/// Three statements in the caller's transaction: [`CLAIMABLE`] lists the
+/// claimable rows with their sizes, the prefix that fits is chosen here,
+/// [`READ_CLAIMED`] reads those rows and [`STAMP`] stamps them, both by row
+/// id. One `UPDATE … RETURNING` over a sub-select did the same, and cost
+/// the writer ~5 k more instructions per event at ~200 B and ~15 k at
+/// ~2 KB (BENCHMARKS.md, section 2): SQLite buffers every returned row,
+/// payload included, before it hands out the first, and the budget
+/// needed the rows gathered once more to add their sizes up. None of them runs when no pending row is
+/// due at all ([`ANY_DUE`]): the claimable rows' look-up is most of a
+/// claim's cost even when it finds nothing, that look-up ~2 k, and the
 /// writer claims after every finish (a finished row may release the next
 /// of its ordering key), so most of an idle relay's claims find nothing.
 pub(crate) fn claim(
@@ -100,43 +104,60 @@ pub(crate) fn claim(
     budget: Budget,
 ) -> rusqlite::Result<Vec<ClaimedRow>> {
     let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    let (token, until, now, limit_sql) = (
-        token,
-        lease_until.as_millis(),
-        now.as_millis(),
-        limit as i64,
-    );
-    let (max, bytes) = (clamp(budget.max_payload), clamp(budget.bytes));
+    let now = now.as_millis();
     let any_due: bool = conn
         .prepare_cached(ANY_DUE)?
         .query_row([now], |r| r.get(0))?;
     if !any_due {
         return Ok(Vec::new());
     }
-    let mut claimed = Vec::with_capacity(limit);
-    let whole = params![token, until, now, limit_sql, max, bytes];
-    read_all(conn, CLAIM_WHOLE, whole, &mut claimed)?;
-    if claimed.is_empty() {
-        let prefix = params![token, until, now, limit_sql, max, bytes, budget.one_anyway];
-        read_all(conn, CLAIM_PREFIX, prefix, &mut claimed)?;
+    let ids = fitting_prefix(conn, now, limit, budget, clamp(budget.max_payload))?;
+    if ids.is_empty() {
+        return Ok(Vec::new());
     }
+    let mut claimed = Vec::with_capacity(limit);
+    let mut stmt = conn.prepare_cached(READ_CLAIMED)?;
+    let mut rows = stmt.query([&ids])?;
+    while let Some(r) = rows.next()? {
+        claimed.push(read_claimed(r)?);
+    }
+    drop(rows);
+    conn.prepare_cached(STAMP)?
+        .execute(params![token, lease_until.as_millis(), ids])?;
     claimed.sort_by_key(|c| c.row_id);
     Ok(claimed)
 }
 
-/// Runs one of the claim statements, adding the rows it returns to `into`.
-fn read_all(
+/// The ids of the claimable rows the claim takes, as a JSON array (what
+/// [`READ_CLAIMED`] and [`STAMP`] read with `json_each`): the longest prefix
+/// of [`CLAIMABLE`]'s rows whose sizes add up to at most the budget, or the
+/// first row whatever its size when none fits and the budget says
+/// `one_anyway`. Only ids and sizes are read here, never a payload.
+fn fitting_prefix(
     conn: &Connection,
-    sql: &str,
-    params: &[&dyn rusqlite::ToSql],
-    into: &mut Vec<ClaimedRow>,
-) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare_cached(sql)?;
-    let mut rows = stmt.query(params)?;
+    now: i64,
+    limit: usize,
+    budget: Budget,
+    max_payload: i64,
+) -> rusqlite::Result<String> {
+    let mut ids = String::with_capacity(2 + limit.min(1024) * 12);
+    let mut running = 0u64;
+    let mut stmt = conn.prepare_cached(CLAIMABLE)?;
+    let mut rows = stmt.query(params![now, limit as i64, max_payload])?;
     while let Some(r) = rows.next()? {
-        into.push(read_claimed(r)?);
+        running = running.saturating_add(lenient_count(r.get_ref(1)?));
+        let first = ids.is_empty();
+        if running > budget.bytes && !(first && budget.one_anyway) {
+            break;
+        }
+        ids.push(if first { '[' } else { ',' });
+        let id: i64 = r.get(0)?;
+        let _ = write!(ids, "{id}"); // writing to a String cannot fail
     }
-    Ok(())
+    if !ids.is_empty() {
+        ids.push(']');
+    }
+    Ok(ids)
 }
 
 /// Whether any pending row is due at ?1: one look-up in the due index.
@@ -144,70 +165,43 @@ const ANY_DUE: &str = "SELECT EXISTS (SELECT 1 FROM event_outbox
                                       WHERE status = 'pending' AND available_at <= ?1)";
 
 /// The claimable rows in due order, up to the limit, with their payload
-/// sizes: ?3 now, ?4 the limit, ?5 the payload maximum. A row is held back
+/// sizes: ?1 now, ?2 the limit, ?3 the payload maximum. A row is held back
 /// by an earlier pending row with its ordering key, and by another pending
 /// row with its event id (in any letter case) that is earlier or leased.
-macro_rules! claimable {
-    () => {
-        "SELECT o.id, o.available_at, octet_length(o.payload) AS size
-           FROM event_outbox o
-          WHERE o.status = 'pending' AND o.available_at <= ?3
-            AND octet_length(o.payload) <= ?5
-            AND (o.ordering_key IS NULL OR NOT EXISTS (
-                 SELECT 1 FROM event_outbox p
-                  WHERE p.ordering_key = o.ordering_key
-                    AND p.status = 'pending' AND p.id < o.id))
-            AND (o.event_id IS NULL OR NOT EXISTS (
-                 SELECT 1 FROM event_outbox p
-                  WHERE p.event_id = o.event_id COLLATE NOCASE
-                    AND p.event_id IS NOT NULL AND p.id <> o.id
-                    AND p.status = 'pending'
-                    AND (p.id < o.id OR p.claim_token IS NOT NULL)))
-          ORDER BY o.available_at, o.id
-          LIMIT ?4"
-    };
-}
+const CLAIMABLE: &str = "SELECT o.id, octet_length(o.payload)
+      FROM event_outbox o
+     WHERE o.status = 'pending' AND o.available_at <= ?1
+       AND octet_length(o.payload) <= ?3
+       AND (o.ordering_key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM event_outbox p
+             WHERE p.ordering_key = o.ordering_key
+               AND p.status = 'pending' AND p.id < o.id))
+       AND (o.event_id IS NULL OR NOT EXISTS (
+            SELECT 1 FROM event_outbox p
+             WHERE p.event_id = o.event_id COLLATE NOCASE
+               AND p.event_id IS NOT NULL AND p.id <> o.id
+               AND p.status = 'pending'
+               AND (p.id < o.id OR p.claim_token IS NOT NULL)))
+     ORDER BY o.available_at, o.id
+     LIMIT ?2";
 
-/// What both claim statements stamp (?1 token, ?2 lease end, which is
-/// also when the row is next due) and return.
-macro_rules! claim_update {
-    ($rows:expr) => {
-        concat!(
-            "UPDATE event_outbox SET claim_token = ?1, lease_until = ?2, available_at = ?2
-              WHERE id IN (",
-            $rows,
-            ") RETURNING ",
-            row_columns!(),
-            ", ordering_key, attempts, ",
-            crate::dedup::event_key_sql!(),
-            ", ",
-            crate::dedup::delivered_to_sql!(),
-            ", replay_consumers, octet_length(payload)"
-        )
-    };
-}
-
-/// Claims every claimable row (up to ?4) when their sizes add up to at
-/// most the byte budget ?6, and none otherwise. The rows are gathered once
-/// (MATERIALIZED), then added up and taken.
-const CLAIM_WHOLE: &str = concat!(
-    "WITH claimable AS MATERIALIZED (",
-    claimable!(),
-    ") ",
-    claim_update!("SELECT id FROM claimable WHERE (SELECT sum(size) FROM claimable) <= ?6")
+/// The columns of the rows whose ids the JSON array ?1 lists, as
+/// [`read_claimed`] reads them.
+const READ_CLAIMED: &str = concat!(
+    "SELECT ",
+    row_columns!(),
+    ", ordering_key, attempts, ",
+    crate::dedup::event_key_sql!(),
+    ", ",
+    crate::dedup::delivered_to_sql!(),
+    ", replay_consumers, octet_length(payload)
+       FROM event_outbox WHERE id IN (SELECT value FROM json_each(?1))"
 );
 
-/// Claims the longest prefix of the claimable rows, in due order, whose
-/// sizes add up to at most the byte budget ?6, or (?7) the first row
-/// whatever its size when none fits. The window adds the sizes up.
-const CLAIM_PREFIX: &str = claim_update!(concat!(
-    "SELECT id FROM (
-       SELECT id, row_number() OVER w AS n, sum(size) OVER w AS running
-         FROM (",
-    claimable!(),
-    ") WINDOW w AS (ORDER BY available_at, id ROWS UNBOUNDED PRECEDING))
-     WHERE running <= ?6 OR (?7 AND n = 1)"
-));
+/// Stamps the claim on the rows whose ids the JSON array ?3 lists: ?1 the
+/// token, ?2 the lease's end, which is also when the row is next due.
+const STAMP: &str = "UPDATE event_outbox SET claim_token = ?1, lease_until = ?2, available_at = ?2
+      WHERE id IN (SELECT value FROM json_each(?3))";
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let raw = RawRow::read(r, 0)?;
@@ -780,39 +774,53 @@ mod tests {
         assert!(oversized(&conn, now, 1000, 10).unwrap().is_empty());
     }
 
-    /// Both claim statements are a range search of the due index with index
-    /// look-ups per row, never a table scan or a sort, however many rows
-    /// the table holds.
+    /// The claimable rows' look-up is a range search of the due index with
+    /// index look-ups per row, never a table scan or a sort, however many
+    /// rows the table holds; reading and stamping the rows taken go by row
+    /// id, and the ledger by its key.
     #[test]
     fn the_claim_searches_indexes_only() {
         let (_d, conn) = crate::schema::test_db();
         stable_plans(&conn).unwrap();
-        for (sql, n) in [(CLAIM_WHOLE, 6), (CLAIM_PREFIX, 7)] {
-            let values: [&dyn rusqlite::ToSql; 7] = [&"T", &2, &1, &10, &100, &1000, &true];
-            let plan = crate::connection::query_plan(&conn, sql, &values[..n]);
-            for needed in [
-                "INDEX event_outbox_due",
-                "INDEX event_outbox_ordering",
-                "INDEX event_outbox_event_id",
-            ] {
-                assert!(
-                    plan.iter().any(|l| l.contains(needed)),
-                    "{needed}: {plan:?}"
-                );
-            }
-            // Scans of the statement's own rows (at most `limit`) are
-            // fine; a scan of a table is not.
-            let own = ["SCAN (subquery", "SCAN claimable"];
-            let table_scan =
-                |l: &String| l.starts_with("SCAN") && !own.iter().any(|o| l.starts_with(o));
+        let no_scan = |plan: &[String]| {
+            // A scan of json_each's array (at most `limit` ids) is fine; a
+            // scan of a table is not.
+            !plan.iter().any(|l| {
+                (l.starts_with("SCAN") && !l.starts_with("SCAN json_each"))
+                    || l.contains("TEMP B-TREE")
+            })
+        };
+        let plan = crate::connection::query_plan(&conn, CLAIMABLE, params![2, 10, 100]);
+        for needed in [
+            "INDEX event_outbox_due",
+            "INDEX event_outbox_ordering",
+            "INDEX event_outbox_event_id",
+        ] {
             assert!(
-                !plan
-                    .iter()
-                    .any(|l| table_scan(l) || l.contains("TEMP B-TREE")),
-                "{plan:?}"
+                plan.iter().any(|l| l.contains(needed)),
+                "{needed}: {plan:?}"
             );
         }
-        // The look-up that spares a claim with nothing due both statements.
+        assert!(no_scan(&plan), "{plan:?}");
+        for (sql, values) in [
+            (READ_CLAIMED, params!["[1,2]"]),
+            (STAMP, params!["T", 2, "[1,2]"]),
+        ] {
+            let plan = crate::connection::query_plan(&conn, sql, values);
+            assert!(
+                plan.iter()
+                    .any(|l| l.contains("SEARCH event_outbox USING INTEGER PRIMARY KEY")),
+                "{plan:?}"
+            );
+            assert!(no_scan(&plan), "{plan:?}");
+        }
+        let plan = crate::connection::query_plan(&conn, READ_CLAIMED, ["[1]"]);
+        assert!(
+            plan.iter()
+                .any(|l| l.contains("SEARCH d USING PRIMARY KEY")),
+            "the ledger by its key: {plan:?}"
+        );
+        // The look-up that spares a claim with nothing due all three.
         let plan = crate::connection::query_plan(&conn, ANY_DUE, [1]);
         assert!(
             plan.iter().any(|l| l.contains("INDEX event_outbox_due"))
@@ -821,13 +829,13 @@ mod tests {
         );
     }
 
-    /// Whichever statement takes them, the rows claimed are the longest
-    /// prefix of the claimable rows whose sizes fit the budget (or the
-    /// first, when told to take one anyway), as computed here in Rust: for
-    /// budgets at and around every prefix's total, with and without "one
-    /// anyway", at several limits.
+    /// The rows claimed are the longest prefix of the claimable rows whose
+    /// sizes fit the budget (or the first, when told to take one anyway),
+    /// as computed here on its own: for budgets at and around every
+    /// prefix's total, with and without "one anyway", at several limits.
+    /// The rows not taken stay unclaimed.
     #[test]
-    fn a_claim_takes_the_prefix_that_fits_whichever_statement_runs() {
+    fn a_claim_takes_the_prefix_that_fits() {
         let (_d, conn) = crate::schema::test_db();
         let sizes = [30_i64, 10, 50, 20, 10, 40];
         for size in sizes {
@@ -853,6 +861,18 @@ mod tests {
                         .iter()
                         .map(|r| r.payload_bytes)
                         .collect();
+                    let stamped: i64 = conn
+                        .query_row(
+                            "SELECT count(*) FROM event_outbox WHERE claim_token = 'T'",
+                            [],
+                            |r| r.get(0),
+                        )
+                        .unwrap();
+                    assert_eq!(
+                        stamped as usize,
+                        got.len(),
+                        "only the rows taken are stamped"
+                    );
                     conn.execute_batch(
                         "UPDATE event_outbox SET claim_token = NULL, lease_until = NULL, available_at = 0",
                     )
@@ -901,13 +921,8 @@ mod tests {
                 )
                     .unwrap();
             }
-            [CLAIM_WHOLE, CLAIM_PREFIX]
-                .iter()
-                .map(|sql| {
-                    let stmt = conn.prepare_cached(sql).unwrap();
-                    stmt.get_status(rusqlite::StatementStatus::RePrepare)
-                })
-                .sum::<i32>()
+            let stmt = conn.prepare_cached(CLAIMABLE).unwrap();
+            stmt.get_status(rusqlite::StatementStatus::RePrepare)
         };
         assert!(reprepares(false) > 0, "the guard is needed");
         assert_eq!(reprepares(true), 0);
