@@ -17,8 +17,9 @@
 //! An entry's key is the row's event id in its canonical (upper-case) ULID
 //! spelling, or `#<row id>` for a legacy row without an event id (a ULID
 //! never contains `#`, so the two never collide). It is computed by SQL
-//! alone (the `event_key_sql!` expression), in the claim statement that also reads the
-//! entries, and the relay writes entries under the key the claim returned:
+//! alone (the `event_key_sql!` expression), in the claim's read of its
+//! rows, which also reads the entries, and the relay writes entries under
+//! the key the claim returned:
 //! one definition, so what is read and what is written cannot disagree.
 //! (A valid ULID differs from its canonical spelling only in letter case,
 //! and `upper()` folds exactly that.)

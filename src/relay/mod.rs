@@ -81,7 +81,7 @@
 //!   writer's commits.
 //! - `clock_step`: noticing a step of the system clock, and the repair of
 //!   the leases and retry times it left far ahead.
-//! - `claim`: the claim statement and the token-fenced writes.
+//! - `claim`: the claim (find, read and stamp due rows) and the token-fenced writes.
 //! - `worker`: running consumers.
 //! - `transactional`: a transactional consumer's transaction (claim check,
 //!   ledger entry, commit or rollback), on its worker's connection.
