@@ -479,13 +479,34 @@ fn all_threads_stopped(pid: u32) -> bool {
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
         return false;
     };
-    tasks.map(|t| t.unwrap().path().join("stat")).all(|stat| {
-        fs::read_to_string(stat).is_ok_and(|s| {
-            // The state follows the command name, which is in parentheses.
-            s.rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+    tasks
+        .map(|t| t.unwrap().path().join("stat"))
+        .all(|stat| state(&stat) == Some('T'))
+}
+
+/// True once every child process of `pid` has exited (is a zombie its
+/// parent has not reaped yet, or is gone). Children are found by their
+/// parent pid in `/proc/*/stat` (`/proc/<pid>/task/*/children` needs a
+/// kernel option that CI machines may not have).
+fn children_exited(pid: u32) -> bool {
+    let procs = fs::read_dir("/proc").unwrap();
+    procs
+        .filter_map(|e| fs::read_to_string(e.ok()?.path().join("stat")).ok())
+        .filter_map(|stat| {
+            // After the command name (in parentheses): state, then parent pid.
+            let mut rest = stat.rsplit_once(')')?.1.split_whitespace();
+            let state = rest.next()?.chars().next()?;
+            let ppid: u32 = rest.next()?.parse().ok()?;
+            (ppid == pid).then_some(state)
         })
-    })
+        .all(|state| state == 'Z')
+}
+
+/// A process's or thread's state letter, from its `stat` file.
+fn state(stat: &Path) -> Option<char> {
+    let s = fs::read_to_string(stat).ok()?;
+    // The state follows the command name, which is in parentheses.
+    s.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
 fn a_relay_frozen_past_its_lease_has_its_late_outcome_refused_by_the_token_fence() {
@@ -625,6 +646,9 @@ fn lease_takeover(late_success: bool) -> u32 {
     if late_success {
         File::create(&gate_a).unwrap();
         wait_until("A's consumer to finish", WAIT, || consumer_says("A done"));
+        // Its last line is written just before it exits: A, resumed before
+        // the exit, would find its timeout past and a child still running.
+        wait_until("A's consumer to exit", WAIT, || children_exited(a.pid()));
     } else {
         wait_until("A's consumer timeout to pass", WAIT, || {
             a_delivering_since.elapsed() > Duration::from_millis(2100)
