@@ -918,6 +918,43 @@ mod tests {
         assert_eq!(reprepares(true), 0);
     }
 
+    /// Row ids travel to the read and the stamp as JSON text: the largest
+    /// and the most negative ids a foreign producer can write come back
+    /// exact, read and stamped.
+    #[test]
+    fn extreme_row_ids_are_read_and_stamped() {
+        let (_d, conn) = crate::schema::test_db();
+        for _ in 0..3 {
+            put(&conn, "a.b.v1", None);
+        }
+        conn.execute_batch(&format!(
+            "UPDATE event_outbox SET id = {} WHERE id = 1;
+             UPDATE event_outbox SET id = {} WHERE id = 2;",
+            i64::MIN,
+            i64::MAX
+        ))
+        .unwrap();
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        let got = claim(
+            &conn,
+            "T",
+            now,
+            now.plus(std::time::Duration::from_secs(30)),
+            10,
+        )
+        .unwrap();
+        let ids: Vec<i64> = got.iter().map(|c| c.row_id).collect();
+        assert_eq!(ids, [i64::MIN, 3, i64::MAX]);
+        let stamped: Vec<i64> = conn
+            .prepare("SELECT id FROM event_outbox WHERE claim_token = 'T' ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(stamped, ids);
+    }
+
     #[test]
     fn ordering_keys_release_one_event_at_a_time() {
         let (_d, conn) = crate::schema::test_db();
