@@ -107,9 +107,8 @@ pub(crate) fn claim(
     limit: usize,
     budget: Budget,
 ) -> rusqlite::Result<Vec<ClaimedRow>> {
-    let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let now = now.as_millis();
-    let ids = fitting_prefix(conn, now, limit, budget, clamp(budget.max_payload))?;
+    let ids = fitting_prefix(conn, now, limit, budget)?;
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -139,8 +138,8 @@ fn fitting_prefix(
     now: i64,
     limit: usize,
     budget: Budget,
-    max_payload: i64,
 ) -> rusqlite::Result<String> {
+    let max_payload = i64::try_from(budget.max_payload).unwrap_or(i64::MAX);
     let mut ids = String::with_capacity(2 + limit.min(1024) * 12);
     let mut running = 0u64;
     let mut stmt = conn.prepare_cached(CLAIMABLE)?;
@@ -466,6 +465,20 @@ mod tests {
         limit: usize,
     ) -> rusqlite::Result<Vec<ClaimedRow>> {
         super::claim(conn, token, now, lease_until, limit, ANY)
+    }
+
+    /// Claims up to 10 rows under `token`, a second from now (so every row
+    /// enqueued so far is due), with a 30 s lease.
+    fn claim_due(conn: &Connection, token: &str) -> Vec<ClaimedRow> {
+        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
+        claim(
+            conn,
+            token,
+            now,
+            now.plus(std::time::Duration::from_secs(30)),
+            10,
+        )
+        .unwrap()
     }
 
     fn put(conn: &Connection, ty: &str, key: Option<&str>) {
@@ -934,16 +947,7 @@ mod tests {
             i64::MAX
         ))
         .unwrap();
-        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
-        let got = claim(
-            &conn,
-            "T",
-            now,
-            now.plus(std::time::Duration::from_secs(30)),
-            10,
-        )
-        .unwrap();
-        let ids: Vec<i64> = got.iter().map(|c| c.row_id).collect();
+        let ids: Vec<i64> = claim_due(&conn, "T").iter().map(|c| c.row_id).collect();
         assert_eq!(ids, [i64::MIN, 3, i64::MAX]);
         let stamped: Vec<i64> = conn
             .prepare("SELECT id FROM event_outbox WHERE claim_token = 'T' ORDER BY id")
@@ -961,26 +965,10 @@ mod tests {
         put(&conn, "a.b.v1", Some("k"));
         put(&conn, "a.b.v1", Some("k"));
         put(&conn, "a.b.v1", Some("other"));
-        let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
-        let got = claim(
-            &conn,
-            "T",
-            now,
-            now.plus(std::time::Duration::from_secs(30)),
-            10,
-        )
-        .unwrap();
-        let ids: Vec<i64> = got.iter().map(|c| c.row_id).collect();
+        let ids: Vec<i64> = claim_due(&conn, "T").iter().map(|c| c.row_id).collect();
         assert_eq!(ids, [1, 3], "the second event of key k waits");
-        assert!(finish_delivered(&conn, 1, "T", now).unwrap());
-        let got = claim(
-            &conn,
-            "U",
-            now,
-            now.plus(std::time::Duration::from_secs(30)),
-            10,
-        )
-        .unwrap();
-        assert_eq!(got.iter().map(|c| c.row_id).collect::<Vec<_>>(), [2]);
+        assert!(finish_delivered(&conn, 1, "T", Timestamp::now()).unwrap());
+        let ids: Vec<i64> = claim_due(&conn, "U").iter().map(|c| c.row_id).collect();
+        assert_eq!(ids, [2]);
     }
 }
