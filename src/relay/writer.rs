@@ -430,7 +430,7 @@ impl Writer {
                 self.begin_shutdown(DEFAULT_DROP_GRACE, &mut jobs, &unstarted);
                 self.salvage();
             } else {
-                self.write_if_needed(jobs.as_ref());
+                self.write_if_needed(jobs.as_ref(), &mut wake);
             }
             if let Some(deadline) = self.shutdown_at {
                 let idle = self.in_flight.is_empty() && self.pending.is_empty();
@@ -444,6 +444,7 @@ impl Writer {
                     && self.pending.is_empty()
                     && self.last_commit.elapsed() >= IDLE_AFTER;
                 let in_flight = &self.in_flight;
+                wake.writing();
                 let tick = self.housekeeping.run(
                     &mut self.conn,
                     self.clock.now(),
@@ -451,6 +452,7 @@ impl Writer {
                     idle,
                     |id| in_flight.contains_key(&id),
                 );
+                wake.written();
                 // Pages other connections committed (their own commits
                 // checkpoint only past 1,000 pages).
                 if let Some(checkpointer) = &self.checkpointer {
@@ -689,7 +691,7 @@ impl Writer {
 
     /// Asks the planner whether a write transaction is worth making now, and
     /// makes it.
-    fn write_if_needed(&mut self, jobs: Option<&Sender<Job>>) {
+    fn write_if_needed(&mut self, jobs: Option<&Sender<Job>>, wake: &mut Wake) {
         let now = self.clock.now();
         let load = Load {
             pending: self.pending.len(),
@@ -731,7 +733,10 @@ impl Writer {
             Vec::new()
         };
         let started = Instant::now();
-        match self.transact(&plan, &outcomes, &releases, &heartbeat, now) {
+        wake.writing();
+        let written = self.transact(&plan, &outcomes, &releases, &heartbeat, now);
+        wake.written();
+        match written {
             Ok(step) => {
                 self.last_commit = Instant::now();
                 Metrics::add(&self.metrics.commits, 1);
@@ -1165,7 +1170,8 @@ fn record_one(
 }
 
 fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
-    conn.query_row("PRAGMA data_version", [], |r| r.get(0))
+    conn.prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get(0))
 }
 
 #[cfg(test)]
