@@ -19,12 +19,14 @@
 //!   the writer reads `data_version` in a short burst: every [`BURST_STEP`]
 //!   for [`BURST_STEADY`], then at doubling gaps up to the floor, until it
 //!   sees the change. The relay's own commits would notify too, once per
-//!   frame written, each waking the watch's thread: so while the writer
-//!   writes, the watch listens only for the file's removal
-//!   ([`Wake::writing`]), and when it is done the watch listens again and
-//!   the writer reads `data_version` in a burst, as after a notification
+//!   frame written, each waking the watch's thread: so during the writer's
+//!   transactions the watch listens only for the file's removal
+//!   ([`Wake::writing`]), and after each the watch listens again and the
+//!   writer reads `data_version` in a burst, as after a notification
 //!   ([`Wake::written`]): another connection's commit that began writing
-//!   in between is seen so.
+//!   in between is seen so. (Housekeeping, every few seconds and often
+//!   writing nothing, is left out: a burst after each tick would cost an
+//!   idle relay more than the signal of a tick that wrote.)
 //! - **The floor**: every poll interval (1 s by default) whatever happened,
 //!   for file systems that send no notification (network file systems, a
 //!   watch the kernel refused) and as a safety net.

@@ -444,7 +444,6 @@ impl Writer {
                     && self.pending.is_empty()
                     && self.last_commit.elapsed() >= IDLE_AFTER;
                 let in_flight = &self.in_flight;
-                wake.writing();
                 let tick = self.housekeeping.run(
                     &mut self.conn,
                     self.clock.now(),
@@ -452,7 +451,6 @@ impl Writer {
                     idle,
                     |id| in_flight.contains_key(&id),
                 );
-                wake.written();
                 // Pages other connections committed (their own commits
                 // checkpoint only past 1,000 pages).
                 if let Some(checkpointer) = &self.checkpointer {
