@@ -553,65 +553,83 @@ impl<'a> RawRow<'a> {
 
 /// A [`RawRow`] that owns its values, to check on another thread. Text is
 /// kept as the bytes stored, so a column that is not UTF-8 reaches
-/// [`check_row`] as it is.
+/// [`check_row`] as it is. The text and blob columns share one allocation
+/// (the writer copies every claimed row; one allocation instead of one per
+/// column, freed on the worker's thread).
 #[derive(Debug, Clone)]
 pub(crate) struct OwnedRow {
     row_id: i64,
+    /// The text and blob columns' bytes, one after another.
+    bytes: Box<[u8]>,
     values: [Owned; 9],
 }
 
-#[derive(Debug, Clone)]
+/// A column of an [`OwnedRow`]: text and blobs as a range of its bytes.
+#[derive(Debug, Clone, Copy)]
 enum Owned {
     Null,
     Integer(i64),
     Real(f64),
-    Text(Box<[u8]>),
-    Blob(Box<[u8]>),
-}
-
-impl Owned {
-    fn new(v: ValueRef<'_>) -> Owned {
-        match v {
-            ValueRef::Null => Owned::Null,
-            ValueRef::Integer(i) => Owned::Integer(i),
-            ValueRef::Real(f) => Owned::Real(f),
-            ValueRef::Text(t) => Owned::Text(t.into()),
-            ValueRef::Blob(b) => Owned::Blob(b.into()),
-        }
-    }
-
-    fn as_ref(&self) -> ValueRef<'_> {
-        match self {
-            Owned::Null => ValueRef::Null,
-            Owned::Integer(i) => ValueRef::Integer(*i),
-            Owned::Real(f) => ValueRef::Real(*f),
-            Owned::Text(t) => ValueRef::Text(t),
-            Owned::Blob(b) => ValueRef::Blob(b),
-        }
-    }
+    Text(usize, usize),
+    Blob(usize, usize),
 }
 
 impl OwnedRow {
     pub(crate) fn new(raw: &RawRow<'_>) -> OwnedRow {
+        let columns = [
+            raw.event_id,
+            raw.event_type,
+            raw.event_version,
+            raw.causation_id,
+            raw.correlation_id,
+            raw.payload,
+            raw.occurred_at,
+            raw.created_at,
+            raw.tenant_id,
+        ];
+        let len = columns
+            .iter()
+            .map(|v| match v {
+                ValueRef::Text(b) | ValueRef::Blob(b) => b.len(),
+                _ => 0,
+            })
+            .sum();
+        let mut bytes = Vec::with_capacity(len);
+        let values = columns.map(|v| {
+            let mut span = |b: &[u8]| {
+                let at = bytes.len();
+                bytes.extend_from_slice(b);
+                (at, bytes.len())
+            };
+            match v {
+                ValueRef::Null => Owned::Null,
+                ValueRef::Integer(i) => Owned::Integer(i),
+                ValueRef::Real(f) => Owned::Real(f),
+                ValueRef::Text(t) => {
+                    let (a, b) = span(t);
+                    Owned::Text(a, b)
+                }
+                ValueRef::Blob(t) => {
+                    let (a, b) = span(t);
+                    Owned::Blob(a, b)
+                }
+            }
+        });
         OwnedRow {
             row_id: raw.row_id,
-            values: [
-                raw.event_id,
-                raw.event_type,
-                raw.event_version,
-                raw.causation_id,
-                raw.correlation_id,
-                raw.payload,
-                raw.occurred_at,
-                raw.created_at,
-                raw.tenant_id,
-            ]
-            .map(Owned::new),
+            bytes: bytes.into_boxed_slice(),
+            values,
         }
     }
 
     pub(crate) fn as_raw(&self) -> RawRow<'_> {
-        let v = |i: usize| self.values[i].as_ref();
+        let v = |i: usize| match self.values[i] {
+            Owned::Null => ValueRef::Null,
+            Owned::Integer(n) => ValueRef::Integer(n),
+            Owned::Real(f) => ValueRef::Real(f),
+            Owned::Text(a, b) => ValueRef::Text(&self.bytes[a..b]),
+            Owned::Blob(a, b) => ValueRef::Blob(&self.bytes[a..b]),
+        };
         RawRow {
             row_id: self.row_id,
             event_id: v(0),
@@ -824,6 +842,42 @@ mod tests {
             check_row(&OwnedRow::new(&bad).as_raw()).unwrap_err(),
             check_row(&bad).unwrap_err()
         );
+    }
+
+    /// Every column of the owned copy is the value it copied, of every
+    /// storage class, empty and not UTF-8 included (one shared buffer).
+    #[test]
+    fn an_owned_row_gives_back_every_value_it_copied() {
+        let r = RawRow {
+            row_id: i64::MIN,
+            event_id: ValueRef::Text(b"01ARZ3NDEKTSV4RRFFQ69G5FAV"),
+            event_type: ValueRef::Blob(b"a.b.v1"),
+            event_version: ValueRef::Real(1.5),
+            causation_id: ValueRef::Text(b""),
+            correlation_id: ValueRef::Blob(b""),
+            payload: ValueRef::Text(b"{\"x\":\xff}"),
+            occurred_at: ValueRef::Integer(i64::MAX),
+            created_at: ValueRef::Null,
+            tenant_id: ValueRef::Text(b"t"),
+        };
+        let owned = OwnedRow::new(&r);
+        let back = owned.as_raw();
+        let columns = |r: &RawRow<'_>| {
+            [
+                r.event_id,
+                r.event_type,
+                r.event_version,
+                r.causation_id,
+                r.correlation_id,
+                r.payload,
+                r.occurred_at,
+                r.created_at,
+                r.tenant_id,
+            ]
+            .map(|v| format!("{v:?}"))
+        };
+        assert_eq!(back.row_id, r.row_id);
+        assert_eq!(columns(&back), columns(&r));
     }
 
     #[test]
