@@ -584,12 +584,18 @@ mod tests {
         assert!(w.timeout(at) <= FLOOR);
     }
 
-    #[test]
-    fn a_write_to_the_watched_file_signals() {
+    /// An empty `-wal` file in a directory of its own, and a wake watching it.
+    fn watched_wal() -> (tempfile::TempDir, std::path::PathBuf, Wake) {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("app.db-wal");
         std::fs::write(&file, b"").unwrap();
         let w = Wake::start(Some(&file), FLOOR, Instant::now());
+        (dir, file, w)
+    }
+
+    #[test]
+    fn a_write_to_the_watched_file_signals() {
+        let (_dir, file, w) = watched_wal();
         assert!(w.watching());
         std::fs::write(&file, b"frame").unwrap();
         w.signals()
@@ -599,10 +605,7 @@ mod tests {
 
     #[test]
     fn the_writers_own_writes_do_not_signal_and_a_burst_follows_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("app.db-wal");
-        std::fs::write(&file, b"").unwrap();
-        let mut w = Wake::start(Some(&file), FLOOR, Instant::now());
+        let (_dir, file, mut w) = watched_wal();
         w.writing();
         std::fs::write(&file, b"own frame").unwrap();
         // A signal comes within microseconds of a write the watch listens
@@ -627,10 +630,7 @@ mod tests {
 
     #[test]
     fn a_file_replaced_while_the_writer_writes_leaves_the_floor() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("app.db-wal");
-        std::fs::write(&file, b"").unwrap();
-        let mut w = Wake::start(Some(&file), FLOOR, Instant::now());
+        let (_dir, file, mut w) = watched_wal();
         w.writing();
         std::fs::remove_file(&file).unwrap();
         std::fs::write(&file, b"another file").unwrap();
@@ -647,10 +647,7 @@ mod tests {
 
     #[test]
     fn a_removed_file_ends_the_watch_and_leaves_the_floor() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("app.db-wal");
-        std::fs::write(&file, b"").unwrap();
-        let mut w = Wake::start(Some(&file), FLOOR, Instant::now());
+        let (_dir, file, mut w) = watched_wal();
         assert!(w.watching());
         std::fs::remove_file(&file).unwrap();
         // The removal signals, then the watch ends and the channel closes.
@@ -676,10 +673,7 @@ mod tests {
 
     #[test]
     fn dropping_a_wake_ends_its_thread() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("app.db-wal");
-        std::fs::write(&file, b"").unwrap();
-        let w = Wake::start(Some(&file), FLOOR, Instant::now());
+        let (_dir, _, w) = watched_wal();
         assert!(w.watching());
         let (done_tx, done) = crossbeam_channel::bounded(1);
         std::thread::spawn(move || {
