@@ -192,8 +192,6 @@ const READ_CLAIMED: &str = concat!(
     "SELECT ",
     row_columns!(),
     ", ordering_key, attempts, ",
-    crate::dedup::event_key_sql!(),
-    ", ",
     crate::dedup::delivered_to_sql!(),
     ", replay_consumers, octet_length(payload)
        FROM (SELECT value AS claimed_id FROM json_each(?1))
@@ -209,15 +207,29 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let raw = RawRow::read(r, 0)?;
     Ok(ClaimedRow {
         row_id: raw.row_id,
-        event_key: lenient_text(r.get_ref(12)?).unwrap_or_default(),
+        event_key: event_key(raw.event_id, raw.row_id),
         legacy: matches!(raw.event_id, ValueRef::Null),
         raw: OwnedRow::new(&raw),
         ordering_key: lenient_text(r.get_ref(10)?),
         attempts: u32::try_from(lenient_count(r.get_ref(11)?)).unwrap_or(u32::MAX),
-        delivered_to: crate::dedup::read_delivered_to(r.get_ref(13)?),
-        replay_consumers: crate::dedup::read_names(r.get_ref(14)?),
-        payload_bytes: lenient_count(r.get_ref(15)?),
+        delivered_to: crate::dedup::read_delivered_to(r.get_ref(12)?),
+        replay_consumers: crate::dedup::read_names(r.get_ref(13)?),
+        payload_bytes: lenient_count(r.get_ref(14)?),
     })
+}
+
+/// The row's ledger key, made by [`dedup::key`](crate::dedup::key) from the
+/// event id already read rather than by SQLite a second time: the same text
+/// as `event_key_sql!`, under which `delivered_to_sql!` finds the entries
+/// (`upper()` folds ASCII letters only, as `to_ascii_uppercase` does). An
+/// event id that is not text fails the row check, so its row is
+/// dead-lettered and never writes a ledger entry under this key.
+fn event_key(event_id: ValueRef<'_>, row_id: i64) -> String {
+    match event_id {
+        ValueRef::Null => crate::dedup::key(None, row_id),
+        ValueRef::Text(t) => crate::dedup::key(Some(&String::from_utf8_lossy(t)), row_id),
+        other => crate::dedup::key(lenient_text(other).as_deref(), row_id),
+    }
 }
 
 /// A count column (attempts, a size). A foreign producer may have written
@@ -718,7 +730,9 @@ mod tests {
         let now = Timestamp::now().plus(std::time::Duration::from_secs(1));
         let later = now.plus(std::time::Duration::from_secs(30));
         let ids = |rows: Vec<ClaimedRow>| rows.iter().map(|c| c.row_id).collect::<Vec<_>>();
-        assert_eq!(ids(claim(&conn, "T", now, later, 10).unwrap()), [1, 3]);
+        let first = claim(&conn, "T", now, later, 10).unwrap();
+        assert_eq!(first[0].event_key, id, "the key is the canonical spelling");
+        assert_eq!(ids(first), [1, 3]);
         // Row 1 is leased: its canonical twin still waits...
         assert!(claim(&conn, "U", now, later, 10).unwrap().is_empty());
         // ...until it is finished, and then shares its ledger key.
