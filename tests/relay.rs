@@ -11,7 +11,7 @@ use common::{event, wait_until, Recorder, TestDb};
 use outboxd::error::Setting;
 use outboxd::purge::PurgePolicy;
 use outboxd::relay::{RetryPolicy, UnroutedPolicy, MAX_BATCH_SIZE, MAX_WORKERS};
-use outboxd::{Clock, Delivery, Error, ManualClock, Outcome, Relay, Timestamp};
+use outboxd::{Clock, Delivery, Error, EventId, ManualClock, Outcome, Relay, Timestamp};
 
 #[test]
 fn delivers_every_event_once_to_every_subscribed_consumer() {
@@ -58,6 +58,32 @@ fn delivers_every_event_once_to_every_subscribed_consumer() {
 
 #[test]
 fn a_retry_reruns_only_the_failed_consumer_after_backoff() {
+    retry_reruns_only_the_failed_consumer(|db| {
+        db.enqueue(&[event("a.b.v1", 1)]);
+    });
+}
+
+/// The same for rows a foreign producer wrote: an event id in lower case
+/// and a legacy row without one. The relay records the succeeded consumer
+/// under the key it made for the row, and the retry's claim looks it up
+/// in SQL: both must be the one key.
+#[test]
+fn a_retry_of_a_foreign_row_reruns_only_the_failed_consumer() {
+    for event_id in [Some(EventId::new().to_string().to_lowercase()), None] {
+        retry_reruns_only_the_failed_consumer(|db| {
+            db.conn()
+                .execute(
+                    "INSERT INTO event_outbox (event_id, event_type, payload) VALUES (?1, 'a.b.v1', '{}')",
+                    [&event_id],
+                )
+                .unwrap();
+        });
+    }
+}
+
+/// Two consumers of one row, one failing its first attempt: after the
+/// backoff only that one runs again.
+fn retry_reruns_only_the_failed_consumer(insert: impl FnOnce(&TestDb)) {
     let db = TestDb::new();
     // A little ahead of the wall clock, so that events enqueued now are due.
     let clock = ManualClock::new(Timestamp::now().plus(Duration::from_secs(1)));
@@ -79,7 +105,7 @@ fn a_retry_reruns_only_the_failed_consumer_after_backoff() {
         .retry_policy(RetryPolicy::default().jitter(0.0))
         .clock(clock.clone())
         .started();
-    db.enqueue(&[event("a.b.v1", 1)]);
+    insert(&db);
     relay.notify();
     wait_until("first attempt recorded", LONG, || {
         db.count("attempts = 1") == 1
