@@ -226,8 +226,8 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
 /// dead-lettered and never writes a ledger entry under this key.
 fn event_key(event_id: ValueRef<'_>, row_id: i64) -> String {
     match event_id {
-        ValueRef::Null => crate::dedup::key(None, row_id),
         ValueRef::Text(t) => crate::dedup::key(Some(&String::from_utf8_lossy(t)), row_id),
+        // NULL: a legacy row's `#<row id>`.
         other => crate::dedup::key(lenient_text(other).as_deref(), row_id),
     }
 }
