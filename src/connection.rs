@@ -17,8 +17,10 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Duration;
 
+use rusqlite::types::Value;
 use rusqlite::{Connection, OpenFlags};
 
 use crate::error::{Error, Result};
@@ -41,7 +43,8 @@ pub const DEFAULT_JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 /// 64 pages hold the b-trees' upper levels.
 pub const SMALL_CACHE_KIB: u32 = 256;
 
-/// Opens (creating if needed) a database file read-write and [`configure`]s it.
+/// Opens (creating if needed) a database file read-write, [`configure`]s it
+/// and registers `rarray` on it (see [`IdList`]).
 /// A directory, a file that is not a database, or a file that cannot be
 /// written is refused with an error naming the path.
 pub fn open(path: impl AsRef<Path>) -> Result<Connection> {
@@ -78,7 +81,22 @@ pub fn open(path: impl AsRef<Path>) -> Result<Connection> {
         }
     }
     configure(&conn).map_err(|e| explain(path, &conn, e))?;
+    rusqlite::vtab::array::load_module(&conn).map_err(Error::db("register rarray"))?;
     Ok(conn)
+}
+
+/// A list of row ids bound as one parameter, read in SQL as the table
+/// `rarray(?)` (rusqlite's `array` module, which [`open`] registers): the
+/// relay's writer reads, stamps and finishes a group of rows and writes
+/// their ledger entries with one statement per group this way. Per row it
+/// costs less than a JSON array through `json_each`, which SQLite parses
+/// from text, and much less than one execution of a statement per row
+/// (BENCHMARKS.md, section 2, "seventh round").
+pub(crate) type IdList = Rc<Vec<Value>>;
+
+/// The [`IdList`] of `ids`.
+pub(crate) fn id_list(ids: impl IntoIterator<Item = i64>) -> IdList {
+    Rc::new(ids.into_iter().map(Value::Integer).collect())
 }
 
 /// Opens an existing database for reading only (status, inspection). WAL is

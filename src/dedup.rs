@@ -17,13 +17,15 @@
 //! An entry's key is the row's event id in its canonical (upper-case) ULID
 //! spelling, or `#<row id>` for a legacy row without an event id (a ULID
 //! never contains `#`, so the two never collide). SQL computes it as the
-//! `event_key_sql!` expression, which every look-up of entries uses; Rust
-//! as [`key`], from an event id already read: the relay's claim makes the
-//! key of each row it reads that way (one `upper()` less per row, 1.8 % of
-//! the writer's instructions) and writes that row's entries under it. The
-//! two agree on any text, since SQLite's `upper()` folds ASCII letters
-//! only, as `to_ascii_uppercase` does (a test holds them to it); a valid
-//! ULID differs from its canonical spelling only in letter case.
+//! `event_key_sql!` expression, which every look-up of entries uses and the
+//! relay's grouped record of successes ([`record_many`]) writes; Rust as
+//! [`key`], from an event id already read: the relay's claim makes the key
+//! of each row it reads that way (one `upper()` less per row) for a
+//! transactional consumer, which looks up and writes its own entry inside
+//! its own transaction. The two agree on any text, since SQLite's `upper()`
+//! folds ASCII letters only, as `to_ascii_uppercase` does (a test holds
+//! them to it); a valid ULID differs from its canonical spelling only in
+//! letter case.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +33,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection};
 
 use crate::clock::Timestamp;
+use crate::connection::id_list;
 
 /// The ledger key of the `event_outbox` row in scope, as an SQL expression.
 macro_rules! event_key_sql {
@@ -104,22 +107,42 @@ const RECORD: &str =
     "INSERT OR IGNORE INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
      VALUES (?1, ?2, ?3, ?4)";
 
-/// Records many successes, each as [`record`] does: (event key, consumer,
-/// row id), with the statement prepared once for all.
+/// Records many successes, each as [`record`] does: (consumer, row id) of
+/// rows still in the table, each entry under its row's key as
+/// [`event_key_sql!`] makes it. One [`RECORD_ROWS`] per consumer: ~4 k
+/// instructions per entry less than one execution per entry
+/// (BENCHMARKS.md, section 2, "seventh round").
 pub(crate) fn record_many(
     conn: &Connection,
-    entries: &[(&str, &str, i64)],
+    entries: &[(&str, i64)],
     now: Timestamp,
 ) -> rusqlite::Result<()> {
-    if entries.is_empty() {
+    let mut by_consumer: Vec<(&str, Vec<i64>)> = Vec::new();
+    for &(consumer, row_id) in entries {
+        match by_consumer.iter_mut().find(|(c, _)| *c == consumer) {
+            Some((_, ids)) => ids.push(row_id),
+            None => by_consumer.push((consumer, vec![row_id])),
+        }
+    }
+    if by_consumer.is_empty() {
         return Ok(());
     }
-    let mut stmt = conn.prepare_cached(RECORD)?;
-    for (event_key, consumer, row_id) in entries {
-        stmt.execute(params![event_key, consumer, row_id, now.as_millis()])?;
+    let mut stmt = conn.prepare_cached(RECORD_ROWS)?;
+    for (consumer, ids) in by_consumer {
+        stmt.execute(params![id_list(ids), consumer, now.as_millis()])?;
     }
     Ok(())
 }
+
+/// One entry for consumer ?2 as of ?3 for each row of the id list ?1
+/// ([`IdList`](crate::connection::IdList)).
+const RECORD_ROWS: &str = concat!(
+    "INSERT OR IGNORE INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
+     SELECT ",
+    event_key_sql!(),
+    ", ?2, event_outbox.id, ?3
+       FROM rarray(?1) AS c CROSS JOIN event_outbox ON event_outbox.id = c.value"
+);
 
 /// True when the ledger has an entry for the event and consumer (a
 /// transactional consumer checks it inside its own transaction).
@@ -454,18 +477,23 @@ mod tests {
         );
     }
 
-    /// The grouped record writes what `record` writes, and is as
-    /// idempotent (a transactional consumer's own entry may be there).
+    /// The grouped record writes each entry under its row's key as
+    /// `event_key_sql!` makes it (an id in any letter case in its canonical
+    /// spelling, `#<row id>` for a legacy row), the key `key` makes too, and
+    /// is as idempotent as `record` (a transactional consumer's own entry
+    /// may be there).
     #[test]
-    fn recording_many_at_once_writes_each_entry_once() {
+    fn recording_many_at_once_writes_each_entry_once_under_its_rows_key() {
         let (_d, conn) = crate::schema::test_db();
-        let (a, b) = (crate::EventId::new().to_string(), "#7".to_string());
-        record(&conn, &a, "x", 1, Timestamp::from_millis(5)).unwrap();
-        let entries = [
-            (a.as_str(), "x", 1),
-            (a.as_str(), "y", 1),
-            (b.as_str(), "x", 7),
-        ];
+        let (upper, lower) = ("01JDQ8F6ZC1Y0D3W9N7K2M4P5R", "01jdq8f6zc1y0d3w9n7k2m4p5s");
+        conn.execute(
+            "INSERT INTO event_outbox (id, event_id, event_type) VALUES (1, ?1, 'a.b.v1'),
+                    (2, ?2, 'a.b.v1'), (7, NULL, 'a.b.v1')",
+            params![upper, lower],
+        )
+        .unwrap();
+        record(&conn, upper, "x", 1, Timestamp::from_millis(5)).unwrap();
+        let entries = [("x", 1), ("y", 1), ("x", 2), ("x", 7), ("y", 7)];
         record_many(&conn, &entries, Timestamp::from_millis(6)).unwrap();
         record_many(&conn, &[], Timestamp::from_millis(6)).unwrap();
         let rows: Vec<(String, String, i64, i64)> = conn
@@ -475,13 +503,35 @@ mod tests {
             .unwrap()
             .collect::<rusqlite::Result<_>>()
             .unwrap();
+        let entry = |k: String, c: &str, id, at| (k, c.to_string(), id, at);
         assert_eq!(
             rows,
             [
-                (b.clone(), "x".to_string(), 7, 6),
-                (a.clone(), "x".to_string(), 1, 5),
-                (a.clone(), "y".to_string(), 1, 6),
+                entry(key(None, 7), "x", 7, 6),
+                entry(key(None, 7), "y", 7, 6),
+                entry(key(Some(upper), 1), "x", 1, 5),
+                entry(key(Some(upper), 1), "y", 1, 6),
+                entry(key(Some(lower), 2), "x", 2, 6),
             ]
+        );
+        assert_eq!(key(None, 7), "#7");
+        assert_eq!(key(Some(lower), 2), lower.to_ascii_uppercase());
+    }
+
+    /// The grouped record reads each row by id, never the whole table.
+    #[test]
+    fn recording_many_reads_the_rows_by_id() {
+        let (_d, conn) = crate::schema::test_db();
+        let plan =
+            crate::connection::query_plan(&conn, RECORD_ROWS, params![id_list([1, 2]), "x", 1]);
+        assert!(
+            plan.iter()
+                .any(|l| l.contains("SEARCH event_outbox USING INTEGER PRIMARY KEY")),
+            "{plan:?}"
+        );
+        assert!(
+            !plan.iter().any(|l| l.starts_with("SCAN event_outbox")),
+            "{plan:?}"
         );
     }
 

@@ -4,13 +4,12 @@
 //! can never overwrite the outcome of the row's new owner. All functions run
 //! on the writer thread's connection, inside its transaction.
 
-use std::fmt::Write as _;
-
 use rusqlite::config::DbConfig;
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection};
 
 use crate::clock::Timestamp;
+use crate::connection::id_list;
 use crate::envelope::{row_columns, OwnedRow, RawRow};
 
 /// One claimed row, not checked yet: [`check_row`](crate::envelope::check_row)
@@ -112,6 +111,7 @@ pub(crate) fn claim(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    let ids = id_list(ids);
     let mut claimed = Vec::with_capacity(limit);
     let mut stmt = conn.prepare_cached(READ_CLAIMED)?;
     let mut rows = stmt.query([&ids])?;
@@ -128,8 +128,7 @@ pub(crate) fn claim(
     Ok(claimed)
 }
 
-/// The ids of the claimable rows the claim takes, as a JSON array (what
-/// [`READ_CLAIMED`] and [`STAMP`] read with `json_each`): the longest prefix
+/// The ids of the claimable rows the claim takes: the longest prefix
 /// of [`CLAIMABLE`]'s rows whose sizes add up to at most the budget, or the
 /// first row whatever its size when none fits and the budget says
 /// `one_anyway`. Only ids and sizes are read here, never a payload.
@@ -138,24 +137,18 @@ fn fitting_prefix(
     now: i64,
     limit: usize,
     budget: Budget,
-) -> rusqlite::Result<String> {
+) -> rusqlite::Result<Vec<i64>> {
     let max_payload = i64::try_from(budget.max_payload).unwrap_or(i64::MAX);
-    let mut ids = String::with_capacity(2 + limit.min(1024) * 12);
+    let mut ids = Vec::with_capacity(limit.min(1024));
     let mut running = 0u64;
     let mut stmt = conn.prepare_cached(CLAIMABLE)?;
     let mut rows = stmt.query(params![now, limit as i64, max_payload])?;
     while let Some(r) = rows.next()? {
         running = running.saturating_add(lenient_count(r.get_ref(1)?));
-        let first = ids.is_empty();
-        if running > budget.bytes && !(first && budget.one_anyway) {
+        if running > budget.bytes && !(ids.is_empty() && budget.one_anyway) {
             break;
         }
-        ids.push(if first { '[' } else { ',' });
-        let id: i64 = r.get(0)?;
-        let _ = write!(ids, "{id}"); // writing to a String cannot fail
-    }
-    if !ids.is_empty() {
-        ids.push(']');
+        ids.push(r.get(0)?);
     }
     Ok(ids)
 }
@@ -181,27 +174,30 @@ const CLAIMABLE: &str = "SELECT o.id, octet_length(o.payload)
      ORDER BY o.available_at, o.id
      LIMIT ?2";
 
-/// The columns of the rows whose ids the JSON array ?1 lists, as
+/// The columns of the rows of the id list ?1 ([`IdList`]), as
 /// [`read_claimed`] reads them, in the list's order. A join driven by the
 /// list (`CROSS JOIN` keeps it the outer loop) seeks each row by id; the
-/// `id IN (SELECT value FROM json_each(?1))` form first copies the ids into
-/// a temporary index, ~0.85 k instructions more per row (BENCHMARKS.md,
-/// section 2). The list's ids are distinct, so the join returns each row
-/// once.
+/// `id IN rarray(?1)` form first copies the ids into a temporary index,
+/// ~0.85 k instructions more per row (measured with `json_each`,
+/// BENCHMARKS.md, section 2). The list's ids are distinct, so the join
+/// returns each row once.
+///
+/// [`IdList`]: crate::connection::IdList
 const READ_CLAIMED: &str = concat!(
     "SELECT ",
     row_columns!(),
     ", ordering_key, attempts, ",
     crate::dedup::delivered_to_sql!(),
     ", replay_consumers, octet_length(payload)
-       FROM (SELECT value AS claimed_id FROM json_each(?1))
-            CROSS JOIN event_outbox ON id = claimed_id"
+       FROM rarray(?1) AS c CROSS JOIN event_outbox ON id = c.value"
 );
 
-/// Stamps the claim on the rows whose ids the JSON array ?3 lists: ?1 the
-/// token, ?2 the lease's end, which is also when the row is next due.
+/// Stamps the claim on the rows of the id list ?3: ?1 the token, ?2 the
+/// lease's end, which is also when the row is next due. (`UPDATE … FROM
+/// rarray(?3)` costs more: an UPDATE collects the rows it changes first
+/// whatever the form.)
 const STAMP: &str = "UPDATE event_outbox SET claim_token = ?1, lease_until = ?2, available_at = ?2
-      WHERE id IN (SELECT value FROM json_each(?3))";
+      WHERE id IN rarray(?3)";
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let raw = RawRow::read(r, 0)?;
@@ -269,39 +265,43 @@ pub(crate) fn finish_delivered(
     token: &str,
     now: Timestamp,
 ) -> rusqlite::Result<bool> {
-    fenced(
-        conn,
-        FINISH_DELIVERED,
-        params![row_id, token, now.as_millis()],
-    )
+    Ok(finish_delivered_many(conn, &[(row_id, token)], now)? == [row_id])
 }
 
-const FINISH_DELIVERED: &str = "UPDATE event_outbox
-    SET status = coalesce(status_before_replay, 'delivered'), finished_at = ?3,
-        claim_token = NULL, lease_until = NULL,
-        replay_consumers = NULL, status_before_replay = NULL
-  WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'";
-
 /// Marks many rows delivered, each as [`finish_delivered`] does (`rows`:
-/// row id and the claim token it must still carry), with the statement
-/// prepared once for all. Returns the ids whose fence held.
+/// row id and the claim token it must still carry). Returns the ids whose
+/// fence held. One [`FINISH_DELIVERED`] per run of rows with one token
+/// (the rows of one claim): ~1.5 k instructions per row less than one
+/// execution per row (BENCHMARKS.md, section 2, "seventh round").
 pub(crate) fn finish_delivered_many(
     conn: &Connection,
     rows: &[(i64, &str)],
     now: Timestamp,
 ) -> rusqlite::Result<Vec<i64>> {
+    let mut kept = Vec::with_capacity(rows.len());
     if rows.is_empty() {
-        return Ok(Vec::new());
+        return Ok(kept);
     }
     let mut stmt = conn.prepare_cached(FINISH_DELIVERED)?;
-    let mut kept = Vec::with_capacity(rows.len());
-    for &(row_id, token) in rows {
-        if stmt.execute(params![row_id, token, now.as_millis()])? == 1 {
-            kept.push(row_id);
+    for run in rows.chunk_by(|a, b| a.1 == b.1) {
+        let ids = id_list(run.iter().map(|&(id, _)| id));
+        let mut done = stmt.query(params![ids, run[0].1, now.as_millis()])?;
+        while let Some(r) = done.next()? {
+            kept.push(r.get(0)?);
         }
     }
     Ok(kept)
 }
+
+/// Finishes the rows of the id list ?1 that still carry the token ?2 and
+/// are pending (the fence), as of ?3; returns the ids of the rows it
+/// finished.
+const FINISH_DELIVERED: &str = "UPDATE event_outbox
+    SET status = coalesce(status_before_replay, 'delivered'), finished_at = ?3,
+        claim_token = NULL, lease_until = NULL,
+        replay_consumers = NULL, status_before_replay = NULL
+  WHERE id IN rarray(?1) AND claim_token = ?2 AND status = 'pending'
+  RETURNING id";
 
 /// Schedules another attempt: one more failed attempt, due at `at`, lease
 /// released. False if the claim was lost.
@@ -806,18 +806,17 @@ mod tests {
 
     /// The claimable rows' look-up is a range search of the due index with
     /// index look-ups per row, never a table scan or a sort, however many
-    /// rows the table holds; reading and stamping the rows taken go by row
-    /// id, and the ledger by its key.
+    /// rows the table holds; reading, stamping and finishing the rows taken
+    /// go by row id, and the ledger by its key.
     #[test]
     fn the_claim_searches_indexes_only() {
         let (_d, conn) = crate::schema::test_db();
         stable_plans(&conn).unwrap();
         let no_scan = |plan: &[String]| {
-            // A scan of json_each's array (at most `limit` ids) is fine; a
-            // scan of a table is not.
+            // A scan of an id list (at most `limit` ids) is fine; a scan
+            // of a table is not.
             !plan.iter().any(|l| {
-                (l.starts_with("SCAN") && !l.starts_with("SCAN json_each"))
-                    || l.contains("TEMP B-TREE")
+                (l.starts_with("SCAN") && !l.contains("VIRTUAL TABLE")) || l.contains("TEMP B-TREE")
             })
         };
         let plan = crate::connection::query_plan(&conn, CLAIMABLE, params![2, 10, 100]);
@@ -833,8 +832,9 @@ mod tests {
         }
         assert!(no_scan(&plan), "{plan:?}");
         for (sql, values) in [
-            (READ_CLAIMED, params!["[1,2]"]),
-            (STAMP, params!["T", 2, "[1,2]"]),
+            (READ_CLAIMED, params![id_list([1, 2])]),
+            (STAMP, params!["T", 2, id_list([1, 2])]),
+            (FINISH_DELIVERED, params![id_list([1, 2]), "T", 2]),
         ] {
             let plan = crate::connection::query_plan(&conn, sql, values);
             assert!(
@@ -844,7 +844,7 @@ mod tests {
             );
             assert!(no_scan(&plan), "{plan:?}");
         }
-        let plan = crate::connection::query_plan(&conn, READ_CLAIMED, ["[1]"]);
+        let plan = crate::connection::query_plan(&conn, READ_CLAIMED, [id_list([1])]);
         assert!(
             plan.iter()
                 .any(|l| l.contains("SEARCH d USING PRIMARY KEY")),
@@ -951,7 +951,7 @@ mod tests {
         assert_eq!(reprepares(true), 0);
     }
 
-    /// Row ids travel to the read and the stamp as JSON text: the largest
+    /// Row ids travel to the read and the stamp in an id list: the largest
     /// and the most negative ids a foreign producer can write come back
     /// exact, read and stamped.
     #[test]

@@ -87,8 +87,6 @@ struct InFlight {
     /// When to renew the lease by the monotonic clock: half a lease after
     /// the claim or the last renewal, whatever the wall clock did meanwhile.
     renew_at: Instant,
-    /// The dedup ledger key, as the claim returned it.
-    event_key: String,
     event_id: EventId,
     attempts: u32,
     /// Its payload's size while its delivery runs; 0 once its outcome is in.
@@ -958,7 +956,6 @@ fn dispatch_claimed(
                 token: token.clone(),
                 lease_until,
                 renew_at,
-                event_key: row.event_key.clone(),
                 event_id,
                 attempts: row.attempts,
                 bytes: row.payload_bytes,
@@ -1014,11 +1011,13 @@ fn dispatch_claimed(
 /// Each row's own update is fenced by its token and made first; the
 /// consumers' progress is written only for the rows whose update took, so
 /// a relay that lost a lease records nothing for that row. The common
-/// case, a row delivered to every consumer, is grouped: the rows' updates,
-/// then their ledger entries, each through one statement prepared once.
-/// (One statement over a JSON array of the group, json_each with
-/// RETURNING, was measured too: 6 % more instructions per event than
-/// this, for parsing the JSON back.)
+/// case, a row delivered to every consumer, is grouped: the rows' updates
+/// take one statement per claim token, and the ledger entries of all rows
+/// one per consumer, each over an [`IdList`](crate::connection::IdList) of
+/// the rows. (The same over a JSON array, with `json_each` and `->>`, cost
+/// 6 % more instructions per event than one execution per row, for
+/// parsing the JSON back; with id lists the writer does 10 % fewer.
+/// BENCHMARKS.md, section 2.)
 fn record(
     tx: &Connection,
     consumers: &[ConsumerEntry],
@@ -1027,29 +1026,26 @@ fn record(
     now: Timestamp,
     step: &mut Step,
 ) -> rusqlite::Result<()> {
-    let mut delivered: Vec<(&JobOutcome, &InFlight)> = Vec::new();
-    let mut ledger: Vec<(&str, &str, i64)> = Vec::new();
+    let mut delivered: Vec<&JobOutcome> = Vec::new();
+    let mut ledger: Vec<(&str, i64)> = Vec::new();
     for o in outcomes {
         let Some(flight) = in_flight.get(&o.row_id) else {
             continue;
         };
         if o.invalid.is_none() && o.results.iter().all(|(_, r)| *r == Outcome::Delivered) {
-            delivered.push((o, flight));
+            delivered.push(o);
         } else if record_one(tx, consumers, flight, o, now, step)? {
-            progress(consumers, flight, o, step, &mut ledger);
+            progress(consumers, o, step, &mut ledger);
         }
     }
-    let group: Vec<(i64, &str)> = delivered
-        .iter()
-        .map(|(o, _)| (o.row_id, &*o.token))
-        .collect();
+    let group: Vec<(i64, &str)> = delivered.iter().map(|o| (o.row_id, &*o.token)).collect();
     let kept: RowSet = claim::finish_delivered_many(tx, &group, now)?
         .into_iter()
         .collect();
-    for (o, flight) in delivered {
+    for o in delivered {
         if kept.contains(&o.row_id) {
             step.counts.delivered += 1;
-            progress(consumers, flight, o, step, &mut ledger);
+            progress(consumers, o, step, &mut ledger);
         } else {
             step.notes.push(Note::Fenced { row_id: o.row_id });
             step.counts.fenced += 1;
@@ -1064,15 +1060,14 @@ fn record(
 /// for each that delivered, and the per-consumer counts.
 fn progress<'a>(
     consumers: &'a [ConsumerEntry],
-    flight: &'a InFlight,
     o: &JobOutcome,
     step: &mut Step,
-    ledger: &mut Vec<(&'a str, &'a str, i64)>,
+    ledger: &mut Vec<(&'a str, i64)>,
 ) {
     for (i, outcome) in &o.results {
         let result = match outcome {
             Outcome::Delivered => {
-                ledger.push((&flight.event_key, &consumers[*i].name, o.row_id));
+                ledger.push((&consumers[*i].name, o.row_id));
                 ConsumerResult::Delivered
             }
             Outcome::Retry { .. } => ConsumerResult::Retried,
