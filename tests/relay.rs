@@ -815,6 +815,63 @@ fn dedup_holds_for_an_event_id_written_in_lower_case() {
     assert_eq!(rec.len(), 1, "the consumer saw the event once");
 }
 
+/// Regression: rows the claim finishes itself (a twin whose consumers all
+/// have its event, a dead letter) can release rows the same claim passed
+/// over, and the relay claimed again only after the next commit to the
+/// file. Three rows of one event: the second, finished as already
+/// delivered, released the third, which then waited for a commit that
+/// never came.
+#[test]
+fn three_rows_of_one_event_are_all_finished_without_another_commit() {
+    let db = TestDb::new();
+    let rec = Recorder::default();
+    let id = outboxd::EventId::new().to_string();
+    for spelling in [id.clone(), id.to_lowercase(), id.clone()] {
+        db.conn()
+            .execute(
+                "INSERT INTO event_outbox (event_id, event_type, payload) VALUES (?1, 'a.b.v1', '{}')",
+                [spelling],
+            )
+            .unwrap();
+    }
+    let relay = db.relay().consumer("a", ["*"], rec.consumer()).started();
+    wait_until("all three rows finished", LONG, || {
+        db.count("status = 'delivered'") == 3
+    });
+    stop(relay);
+    assert_eq!(rec.len(), 1, "the consumer saw the event once");
+}
+
+/// Regression: the first row of an ordering key dead-lettered by the claim
+/// itself (no consumer for its type, or an invalid type) held the key's
+/// later rows back until the next commit to the file.
+#[test]
+fn an_ordering_key_goes_on_past_a_row_the_claim_dead_letters() {
+    for first_type in ["other.thing.v1", "Bad.x.v1"] {
+        let db = TestDb::new();
+        let rec = Recorder::default();
+        for event_type in [first_type, "a.b.v1", "a.b.v1"] {
+            db.conn()
+                .execute(
+                    "INSERT INTO event_outbox (event_id, event_type, payload, ordering_key)
+                     VALUES (?1, ?2, '{}', 'k')",
+                    [outboxd::EventId::new().to_string(), event_type.to_string()],
+                )
+                .unwrap();
+        }
+        let relay = db
+            .relay()
+            .consumer("a", ["a.*.v1"], rec.consumer())
+            .started();
+        wait_until("the key's later rows delivered", LONG, || {
+            db.count("status = 'delivered'") == 2
+        });
+        stop(relay);
+        assert_eq!(db.count("status = 'dead'"), 1, "{first_type}");
+        assert_eq!(rec.len(), 2, "{first_type}");
+    }
+}
+
 /// Deliveries per (consumer, event id) of a recorder.
 fn per_id(rec: &Recorder) -> std::collections::HashMap<outboxd::EventId, usize> {
     let mut n = std::collections::HashMap::new();

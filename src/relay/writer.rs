@@ -157,7 +157,11 @@ struct Step {
     finished_rows: Vec<i64>,
     extended: Vec<(i64, Timestamp)>,
     released: Vec<i64>,
-    claim_full: bool,
+    /// Claim again at once: the claim took all it asked for, or finished
+    /// rows itself (a dead letter, a row whose consumers all had it), which
+    /// may release rows it passed over: the next event of an ordering key,
+    /// a later row of the same event id.
+    claim_again: bool,
     next_due: Option<Timestamp>,
     counts: Counts,
     /// Log lines about what the transaction decided, written once it committed.
@@ -818,7 +822,7 @@ impl Writer {
             let rows = claim::claim(&tx, &token, now, lease_until, plan.claim, budget)?;
             step.counts.claim_micros = started.elapsed().as_micros() as u64;
             step.counts.claimed = rows.len() as u64;
-            step.claim_full = rows.len() == plan.claim;
+            let (taken, full) = (rows.len(), rows.len() == plan.claim);
             for row in rows {
                 dispatch_claimed(
                     &tx,
@@ -831,7 +835,8 @@ impl Writer {
                     &mut step,
                 )?;
             }
-            if !step.claim_full {
+            step.claim_again = full || step.claimed.len() < taken;
+            if !step.claim_again {
                 step.next_due = claim::next_due_after(&tx, now)?;
             }
         }
@@ -866,7 +871,7 @@ impl Writer {
             self.want_claim = true;
         }
         if claim_limit > 0 {
-            self.want_claim = step.claim_full;
+            self.want_claim = step.claim_again;
             self.next_due = step.next_due;
         } else if let Some(t) = step.next_due {
             self.next_due = Some(self.next_due.map_or(t, |d| d.min(t)));
