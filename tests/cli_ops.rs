@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::bin::code::{INPUT, OK, PROBLEMS, USAGE};
+use common::bin::code::{CONFIG, INPUT, OK, PROBLEMS, USAGE};
 use common::bin::Outboxd;
 use common::{event, wait_until, TestDb};
 use outboxd::intents::{self, IntentKey};
@@ -878,6 +878,56 @@ fn doctor_on_a_healthy_database_exits_0() {
     }
     assert_eq!(f["synchronous"]["severity"], "note", "{v}");
     Outboxd::on(&db.path).expect(&["doctor", "--quick"], OK);
+}
+
+/// `doctor --config` (or OUTBOXD_CONFIG) takes the config's database and
+/// [alerts] stale_after, as `status` does; the flags win; a config it
+/// cannot read is a "config" finding beside --db, else a config error.
+#[test]
+fn doctor_takes_its_database_and_stale_threshold_from_the_config() {
+    let db = TestDb::new();
+    let ten_minutes_ago = Timestamp::from_millis(now_ms() - 10 * MINUTE_MS);
+    db.enqueue(&[event("order.paid.v1", 1).available_at(ten_minutes_ago)]);
+    let config = db.write(
+        "outboxd.toml",
+        "database = \"app.db\"\n[alerts]\nstale_after = \"1h\"\n\
+         [[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n\
+         [consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n",
+    );
+    let c = config.to_str().unwrap();
+    // No --db: the database is the config's, not ./outboxd.db.
+    let doctor = Outboxd::on(&db.path).without_db();
+    let v = doctor.json(&["doctor", "--json", "--config", c], OK);
+    assert!(v["database"].as_str().unwrap().ends_with("app.db"), "{v}");
+    assert_eq!(findings(&v)["stale-events"]["severity"], "ok", "{v}");
+    let out = doctor
+        .command(&["doctor", "--json"])
+        .env("OUTBOXD_CONFIG", &config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(OK), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(findings(&v)["stale-events"]["severity"], "ok", "{v}");
+    // The flag wins over the config, and without one 5m is the threshold.
+    let v = doctor.json(
+        &["doctor", "--json", "--config", c, "--stale-after", "1m"],
+        OK,
+    );
+    assert_eq!(findings(&v)["stale-events"]["severity"], "warning", "{v}");
+    let v = Outboxd::on(&db.path).json(&["doctor", "--json"], OK);
+    assert_eq!(findings(&v)["stale-events"]["severity"], "warning", "{v}");
+
+    // A config that cannot be read: reported under "config" beside --db...
+    let missing = db.path.with_file_name("missing.toml");
+    let m = missing.to_str().unwrap();
+    let v = Outboxd::on(&db.path).json(&["doctor", "--json", "--config", m], PROBLEMS);
+    let f = findings(&v);
+    assert_eq!(f["config"]["severity"], "error", "{v}");
+    let message = f["config"]["message"].as_str().unwrap();
+    assert!(message.contains("missing.toml"), "{v}");
+    assert!(!f.contains_key("sink"), "{v}");
+    // ...and without --db, where it alone could name the database, an error.
+    doctor.fails(&["doctor", "--config", m], CONFIG, "missing.toml");
 }
 
 #[test]
