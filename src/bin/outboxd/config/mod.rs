@@ -751,13 +751,12 @@ fn setting_error(c: &Checker<'_>, e: &SettingError) -> ConfigError {
         | Setting::Lease
         | Setting::PollInterval => format!("relay.{name}"),
         Setting::StaleAfter => format!("alerts.{name}"),
+        // The library's reason speaks of registering; a config adds a block.
         Setting::Consumers => {
             return c.err(
                 "consumer",
-                format!(
-                    "{}; add a [[consumer]] with a name, types and a [consumer.sink]",
-                    e.reason()
-                ),
+                "the config has no consumer; add a [[consumer]] with a name, types and a \
+                 [consumer.sink]",
             )
         }
         Setting::ConsumerName => format!("{}.name", consumer.unwrap_or_default()),
@@ -813,6 +812,16 @@ pub(crate) mod tests {
         assert_eq!(c.relay.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
         assert!(c.purge.is_some());
         assert_eq!(c.metrics, None);
+    }
+
+    #[test]
+    fn a_config_without_consumers_says_in_one_sentence_what_to_add() {
+        let shown = parse("[relay]\nworkers = 1\n").unwrap_err().to_string();
+        assert_eq!(
+            shown,
+            "config /etc/outboxd/outboxd.toml: consumer: the config has no consumer; add a \
+             [[consumer]] with a name, types and a [consumer.sink]"
+        );
     }
 
     #[test]
