@@ -28,6 +28,10 @@ const VERSION: &str = concat!(
     ")"
 );
 
+/// The heading of the options every command takes, apart from each
+/// command's own in its --help.
+const GLOBAL: &str = "Global options";
+
 /// A transactional outbox for applications that keep their data in SQLite.
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version = VERSION, after_help = exit::HELP)]
@@ -36,6 +40,7 @@ struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         env = "OUTBOXD_DB",
         value_name = "PATH",
         default_value = "./outboxd.db"
@@ -43,13 +48,19 @@ struct Cli {
     db: PathBuf,
 
     /// Log format on stderr [default: text, or the config's log.format].
-    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_enum, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
 
     /// Log level or filter (error, warn, info, debug, trace, or directives such
     /// as info,outboxd=debug); wins over RUST_LOG, which wins over the config's
     /// log.level [default: info for run, warn otherwise].
-    #[arg(long, global = true, value_name = "LEVEL", value_parser = parse_log_level)]
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL,
+        value_name = "LEVEL",
+        value_parser = parse_log_level
+    )]
     log_level: Option<String>,
 
     #[command(subcommand)]
