@@ -258,3 +258,35 @@ pub fn init_logging(flags: &LogOptions, config: &LogSettings, default_level: &st
             .try_init(),
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The prose under each command's --help is printed as written, not
+    /// wrapped: every line of it fits 80 columns, so none runs past a
+    /// terminal's edge and breaks a sentence. (Example command lines,
+    /// indented, may be longer.)
+    #[test]
+    fn the_prose_under_every_help_fits_80_columns() {
+        let mut command = Cli::command();
+        command.build();
+        let mut pending = vec![command];
+        let mut long = Vec::new();
+        while let Some(c) = pending.pop() {
+            let text = c.get_after_help().map(ToString::to_string);
+            long.extend(
+                text.iter()
+                    .flat_map(|t| t.lines())
+                    .filter(|l| !l.starts_with(' ') && l.chars().count() > 80)
+                    .map(|l| format!("{}: {l}", c.get_name())),
+            );
+            pending.extend(c.get_subcommands().cloned());
+        }
+        assert!(
+            long.is_empty(),
+            "lines over 80 columns:\n{}",
+            long.join("\n")
+        );
+    }
+}

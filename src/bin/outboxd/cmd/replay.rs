@@ -18,13 +18,13 @@ pub const EXAMPLES: &str = "\
 Forgets that the consumer had the selected events and puts them back in the
 queue, due now; a running relay then delivers them to that consumer only,
 even where another consumer lacks the event (one added since, say), and a
-replayed dead letter goes back to the dead letters with its reason. Only events the consumer had
-delivered, and whose rows are not purged, can be replayed. Filters combine
-with AND; name at least one, or --all for everything the consumer had.
-Prints how many events were put back. Shows a progress bar on a terminal.
-A consumer name the database has never seen (no delivery recorded) is an
-error listing the names it knows, exit 5; with --config, the config's
-consumers are known too.
+replayed dead letter goes back to the dead letters with its reason. Only
+events the consumer had delivered, and whose rows are not purged, can be
+replayed. Filters combine with AND; name at least one, or --all for
+everything the consumer had. Prints how many events were put back. Shows a
+progress bar on a terminal. A consumer name the database has never seen (no
+delivery recorded) is an error listing the names it knows, exit 5; with
+--config, the config's consumers are known too.
 
 Examples:
   outboxd --db app.db replay --consumer search-index --type 'article.*.v1' \\
