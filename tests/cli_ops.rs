@@ -590,6 +590,45 @@ fn dead_discard_of_several_rows_needs_yes() {
     assert_eq!(db.count("1 = 1"), 0);
 }
 
+/// A dead letter whose type is not text (bytes that are not UTF-8, as a
+/// blob or as text) does not stop the bulk commands: it matches no --type
+/// pattern, and --all includes it.
+#[test]
+fn dead_bulk_commands_act_around_a_type_that_is_not_text() {
+    let db = TestDb::new();
+    db.conn()
+        .execute_batch(
+            "INSERT INTO event_outbox (event_id, event_type, payload) VALUES
+                 ('01M8TB0000000000000000000A', x'ff', '{}'),
+                 ('01M8TB0000000000000000000B', CAST(x'fe6f' AS TEXT), '{}'),
+                 ('01M8TB0000000000000000000C', 'order.placed.v1', 'bad'),
+                 ('01M8TB0000000000000000000D', 'order.paid.v1', '{}');",
+        )
+        .unwrap();
+    kill(&db, "1 = 1");
+    let bin = Outboxd::on(&db.path);
+
+    let out = bin.expect(&["dead", "requeue", "--type", "order.*.v1"], OK);
+    assert_eq!(out, "requeued 2 dead letters\n");
+    assert_eq!(
+        db.count("status = 'pending' AND event_type LIKE 'order.%'"),
+        2
+    );
+    kill(&db, "1 = 1");
+
+    let err = bin.fails(&["dead", "discard", "--type", "order.*"], INPUT, "--yes");
+    assert!(err.contains("2 dead letters"), "{err}");
+    let out = bin.expect(&["dead", "requeue", "--all"], OK);
+    assert_eq!(out, "requeued 4 dead letters\n");
+    kill(&db, "1 = 1");
+
+    let err = bin.fails(&["dead", "discard", "--all"], INPUT, "--yes");
+    assert!(err.contains("4 dead letters"), "{err}");
+    let out = bin.expect(&["dead", "discard", "--all", "--yes"], OK);
+    assert_eq!(out, "discarded 4 dead letters\n");
+    assert_eq!(db.count("1 = 1"), 0);
+}
+
 #[test]
 fn replay_by_type_time_range_id_and_all() {
     let db = TestDb::new();
