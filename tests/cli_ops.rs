@@ -700,38 +700,47 @@ fn replay_by_type_time_range_id_and_all() {
     assert_eq!(out, "replayed 6 events to consumer audit\n");
     assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (1, 0));
 
-    // 10.13: a consumer the database has never seen is an error listing
-    // the ones it knows (audit has no deliveries left, so it is not among
-    // them); with --config, the config's consumers are known too.
+    // 10.13: a consumer the database does not know is an error listing the
+    // ones it knows (audit has no deliveries left, but replays to it are
+    // pending, so it is among them); with --config, the config's consumers
+    // are known too.
     let pending = db.count("status = 'pending'");
     let err = Outboxd::on(&db.path).fails(
         &["replay", "--consumer", "indexr", "--all"],
         INPUT,
-        "no consumer is named \"indexr\"",
+        "consumer \"indexr\" is not known",
     );
-    assert!(err.contains("indexer"), "{err}");
+    assert!(err.contains("known consumers: audit, indexer"), "{err}");
+    assert!(err.contains("--config FILE"), "{err}");
     assert_eq!(
         db.count("status = 'pending'"),
         pending,
         "nothing was replayed"
     );
-    let config = db.write(
-        "outboxd.toml",
-        "[[consumer]]\nname = \"audit\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"audit.jsonl\"\n",
-    );
-    let c = config.to_str().unwrap();
-    Outboxd::on(&db.path).fails(
-        &["replay", "--consumer", "audit", "--all"],
-        INPUT,
-        "no consumer is named \"audit\"",
-    );
+    // A second replay to audit while the first is pending: audit is known
+    // by the rows awaiting it, and nothing more is left to replay.
     let out = Outboxd::on(&db.path).expect(
-        &["replay", "--consumer", "audit", "--all", "--config", c],
+        &["replay", "--consumer", "audit", "--type", "article.*.v1"],
         OK,
     );
     assert_eq!(out, "replayed 0 events to consumer audit\n");
+    let config = db.write(
+        "outboxd.toml",
+        "[[consumer]]\nname = \"billing\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"billing.jsonl\"\n",
+    );
+    let c = config.to_str().unwrap();
+    Outboxd::on(&db.path).fails(
+        &["replay", "--consumer", "billing", "--all"],
+        INPUT,
+        "consumer \"billing\" is not known",
+    );
+    let out = Outboxd::on(&db.path).expect(
+        &["replay", "--consumer", "billing", "--all", "--config", c],
+        OK,
+    );
+    assert_eq!(out, "replayed 0 events to consumer billing\n");
     assert!(
-        !db.file("audit.jsonl").exists(),
+        !db.file("billing.jsonl").exists(),
         "the config's sinks are not built"
     );
 
@@ -765,6 +774,51 @@ fn replay_by_type_time_range_id_and_all() {
         INPUT,
         "not before",
     );
+}
+
+/// Once a consumer's ledger entries are gone with no replay pending (a
+/// purge removed them, or a relay delivered a replay's rows to the others
+/// only), a replay to it says so rather than that no such consumer exists,
+/// and points to --config; the exit code stays 5.
+#[test]
+fn replay_to_a_consumer_whose_records_are_gone_says_why_it_is_unknown() {
+    let db = TestDb::new();
+    db.enqueue(&[event("a.b.v1", 1), event("a.c.v1", 2)]);
+    let bin = Outboxd::on(&db.path);
+    let err = bin.fails(&["replay", "--consumer", "j", "--all"], INPUT, "\"j\"");
+    assert!(
+        err.contains("no consumer has a delivery recorded or a replay pending"),
+        "{err}"
+    );
+    assert!(!err.contains("no consumer is named"), "{err}");
+
+    deliver_all(&db);
+    let out = bin.expect(&["replay", "--consumer", "audit", "--type", "a.*.v1"], OK);
+    assert_eq!(out, "replayed 2 events to consumer audit\n");
+    // Pending: a second replay knows audit and finds nothing more.
+    let out = bin.expect(&["replay", "--consumer", "audit", "--type", "a.*.v1"], OK);
+    assert_eq!(out, "replayed 0 events to consumer audit\n");
+    // The rows go back to delivered and audit's entries stay gone (as
+    // after a purge of the ledger).
+    db.conn()
+        .execute_batch(
+            "UPDATE event_outbox SET status = 'delivered', finished_at = 1,
+                    replay_consumers = NULL, status_before_replay = NULL;",
+        )
+        .unwrap();
+    let err = bin.fails(
+        &["replay", "--consumer", "audit", "--type", "a.*.v1"],
+        INPUT,
+        "consumer \"audit\" is not known",
+    );
+    for said in [
+        "no delivery to it",
+        "purge or replay removed them",
+        "known consumers: indexer",
+        "--config FILE makes the configured consumers known",
+    ] {
+        assert!(err.contains(said), "{said}: {err}");
+    }
 }
 
 #[test]
