@@ -325,8 +325,8 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
         assert!(text.contains("poison: legacy"), "{id}: {text}");
     }
 
-    // 10.16: `dead list` shows a long reason's start and its end, where the
-    // cause is.
+    // `dead list` shows a long reason's start, which says what happened,
+    // cut at its end; `dead show` has it whole.
     db.conn()
         .execute(
             "UPDATE event_outbox SET last_error = ?1 WHERE event_id = ?2",
@@ -341,11 +341,15 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
         .unwrap();
     let text = Outboxd::on(&db.path).expect(&["dead", "list"], OK);
     let line = text.lines().find(|l| l.contains(foreign)).unwrap();
+    assert!(line.ends_with("xxx…"), "{line}");
     assert!(
-        line.ends_with("xxx THE CAUSE") && line.contains('…'),
+        line.contains("webhook https://hooks.example.com/x answered 500: xxx"),
         "{line}"
     );
-    assert!(line.contains("webhook https://hook"), "{line}");
+    assert!(
+        text.ends_with("`outboxd dead show ROW` shows a dead letter whole\n"),
+        "{text}"
+    );
 
     // Not found: a clear message and exit code 5.
     Outboxd::on(&db.path).fails(&["dead", "show", "999"], INPUT, "not found");
@@ -376,7 +380,11 @@ fn dead_list_and_show_escape_what_producers_wrote() {
     let controls = |s: &str| s.chars().filter(|c| c.is_control() && *c != '\n').count();
 
     let list = outboxd.ok(&["dead", "list"]);
-    assert_eq!(list.lines().count(), 2, "a header and one row:\n{list}");
+    assert_eq!(
+        list.lines().count(),
+        3,
+        "a header, one row, and a line saying that the id was cut:\n{list}"
+    );
     assert_eq!(controls(&list), 0, "{list:?}");
     assert!(list.contains("\\u{1b}[31mFAKE ROW"), "{list}");
 
@@ -395,6 +403,67 @@ fn dead_list_and_show_escape_what_producers_wrote() {
     );
     assert!(show.contains("t\\u{7}nt"), "{show}");
     assert!(show.contains("invalid row\\n\\u{1b}[2Jcleared"), "{show}");
+}
+
+/// `dead list` keeps its columns aligned whatever the producers wrote: a
+/// long event id, type or reason is cut at its end (its start says what it
+/// is), with a line pointing to `dead show`; --json has every value whole.
+#[test]
+fn dead_list_cuts_long_values_at_their_end_and_keeps_its_columns() {
+    let db = TestDb::new();
+    let long_type = format!("order.{}.v1", "x".repeat(300));
+    let reason = format!(
+        "invalid row: column created_at is {}, expected milliseconds since 1970",
+        "9".repeat(120)
+    );
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload, status, attempts,
+                 last_error, finished_at)
+             VALUES ('01M8TB0000000000000000000A', 'a.b.v1', '{}', 'dead', 1, 'poison: no', ?1),
+                    ('not-a-ulid-but-a-very-long-malformed-event-id', ?2, '{}', 'dead', 12,
+                     ?3, ?1)",
+            params![now_ms(), long_type, reason],
+        )
+        .unwrap();
+    let text = Outboxd::on(&db.path).expect(&["dead", "list"], OK);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    let (header, long, short) = (lines[0], lines[1], lines[2]);
+    // Every column starts where its header does.
+    for (name, in_long, in_short) in [
+        ("EVENT ID", "not-a-ulid", "01M8TB"),
+        ("TYPE", "order.xxx", "a.b.v1"),
+        ("REASON", "invalid row", "poison: no"),
+    ] {
+        let col = header.find(name).unwrap();
+        let at = |l: &str, s: &str| l[..l.find(s).unwrap()].chars().count();
+        assert_eq!(at(long, in_long), col, "{name}:\n{text}");
+        assert_eq!(at(short, in_short), col, "{name}:\n{text}");
+    }
+    assert!(long.contains("not-a-ulid-but-a-very-lon…"), "{long}");
+    assert!(
+        !long.contains(&"x".repeat(60)),
+        "the type is bounded: {long}"
+    );
+    assert!(
+        long.contains("invalid row: column created_at is 999") && long.ends_with("99…"),
+        "the reason's start, cut at its end: {long}"
+    );
+    assert!(long.chars().count() < 200, "{long}");
+    assert!(lines[3].contains("`outboxd dead show ROW`"), "{text}");
+
+    // The JSON is the stored values, whole.
+    let list = Outboxd::on(&db.path).json(&["dead", "list", "--json"], OK);
+    let dead = list["dead_letters"].as_array().unwrap();
+    assert_eq!(dead[0]["event_type"], long_type.as_str(), "{list}");
+    assert_eq!(dead[0]["reason"], reason.as_str(), "{list}");
+    assert_eq!(
+        dead[0]["event_id"], "not-a-ulid-but-a-very-long-malformed-event-id",
+        "{list}"
+    );
+    let show = Outboxd::on(&db.path).expect(&["dead", "show", "2"], OK);
+    assert!(show.contains(&reason), "{show}");
 }
 
 #[test]
