@@ -57,7 +57,8 @@ pub struct DeadLetter {
 pub enum Selector {
     /// One row, by row id or event id.
     One(String),
-    /// Every dead letter whose type matches a pattern.
+    /// Every dead letter whose type matches a pattern (one whose type is
+    /// not text, such as bytes that are not UTF-8, matches none).
     Type(Pattern),
     /// Every dead letter.
     All,
@@ -179,7 +180,10 @@ fn change(
 
 /// The row ids of the dead letters a selector names.
 fn select(conn: &Connection, which: &Selector) -> Result<Vec<i64>> {
-    let all = || -> Result<Vec<(i64, String)>> {
+    // Each dead row's id and its type as text, None when it is not text: a
+    // producer may have written bytes that are not UTF-8 (the relay
+    // dead-letters such a row). It matches no pattern, and is one of --all.
+    let all = || -> Result<Vec<(i64, Option<String>)>> {
         let mut stmt = conn
             .prepare(
                 "SELECT id, CAST(event_type AS TEXT) FROM event_outbox
@@ -188,10 +192,13 @@ fn select(conn: &Connection, which: &Selector) -> Result<Vec<i64>> {
             .map_err(Error::db("select dead letters"))?;
         let rows = stmt
             .query_map([], |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get::<_, Option<String>>(1)?.unwrap_or_default(),
-                ))
+                let event_type = match r.get_ref(1)? {
+                    rusqlite::types::ValueRef::Text(t) => {
+                        std::str::from_utf8(t).ok().map(str::to_owned)
+                    }
+                    _ => None,
+                };
+                Ok((r.get(0)?, event_type))
             })
             .and_then(|r| r.collect())
             .map_err(Error::db("select dead letters"))?;
@@ -205,7 +212,7 @@ fn select(conn: &Connection, which: &Selector) -> Result<Vec<i64>> {
         },
         Selector::Type(p) => all()?
             .into_iter()
-            .filter(|(_, t)| p.matches(t))
+            .filter(|(_, t)| t.as_deref().is_some_and(|t| p.matches(t)))
             .map(|(id, _)| id)
             .collect(),
         Selector::All => all()?.into_iter().map(|(id, _)| id).collect(),

@@ -109,9 +109,16 @@ pub enum Error {
         /// What did not hold.
         what: String,
     },
-    /// A consumer name that neither the dedup ledger nor the caller knows
-    /// (a replay to a misspelt consumer would otherwise do nothing).
-    #[error("no consumer is named {name:?}; {}", known_list(known))]
+    /// A consumer name that neither the dedup ledger, a pending replay nor
+    /// the caller knows (a replay to a misspelt consumer would otherwise do
+    /// nothing). The database forgets a consumer whose every ledger entry a
+    /// purge or a replay removed, so the message says what is recorded.
+    #[error(
+        "consumer {name:?} is not known: this database records no delivery to it and no \
+         pending replay for it (a typo, none delivered yet, or a purge or replay removed \
+         them); {}",
+        known_list(known)
+    )]
     UnknownConsumer {
         /// The name given.
         name: String,
@@ -213,7 +220,7 @@ impl Error {
 
 fn known_list(known: &[String]) -> String {
     if known.is_empty() {
-        "no consumer has delivered any event in this database yet".into()
+        "no consumer has a delivery recorded or a replay pending".into()
     } else {
         format!("known consumers: {}", known.join(", "))
     }

@@ -9,10 +9,10 @@
 //! runs every consumer that lacks the event, the replayed one included.
 //! Events whose rows were purged cannot be replayed.
 //!
-//! A consumer name the database has never seen (no entry in the ledger)
-//! and the caller did not declare ([`ReplayFilter::known_consumers`]) is an
-//! error listing the names it knows: a typo would otherwise replay nothing
-//! and say so with success.
+//! A consumer name the database does not know (no entry in the ledger, no
+//! replay to it pending) and the caller did not declare
+//! ([`ReplayFilter::known_consumers`]) is an error listing the names it
+//! knows: a typo would otherwise replay nothing and say so with success.
 //!
 //! ```
 //! # fn main() -> outboxd::Result<()> {
@@ -178,8 +178,8 @@ impl ReplayFilter {
 
 /// Replays the events the filter selects that were delivered to the
 /// consumer. Returns how many rows were put back. Fails with
-/// [`Error::UnknownConsumer`] for a consumer neither the ledger nor
-/// [`ReplayFilter::known_consumers`] knows.
+/// [`Error::UnknownConsumer`] for a consumer that neither the ledger, a
+/// pending replay nor [`ReplayFilter::known_consumers`] knows.
 pub fn replay(conn: &mut Connection, filter: &ReplayFilter, now: Timestamp) -> Result<u64> {
     replay_with_progress(conn, filter, now, |_, _| {})
 }
@@ -252,7 +252,10 @@ pub fn replay_with_progress(
     Ok(done)
 }
 
-/// Fails unless the ledger or the caller knows the consumer.
+/// Fails unless the ledger, a replay still pending, or the caller knows the
+/// consumer. A replay removes the consumer's ledger entries until the relay
+/// delivers again: while it is pending, the rows it scoped name the
+/// consumer, so a second replay to it is no typo (it finds nothing more).
 fn check_known(conn: &Connection, filter: &ReplayFilter) -> Result<()> {
     let name = &filter.consumer;
     if filter.known_consumers.contains(name)
@@ -260,7 +263,12 @@ fn check_known(conn: &Connection, filter: &ReplayFilter) -> Result<()> {
     {
         return Ok(());
     }
+    let pending = pending_replay_consumers(conn).map_err(Error::db("look up the consumer"))?;
+    if pending.contains(name) {
+        return Ok(());
+    }
     let mut known = crate::dedup::consumer_names(conn).map_err(Error::db("list consumers"))?;
+    known.extend(pending);
     known.extend(filter.known_consumers.iter().cloned());
     known.sort();
     known.dedup();
@@ -268,6 +276,34 @@ fn check_known(conn: &Connection, filter: &ReplayFilter) -> Result<()> {
         name: name.clone(),
         known,
     })
+}
+
+/// The consumers that pending rows await a replay to (`replay_consumers`,
+/// names joined by ','), sorted. Read over the pending rows only: for the
+/// unknown-consumer check, after the ledger did not know the name.
+fn pending_replay_consumers(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare(
+        "SELECT DISTINCT replay_consumers FROM event_outbox
+          WHERE status = 'pending' AND replay_consumers IS NOT NULL",
+    )?;
+    let lists = stmt.query_map([], |r| {
+        Ok(match r.get_ref(0)? {
+            rusqlite::types::ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
+            _ => String::new(),
+        })
+    })?;
+    let mut names = Vec::new();
+    for list in lists {
+        names.extend(
+            list?
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned),
+        );
+    }
+    names.sort();
+    names.dedup();
+    Ok(names)
 }
 
 #[cfg(test)]

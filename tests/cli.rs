@@ -268,6 +268,20 @@ fn help_documents_exit_codes_and_examples() {
         let help = sb.ok(&[cmd, "--help"]);
         assert!(help.contains("Example"), "{cmd} --help has no example");
     }
+    // A command's own options come first, the global ones under their heading.
+    let help = sb.ok(&["status", "--help"]);
+    let at = |needle: &str| {
+        help.find(needle)
+            .unwrap_or_else(|| panic!("{needle}: {help}"))
+    };
+    let global = at("Global options:");
+    assert!(at("--json") < global, "{help}");
+    for flag in ["--db <PATH>", "--log-format", "--log-level"] {
+        assert!(
+            at(flag) > global,
+            "{flag} is not under Global options: {help}"
+        );
+    }
 }
 
 #[test]

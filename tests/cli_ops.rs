@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::bin::code::{INPUT, OK, PROBLEMS, USAGE};
+use common::bin::code::{CONFIG, INPUT, OK, PROBLEMS, USAGE};
 use common::bin::Outboxd;
 use common::{event, wait_until, TestDb};
 use outboxd::intents::{self, IntentKey};
@@ -325,8 +325,8 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
         assert!(text.contains("poison: legacy"), "{id}: {text}");
     }
 
-    // 10.16: `dead list` shows a long reason's start and its end, where the
-    // cause is.
+    // `dead list` shows a long reason's start, which says what happened,
+    // cut at its end; `dead show` has it whole.
     db.conn()
         .execute(
             "UPDATE event_outbox SET last_error = ?1 WHERE event_id = ?2",
@@ -341,11 +341,15 @@ fn dead_letters_poisoned_by_a_relay_are_listed_and_shown() {
         .unwrap();
     let text = Outboxd::on(&db.path).expect(&["dead", "list"], OK);
     let line = text.lines().find(|l| l.contains(foreign)).unwrap();
+    assert!(line.ends_with("xxx…"), "{line}");
     assert!(
-        line.ends_with("xxx THE CAUSE") && line.contains('…'),
+        line.contains("webhook https://hooks.example.com/x answered 500: xxx"),
         "{line}"
     );
-    assert!(line.contains("webhook https://hook"), "{line}");
+    assert!(
+        text.ends_with("`outboxd dead show ROW` shows a dead letter whole\n"),
+        "{text}"
+    );
 
     // Not found: a clear message and exit code 5.
     Outboxd::on(&db.path).fails(&["dead", "show", "999"], INPUT, "not found");
@@ -376,7 +380,11 @@ fn dead_list_and_show_escape_what_producers_wrote() {
     let controls = |s: &str| s.chars().filter(|c| c.is_control() && *c != '\n').count();
 
     let list = outboxd.ok(&["dead", "list"]);
-    assert_eq!(list.lines().count(), 2, "a header and one row:\n{list}");
+    assert_eq!(
+        list.lines().count(),
+        3,
+        "a header, one row, and a line saying that the id was cut:\n{list}"
+    );
     assert_eq!(controls(&list), 0, "{list:?}");
     assert!(list.contains("\\u{1b}[31mFAKE ROW"), "{list}");
 
@@ -395,6 +403,67 @@ fn dead_list_and_show_escape_what_producers_wrote() {
     );
     assert!(show.contains("t\\u{7}nt"), "{show}");
     assert!(show.contains("invalid row\\n\\u{1b}[2Jcleared"), "{show}");
+}
+
+/// `dead list` keeps its columns aligned whatever the producers wrote: a
+/// long event id, type or reason is cut at its end (its start says what it
+/// is), with a line pointing to `dead show`; --json has every value whole.
+#[test]
+fn dead_list_cuts_long_values_at_their_end_and_keeps_its_columns() {
+    let db = TestDb::new();
+    let long_type = format!("order.{}.v1", "x".repeat(300));
+    let reason = format!(
+        "invalid row: column created_at is {}, expected milliseconds since 1970",
+        "9".repeat(120)
+    );
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload, status, attempts,
+                 last_error, finished_at)
+             VALUES ('01M8TB0000000000000000000A', 'a.b.v1', '{}', 'dead', 1, 'poison: no', ?1),
+                    ('not-a-ulid-but-a-very-long-malformed-event-id', ?2, '{}', 'dead', 12,
+                     ?3, ?1)",
+            params![now_ms(), long_type, reason],
+        )
+        .unwrap();
+    let text = Outboxd::on(&db.path).expect(&["dead", "list"], OK);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    let (header, long, short) = (lines[0], lines[1], lines[2]);
+    // Every column starts where its header does.
+    for (name, in_long, in_short) in [
+        ("EVENT ID", "not-a-ulid", "01M8TB"),
+        ("TYPE", "order.xxx", "a.b.v1"),
+        ("REASON", "invalid row", "poison: no"),
+    ] {
+        let col = header.find(name).unwrap();
+        let at = |l: &str, s: &str| l[..l.find(s).unwrap()].chars().count();
+        assert_eq!(at(long, in_long), col, "{name}:\n{text}");
+        assert_eq!(at(short, in_short), col, "{name}:\n{text}");
+    }
+    assert!(long.contains("not-a-ulid-but-a-very-lon…"), "{long}");
+    assert!(
+        !long.contains(&"x".repeat(60)),
+        "the type is bounded: {long}"
+    );
+    assert!(
+        long.contains("invalid row: column created_at is 999") && long.ends_with("99…"),
+        "the reason's start, cut at its end: {long}"
+    );
+    assert!(long.chars().count() < 200, "{long}");
+    assert!(lines[3].contains("`outboxd dead show ROW`"), "{text}");
+
+    // The JSON is the stored values, whole.
+    let list = Outboxd::on(&db.path).json(&["dead", "list", "--json"], OK);
+    let dead = list["dead_letters"].as_array().unwrap();
+    assert_eq!(dead[0]["event_type"], long_type.as_str(), "{list}");
+    assert_eq!(dead[0]["reason"], reason.as_str(), "{list}");
+    assert_eq!(
+        dead[0]["event_id"], "not-a-ulid-but-a-very-long-malformed-event-id",
+        "{list}"
+    );
+    let show = Outboxd::on(&db.path).expect(&["dead", "show", "2"], OK);
+    assert!(show.contains(&reason), "{show}");
 }
 
 #[test]
@@ -590,6 +659,45 @@ fn dead_discard_of_several_rows_needs_yes() {
     assert_eq!(db.count("1 = 1"), 0);
 }
 
+/// A dead letter whose type is not text (bytes that are not UTF-8, as a
+/// blob or as text) does not stop the bulk commands: it matches no --type
+/// pattern, and --all includes it.
+#[test]
+fn dead_bulk_commands_act_around_a_type_that_is_not_text() {
+    let db = TestDb::new();
+    db.conn()
+        .execute_batch(
+            "INSERT INTO event_outbox (event_id, event_type, payload) VALUES
+                 ('01M8TB0000000000000000000A', x'ff', '{}'),
+                 ('01M8TB0000000000000000000B', CAST(x'fe6f' AS TEXT), '{}'),
+                 ('01M8TB0000000000000000000C', 'order.placed.v1', 'bad'),
+                 ('01M8TB0000000000000000000D', 'order.paid.v1', '{}');",
+        )
+        .unwrap();
+    kill(&db, "1 = 1");
+    let bin = Outboxd::on(&db.path);
+
+    let out = bin.expect(&["dead", "requeue", "--type", "order.*.v1"], OK);
+    assert_eq!(out, "requeued 2 dead letters\n");
+    assert_eq!(
+        db.count("status = 'pending' AND event_type LIKE 'order.%'"),
+        2
+    );
+    kill(&db, "1 = 1");
+
+    let err = bin.fails(&["dead", "discard", "--type", "order.*"], INPUT, "--yes");
+    assert!(err.contains("2 dead letters"), "{err}");
+    let out = bin.expect(&["dead", "requeue", "--all"], OK);
+    assert_eq!(out, "requeued 4 dead letters\n");
+    kill(&db, "1 = 1");
+
+    let err = bin.fails(&["dead", "discard", "--all"], INPUT, "--yes");
+    assert!(err.contains("4 dead letters"), "{err}");
+    let out = bin.expect(&["dead", "discard", "--all", "--yes"], OK);
+    assert_eq!(out, "discarded 4 dead letters\n");
+    assert_eq!(db.count("1 = 1"), 0);
+}
+
 #[test]
 fn replay_by_type_time_range_id_and_all() {
     let db = TestDb::new();
@@ -661,38 +769,47 @@ fn replay_by_type_time_range_id_and_all() {
     assert_eq!(out, "replayed 6 events to consumer audit\n");
     assert_eq!((ledger(&db, "indexer"), ledger(&db, "audit")), (1, 0));
 
-    // 10.13: a consumer the database has never seen is an error listing
-    // the ones it knows (audit has no deliveries left, so it is not among
-    // them); with --config, the config's consumers are known too.
+    // 10.13: a consumer the database does not know is an error listing the
+    // ones it knows (audit has no deliveries left, but replays to it are
+    // pending, so it is among them); with --config, the config's consumers
+    // are known too.
     let pending = db.count("status = 'pending'");
     let err = Outboxd::on(&db.path).fails(
         &["replay", "--consumer", "indexr", "--all"],
         INPUT,
-        "no consumer is named \"indexr\"",
+        "consumer \"indexr\" is not known",
     );
-    assert!(err.contains("indexer"), "{err}");
+    assert!(err.contains("known consumers: audit, indexer"), "{err}");
+    assert!(err.contains("--config FILE"), "{err}");
     assert_eq!(
         db.count("status = 'pending'"),
         pending,
         "nothing was replayed"
     );
-    let config = db.write(
-        "outboxd.toml",
-        "[[consumer]]\nname = \"audit\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"audit.jsonl\"\n",
-    );
-    let c = config.to_str().unwrap();
-    Outboxd::on(&db.path).fails(
-        &["replay", "--consumer", "audit", "--all"],
-        INPUT,
-        "no consumer is named \"audit\"",
-    );
+    // A second replay to audit while the first is pending: audit is known
+    // by the rows awaiting it, and nothing more is left to replay.
     let out = Outboxd::on(&db.path).expect(
-        &["replay", "--consumer", "audit", "--all", "--config", c],
+        &["replay", "--consumer", "audit", "--type", "article.*.v1"],
         OK,
     );
     assert_eq!(out, "replayed 0 events to consumer audit\n");
+    let config = db.write(
+        "outboxd.toml",
+        "[[consumer]]\nname = \"billing\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"billing.jsonl\"\n",
+    );
+    let c = config.to_str().unwrap();
+    Outboxd::on(&db.path).fails(
+        &["replay", "--consumer", "billing", "--all"],
+        INPUT,
+        "consumer \"billing\" is not known",
+    );
+    let out = Outboxd::on(&db.path).expect(
+        &["replay", "--consumer", "billing", "--all", "--config", c],
+        OK,
+    );
+    assert_eq!(out, "replayed 0 events to consumer billing\n");
     assert!(
-        !db.file("audit.jsonl").exists(),
+        !db.file("billing.jsonl").exists(),
         "the config's sinks are not built"
     );
 
@@ -726,6 +843,51 @@ fn replay_by_type_time_range_id_and_all() {
         INPUT,
         "not before",
     );
+}
+
+/// Once a consumer's ledger entries are gone with no replay pending (a
+/// purge removed them, or a relay delivered a replay's rows to the others
+/// only), a replay to it says so rather than that no such consumer exists,
+/// and points to --config; the exit code stays 5.
+#[test]
+fn replay_to_a_consumer_whose_records_are_gone_says_why_it_is_unknown() {
+    let db = TestDb::new();
+    db.enqueue(&[event("a.b.v1", 1), event("a.c.v1", 2)]);
+    let bin = Outboxd::on(&db.path);
+    let err = bin.fails(&["replay", "--consumer", "j", "--all"], INPUT, "\"j\"");
+    assert!(
+        err.contains("no consumer has a delivery recorded or a replay pending"),
+        "{err}"
+    );
+    assert!(!err.contains("no consumer is named"), "{err}");
+
+    deliver_all(&db);
+    let out = bin.expect(&["replay", "--consumer", "audit", "--type", "a.*.v1"], OK);
+    assert_eq!(out, "replayed 2 events to consumer audit\n");
+    // Pending: a second replay knows audit and finds nothing more.
+    let out = bin.expect(&["replay", "--consumer", "audit", "--type", "a.*.v1"], OK);
+    assert_eq!(out, "replayed 0 events to consumer audit\n");
+    // The rows go back to delivered and audit's entries stay gone (as
+    // after a purge of the ledger).
+    db.conn()
+        .execute_batch(
+            "UPDATE event_outbox SET status = 'delivered', finished_at = 1,
+                    replay_consumers = NULL, status_before_replay = NULL;",
+        )
+        .unwrap();
+    let err = bin.fails(
+        &["replay", "--consumer", "audit", "--type", "a.*.v1"],
+        INPUT,
+        "consumer \"audit\" is not known",
+    );
+    for said in [
+        "no delivery to it",
+        "purge or replay removed them",
+        "known consumers: indexer",
+        "--config FILE makes the configured consumers known",
+    ] {
+        assert!(err.contains(said), "{said}: {err}");
+    }
 }
 
 #[test]
@@ -878,6 +1040,56 @@ fn doctor_on_a_healthy_database_exits_0() {
     }
     assert_eq!(f["synchronous"]["severity"], "note", "{v}");
     Outboxd::on(&db.path).expect(&["doctor", "--quick"], OK);
+}
+
+/// `doctor --config` (or OUTBOXD_CONFIG) takes the config's database and
+/// [alerts] stale_after, as `status` does; the flags win; a config it
+/// cannot read is a "config" finding beside --db, else a config error.
+#[test]
+fn doctor_takes_its_database_and_stale_threshold_from_the_config() {
+    let db = TestDb::new();
+    let ten_minutes_ago = Timestamp::from_millis(now_ms() - 10 * MINUTE_MS);
+    db.enqueue(&[event("order.paid.v1", 1).available_at(ten_minutes_ago)]);
+    let config = db.write(
+        "outboxd.toml",
+        "database = \"app.db\"\n[alerts]\nstale_after = \"1h\"\n\
+         [[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n\
+         [consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n",
+    );
+    let c = config.to_str().unwrap();
+    // No --db: the database is the config's, not ./outboxd.db.
+    let doctor = Outboxd::on(&db.path).without_db();
+    let v = doctor.json(&["doctor", "--json", "--config", c], OK);
+    assert!(v["database"].as_str().unwrap().ends_with("app.db"), "{v}");
+    assert_eq!(findings(&v)["stale-events"]["severity"], "ok", "{v}");
+    let out = doctor
+        .command(&["doctor", "--json"])
+        .env("OUTBOXD_CONFIG", &config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(OK), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(findings(&v)["stale-events"]["severity"], "ok", "{v}");
+    // The flag wins over the config, and without one 5m is the threshold.
+    let v = doctor.json(
+        &["doctor", "--json", "--config", c, "--stale-after", "1m"],
+        OK,
+    );
+    assert_eq!(findings(&v)["stale-events"]["severity"], "warning", "{v}");
+    let v = Outboxd::on(&db.path).json(&["doctor", "--json"], OK);
+    assert_eq!(findings(&v)["stale-events"]["severity"], "warning", "{v}");
+
+    // A config that cannot be read: reported under "config" beside --db...
+    let missing = db.path.with_file_name("missing.toml");
+    let m = missing.to_str().unwrap();
+    let v = Outboxd::on(&db.path).json(&["doctor", "--json", "--config", m], PROBLEMS);
+    let f = findings(&v);
+    assert_eq!(f["config"]["severity"], "error", "{v}");
+    let message = f["config"]["message"].as_str().unwrap();
+    assert!(message.contains("missing.toml"), "{v}");
+    assert!(!f.contains_key("sink"), "{v}");
+    // ...and without --db, where it alone could name the database, an error.
+    doctor.fails(&["doctor", "--config", m], CONFIG, "missing.toml");
 }
 
 #[test]

@@ -822,6 +822,7 @@ fn every_config_mistake_names_its_field_and_claims_nothing() {
         ("webhook without url", sink("kind = \"webhook\"\nsecret_env = \"E2E_SECRET\""), "consumer[0].sink.url"),
         ("bad url", sink("kind = \"webhook\"\nurl = \"http://exa mple.com\"\nsecret_env = \"E2E_SECRET\""), "consumer[0].sink.url"),
         ("url scheme", sink("kind = \"webhook\"\nurl = \"ftp://example.com/h\"\nsecret_env = \"E2E_SECRET\""), "consumer[0].sink.url"),
+        ("url port out of range", sink("kind = \"webhook\"\nurl = \"http://127.0.0.1:99999/\"\nsecret_env = \"E2E_SECRET\""), "consumer[0].sink.url"),
         ("no secret", sink("kind = \"webhook\"\nurl = \"https://example.com/h\""), "consumer[0].sink.secret_env"),
         ("missing secret variable", hook("").replace("E2E_SECRET", "E2E_UNSET_SECRET"), "consumer[0].sink.secret_env"),
         ("missing rotated secret", sink("kind = \"webhook\"\nurl = \"https://example.com/h\"\nsecrets_env = [\"E2E_SECRET\", \"E2E_UNSET_SECRET\"]"), "consumer[0].sink.secrets_env[1]"),

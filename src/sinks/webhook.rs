@@ -461,6 +461,16 @@ impl WebhookSinkBuilder {
         if host.is_empty() {
             return Err(WebhookError::UrlHost { url: shown });
         }
+        // The parser takes any digits as a port (and then reports none);
+        // no connection could use one outside 1 to 65535.
+        if let Some(port) = uri.authority().and_then(|a| port_text(a.as_str())) {
+            if !matches!(port.parse::<u16>(), Ok(1..)) {
+                return Err(WebhookError::InvalidUrl {
+                    url: shown,
+                    reason: format!("port {port} is out of range (1 to 65535)"),
+                });
+            }
+        }
         if self.deny_private && names_non_public(host) {
             return Err(WebhookError::PrivateAddress {
                 url: shown,
@@ -821,6 +831,17 @@ fn redact_url(url: &str) -> String {
         }
         None => without_query.to_string(),
     }
+}
+
+/// The port as written in a URL's authority (`user@host:port`, `[::1]:port`),
+/// None when there is none or it is empty (the scheme's default).
+fn port_text(authority: &str) -> Option<&str> {
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let after_host = host_port.rsplit_once(']').map_or(host_port, |(_, p)| p);
+    after_host
+        .rsplit_once(':')
+        .map(|(_, port)| port)
+        .filter(|p| !p.is_empty())
 }
 
 /// True when a URL's host is refused before any lookup: a non-public IP
@@ -1235,6 +1256,29 @@ mod tests {
         assert!(e.contains("not valid"), "{e}");
         let e = err(WebhookSink::builder("/relative").secret(secret));
         assert!(e.contains("scheme"), "{e}");
+        // A port no connection can use: refused now, not at every delivery.
+        for (url, port) in [
+            ("http://127.0.0.1:99999/", "99999"),
+            ("https://h:65536/x", "65536"),
+            ("http://h:0/", "0"),
+            (
+                "http://[::1]:123456789012345678901/",
+                "123456789012345678901",
+            ),
+        ] {
+            let e = err(WebhookSink::builder(url).secret(secret));
+            assert!(
+                e.contains("not valid") && e.contains(&format!("port {port} ")),
+                "{url}: {e}"
+            );
+            assert!(e.contains("1 to 65535"), "{url}: {e}");
+        }
+        for url in ["http://h:65535/", "https://h:1/", "http://h/"] {
+            assert!(
+                WebhookSink::builder(url).secret(secret).build().is_ok(),
+                "{url}"
+            );
+        }
         assert!(err(WebhookSink::builder("https://h/")).contains("no secret"));
         let e = err(WebhookSink::builder("https://h/").secret("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"));
         assert!(e.contains("#1") && e.contains("whsec_"), "{e}");

@@ -28,6 +28,10 @@ const VERSION: &str = concat!(
     ")"
 );
 
+/// The heading of the options every command takes, apart from each
+/// command's own in its --help.
+const GLOBAL: &str = "Global options";
+
 /// A transactional outbox for applications that keep their data in SQLite.
 #[derive(Debug, Parser)]
 #[command(name = "outboxd", version = VERSION, after_help = exit::HELP)]
@@ -36,6 +40,7 @@ struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         env = "OUTBOXD_DB",
         value_name = "PATH",
         default_value = "./outboxd.db"
@@ -43,13 +48,19 @@ struct Cli {
     db: PathBuf,
 
     /// Log format on stderr [default: text, or the config's log.format].
-    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_enum, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
 
     /// Log level or filter (error, warn, info, debug, trace, or directives such
     /// as info,outboxd=debug); wins over RUST_LOG, which wins over the config's
     /// log.level [default: info for run, warn otherwise].
-    #[arg(long, global = true, value_name = "LEVEL", value_parser = parse_log_level)]
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL,
+        value_name = "LEVEL",
+        value_parser = parse_log_level
+    )]
     log_level: Option<String>,
 
     #[command(subcommand)]
@@ -246,4 +257,36 @@ pub fn init_logging(flags: &LogOptions, config: &LogSettings, default_level: &st
             .with(no_http_trace)
             .try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The prose under each command's --help is printed as written, not
+    /// wrapped: every line of it fits 80 columns, so none runs past a
+    /// terminal's edge and breaks a sentence. (Example command lines,
+    /// indented, may be longer.)
+    #[test]
+    fn the_prose_under_every_help_fits_80_columns() {
+        let mut command = Cli::command();
+        command.build();
+        let mut pending = vec![command];
+        let mut long = Vec::new();
+        while let Some(c) = pending.pop() {
+            let text = c.get_after_help().map(ToString::to_string);
+            long.extend(
+                text.iter()
+                    .flat_map(|t| t.lines())
+                    .filter(|l| !l.starts_with(' ') && l.chars().count() > 80)
+                    .map(|l| format!("{}: {l}", c.get_name())),
+            );
+            pending.extend(c.get_subcommands().cloned());
+        }
+        assert!(
+            long.is_empty(),
+            "lines over 80 columns:\n{}",
+            long.join("\n")
+        );
+    }
 }

@@ -27,9 +27,13 @@ the table.
 Without --http the address is the config's [http] listen, else
 127.0.0.1:9464. An address other than loopback needs a token:
 --http-token-env VAR (or [http] token_env in the config, see
-packaging/outboxd.example.toml) names the environment variable that holds it. With --config, the consumers' types show
-each consumer's retrying and dead events, and [alerts] sets the health
-thresholds (as `outboxd status` does); nothing is delivered.
+packaging/outboxd.example.toml) names the environment variable that holds
+it.
+
+With --config (or OUTBOXD_CONFIG), the database is the config's unless --db
+or OUTBOXD_DB names one, [alerts] sets the health thresholds (as for
+`outboxd status`), and the consumers' types let the console show each
+consumer's retrying and dead events. Nothing is delivered.
 
 Examples:
   outboxd --db app.db console                   # then open http://127.0.0.1:9464/

@@ -6,7 +6,7 @@ use anyhow::Result;
 use outboxd::dead_letter::{self, DeadLetter, Selector};
 use outboxd::repair::{repair, Repair};
 use outboxd::router::Pattern;
-use outboxd::text::{clip, escape, Keep, ELLIPSIS};
+use outboxd::text::{escape, ELLIPSIS};
 use outboxd::{EventId, EventType, Timestamp};
 
 use super::payload::PayloadArgs;
@@ -36,7 +36,7 @@ const NOT_FOUND_HINT: &str = "see the dead letters with `outboxd dead list`";
 #[derive(Debug, clap::Subcommand)]
 pub enum Args {
     /// List dead letters, newest first: row id, event id, type, attempts, and
-    /// the reason's start and end (`dead show` has it whole).
+    /// the reason's start (`dead show` has it whole).
     #[command(after_help = LIST_HELP)]
     List(ListArgs),
     /// Show one dead letter in full: reason, attempts and payload.
@@ -56,8 +56,9 @@ pub enum Args {
 
 const LIST_HELP: &str = "\
 Reads only. Shows the newest --limit (50) and says how many more there are.
---json prints one object: \"total\" (every dead letter), \"shown\" and
-\"dead_letters\" (the list).
+An event id, type or reason too long for its column is cut at its end (…);
+`dead show ID` shows it whole. --json prints one object: \"total\" (every
+dead letter), \"shown\" and \"dead_letters\" (the list).
 
 Examples:
   outboxd --db app.db dead list --limit 20
@@ -280,23 +281,24 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
         writeln!(out, "no dead letters")?;
         return Ok(Exit::Ok);
     }
-    writeln!(
-        out,
-        "{:>8}  {:<26}  {:<30}  {:>8}  {:<24}  REASON",
-        "ROW", "EVENT ID", "TYPE", "ATTEMPTS", "DEAD AT"
-    )?;
-    // Every value a producer (or a consumer, in a reason) wrote is escaped:
-    // a newline or an ANSI escape in it must not break the table.
-    for d in &dead {
+    let rows: Vec<[String; 6]> = dead
+        .iter()
+        .map(|d| {
+            [
+                d.row_id.to_string(),
+                cell(d.event_id.as_deref().unwrap_or("-"), EVENT_ID_WIDTH),
+                cell(&d.event_type, TYPE_WIDTH),
+                d.attempts.to_string(),
+                d.dead_at.map_or_else(|| "-".into(), |t| t.to_string()),
+                cell(&one_line(d.reason.as_deref().unwrap_or("-")), REASON_WIDTH),
+            ]
+        })
+        .collect();
+    write_table(&mut out, &rows)?;
+    if rows.iter().flatten().any(|c| c.ends_with(ELLIPSIS)) {
         writeln!(
             out,
-            "{:>8}  {:<26}  {:<30}  {:>8}  {:<24}  {}",
-            d.row_id,
-            escape(d.event_id.as_deref().unwrap_or("-")),
-            escape(&d.event_type),
-            d.attempts,
-            d.dead_at.map_or_else(|| "-".into(), |t| t.to_string()),
-            reason_summary(d.reason.as_deref().unwrap_or("-"), 80)
+            "{ELLIPSIS} marks text cut short; `outboxd dead show ROW` shows a dead letter whole"
         )?;
     }
     let more = total - dead.len() as u64;
@@ -412,14 +414,10 @@ fn discard(global: &Global, args: &DiscardArgs) -> Result<Exit> {
     if !args.yes && !matches!(selector, Selector::One(_)) {
         // Count what would go before deleting anything. (A dead letter that
         // arrives between this count and the discard is discarded too.)
+        // Counted as the discard selects, so the two agree on every row
+        // (one whose type is not text matches no pattern).
         let conn = database::for_reading(&global.db)?;
-        let n = dead_letter::list(&conn, i64::MAX as usize)?
-            .iter()
-            .filter(|d| match &selector {
-                Selector::Type(p) => p.matches(&d.event_type),
-                _ => true,
-            })
-            .count();
+        let n = dead_letter::count(&conn, &selector)?;
         if n > 1 {
             return Err(Failure::input(format!(
                 "this would discard {n} dead letters for good; add --yes to confirm \
@@ -438,18 +436,73 @@ fn dead_letters(n: u64) -> String {
     count(n, "dead letter", "dead letters")
 }
 
-/// A reason on one line in at most `max` bytes: its start (what happened:
-/// "gave up after 10 attempts", "invalid row", "poison") and, the most
-/// room, its end (the cause, such as a consumer's last words), the middle
-/// cut out. `dead show` has it whole.
-fn reason_summary(text: &str, max: usize) -> String {
-    let flat = escape(&text.split_whitespace().collect::<Vec<_>>().join(" ")).into_owned();
-    if flat.len() <= max {
-        return flat;
+/// The widest event id, type and reason `dead list` shows: a ULID's 26
+/// characters; a type or a reason past its width is cut at its end, since
+/// its start says what it is ("invalid row: column …", "poison: …").
+const EVENT_ID_WIDTH: usize = 26;
+const TYPE_WIDTH: usize = 40;
+const REASON_WIDTH: usize = 80;
+
+/// `dead list`'s columns: the header, how each is aligned (right for
+/// numbers), one row per dead letter; each column as wide as its widest
+/// cell (the cells are bounded by [`cell`]), the last one not padded.
+fn write_table(out: &mut impl Write, rows: &[[String; 6]]) -> std::io::Result<()> {
+    const HEADER: [&str; 6] = ["ROW", "EVENT ID", "TYPE", "ATTEMPTS", "DEAD AT", "REASON"];
+    const RIGHT: [bool; 6] = [true, false, false, true, false, false];
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r[i].chars().count())
+            .chain([HEADER[i].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..HEADER.len()).map(width).collect();
+    let line = |cells: [&str; 6]| {
+        let mut text = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            let w = widths[i];
+            match (i + 1 == cells.len(), RIGHT[i]) {
+                (true, _) => text.push_str(c),
+                (false, true) => text.push_str(&format!("{c:>w$}  ")),
+                (false, false) => text.push_str(&format!("{c:<w$}  ")),
+            }
+        }
+        text
+    };
+    writeln!(out, "{}", line(HEADER))?;
+    for r in rows {
+        writeln!(out, "{}", line(r.each_ref().map(String::as_str)))?;
     }
-    let head = clip(&flat, max / 3, Keep::Head);
-    let tail = clip(&flat, max - head.len() + ELLIPSIS.len(), Keep::Tail);
-    format!("{}{tail}", head.trim_end_matches(ELLIPSIS))
+    Ok(())
+}
+
+/// Text on one line: every run of whitespace (line breaks included) as one
+/// space.
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `text` [`escape`]d, in at most `width` characters: its start and
+/// [`ELLIPSIS`] when it is longer. An escape is kept whole or left out.
+fn cell(text: &str, width: usize) -> String {
+    let escaped = escape(text);
+    if escaped.chars().count() <= width {
+        return escaped.into_owned();
+    }
+    let mut kept = String::new();
+    let mut used = 0;
+    let mut buf = [0; 4];
+    for c in text.chars() {
+        let piece = escape(c.encode_utf8(&mut buf));
+        let n = piece.chars().count();
+        if used + n >= width {
+            break;
+        }
+        kept.push_str(&piece);
+        used += n;
+    }
+    kept.push_str(ELLIPSIS);
+    kept
 }
 
 #[cfg(test)]
@@ -457,18 +510,52 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_long_reason_keeps_its_start_and_its_end() {
-        assert_eq!(reason_summary("short\nreason", 80), "short reason");
-        let long = format!(
-            "gave up after 10 attempts: {} connection refused",
-            "x".repeat(200)
+    fn a_long_cell_keeps_its_start_and_never_half_an_escape() {
+        assert_eq!(cell("short", 10), "short");
+        assert_eq!(cell("exactly10!", 10), "exactly10!");
+        assert_eq!(cell("abcdefghijk", 10), "abcdefghi…");
+        assert_eq!(cell("ééééééééééé", 5), "éééé…");
+        // "ab\n" is 4 characters, its escape "\u{1b}" 6: left out whole.
+        assert_eq!(cell("ab\n\x1bcdefgh", 10), "ab\\n…");
+        let reason = format!(
+            "invalid row: column created_at is {}, expected a time",
+            "9".repeat(200)
         );
-        let s = reason_summary(&long, 80);
-        assert!(s.len() <= 80, "{s}");
-        assert!(s.starts_with("gave up after 10 att"), "{s}");
-        assert!(
-            s.ends_with("x connection refused") && s.contains('…'),
-            "{s}"
+        let shown = cell(&one_line(&reason), REASON_WIDTH);
+        assert_eq!(shown.chars().count(), REASON_WIDTH, "{shown}");
+        assert!(shown.starts_with("invalid row: column created_at is 999"));
+        assert!(shown.ends_with("99…"), "{shown}");
+        assert_eq!(one_line("a\n  b\tc"), "a b c");
+    }
+
+    #[test]
+    fn the_table_aligns_its_columns_to_the_widest_cell() {
+        let row = |id: &str, ty: &str| {
+            [
+                id.to_string(),
+                "-".to_string(),
+                cell(ty, TYPE_WIDTH),
+                "3".to_string(),
+                "-".to_string(),
+                "poison".to_string(),
+            ]
+        };
+        let rows = [row("7", "a.b.v1"), row("123456789012", &"t".repeat(300))];
+        let mut out = Vec::new();
+        write_table(&mut out, &rows).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let at = |l: &str, what: &str| l.find(what).unwrap_or_else(|| panic!("{what} in {l}"));
+        // The reason starts in one column on every line.
+        let reason = at(lines[0], "REASON");
+        assert_eq!(at(lines[1], "poison"), reason, "{text}");
+        assert!(lines[2].chars().count() < 120, "{text}");
+        assert_eq!(
+            lines[2].chars().position(|c| c == 'p'),
+            lines[1].chars().position(|c| c == 'p')
         );
+        assert!(lines[2].contains(&format!("{}…", "t".repeat(TYPE_WIDTH - 1))));
+        // The row ids are right-aligned.
+        assert!(lines[1].starts_with("           7  "), "{text}");
     }
 }

@@ -18,7 +18,8 @@ use serde::Serialize;
 use super::support::{count, human};
 use super::{database, Global};
 use crate::args::parse_duration;
-use crate::exit::Exit;
+use crate::config::{alerts, Config};
+use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd doctor --help`.
 pub const EXAMPLES: &str = "\
@@ -34,12 +35,15 @@ Opens the database read-only and changes nothing, so it is safe on a file
 that is in use, damaged, or not yours to write. Exits 0 when no finding is
 an error (warnings and notes allowed), 1 otherwise.
 
-With --config, the sinks that can be asked are checked too: a nats sink's
-stream, and its duplicate window against the consumer's retry schedule.
+With --config (or OUTBOXD_CONFIG), the database and --stale-after are the
+config's (`database`, [alerts] stale_after); --db, OUTBOXD_DB and
+--stale-after win over it. The sinks that can be asked are checked too: a
+nats sink's stream, and its duplicate window against the consumer's retry
+schedule.
 
 Examples:
   outboxd --db app.db doctor
-  outboxd --db app.db doctor --config /etc/outboxd/outboxd.toml
+  outboxd doctor --config /etc/outboxd/outboxd.toml
   outboxd --db app.db doctor --json | jq '.findings[] | select(.severity != \"ok\")'";
 
 /// Above this the WAL file is reported: a reader holding a snapshot keeps
@@ -57,12 +61,14 @@ pub struct Args {
     /// integrity_check.
     #[arg(long)]
     quick: bool,
-    /// Warn when the oldest due event has waited longer than this.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "5m")]
-    stale_after: Duration,
-    /// Also check the sinks of this config that can be asked (a nats sink:
-    /// its stream, and its duplicate window against the retry schedule).
-    #[arg(long, value_name = "FILE")]
+    /// Warn when the oldest due event has waited longer than this
+    /// [default: the config's alerts.stale_after, else 5m].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    stale_after: Option<Duration>,
+    /// Take the database and alerts.stale_after from this config file, and
+    /// check its sinks that can be asked (a nats sink: its stream, and its
+    /// duplicate window against the retry schedule).
+    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
     config: Option<std::path::PathBuf>,
 }
 
@@ -134,19 +140,37 @@ impl Finding {
 
 /// Runs every check and prints the findings.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    let (conn, mode) = database::for_inspection(&global.db)?;
-    let mut findings = examine(&conn, mode, &global.db, args, Timestamp::now());
+    // The database and the thresholds are resolved as `status` resolves them.
+    let mut unreadable = None;
+    let (db, mut alerts) = match args.config.as_deref().map(Config::load_without_sinks) {
+        None => (global.db.clone(), alerts::without_config()),
+        Some(Ok(c)) => (global.db_with_config(c.database.as_deref()), c.alerts),
+        // Unreadable, the config cannot name the database: only --db can.
+        Some(Err(e)) if global.db_explicit => {
+            unreadable = Some(Finding::new(CONFIG, Severity::Error, e.to_string()));
+            (global.db.clone(), alerts::without_config())
+        }
+        Some(Err(e)) => return Err(Failure::config(e.to_string()).into()),
+    };
+    if let Some(d) = args.stale_after {
+        alerts.stale_after = d;
+    }
+    let (conn, mode) = database::for_inspection(&db)?;
+    let now = Timestamp::now();
+    let mut findings = examine(&conn, mode, &db, args.quick, alerts.stale_after, now);
     if let Some(note) = database::read_mode_note(mode) {
         findings.push(Finding::new("read-mode", Severity::Note, note));
     }
-    if let Some(file) = &args.config {
-        findings.extend(sinks(file));
+    match (unreadable, &args.config) {
+        (Some(finding), _) => findings.push(finding),
+        (None, Some(file)) => findings.extend(sinks(file)),
+        (None, None) => {}
     }
     let healthy = findings.iter().all(|f| f.severity < Severity::Error);
     let mut out = std::io::stdout().lock();
     if args.json {
         let value = serde_json::json!({
-            "database": global.db.display().to_string(),
+            "database": db.display().to_string(),
             "healthy": healthy,
             "findings": findings,
         });
@@ -162,11 +186,12 @@ fn examine(
     conn: &Connection,
     mode: ReadMode,
     db: &Path,
-    args: &Args,
+    quick: bool,
+    stale_after: Duration,
     now: Timestamp,
 ) -> Vec<Finding> {
     let mut findings = vec![
-        integrity(conn, args.quick, db),
+        integrity(conn, quick, db),
         journal_mode(conn, mode),
         wal_size(db),
         synchronous(),
@@ -175,20 +200,24 @@ fn examine(
     let current = schema.severity == Severity::Ok;
     findings.insert(1, schema);
     if current {
-        findings.extend(outbox(conn, args.stale_after, now));
+        findings.extend(outbox(conn, stale_after, now));
         findings.push(open_intents(conn, now));
         findings.extend(captures(conn, now));
     }
     findings
 }
 
+/// The check a config file that cannot be read or used is reported under.
+const CONFIG: &str = "config";
+
 /// What the config's sinks say about their destinations (see
-/// `Sink::probe`).
+/// `Sink::probe`); a config whose consumers or sinks cannot be built is a
+/// "config" finding.
 fn sinks(file: &Path) -> Vec<Finding> {
     const CHECK: &str = "sink";
-    let config = match crate::config::Config::load(file) {
+    let config = match Config::load(file) {
         Ok(c) => c,
-        Err(e) => return vec![Finding::new(CHECK, Severity::Error, e.to_string())],
+        Err(e) => return vec![Finding::new(CONFIG, Severity::Error, e.to_string())],
     };
     let lease = config.relay.lease;
     let mut findings = Vec::new();

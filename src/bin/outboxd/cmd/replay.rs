@@ -18,13 +18,13 @@ pub const EXAMPLES: &str = "\
 Forgets that the consumer had the selected events and puts them back in the
 queue, due now; a running relay then delivers them to that consumer only,
 even where another consumer lacks the event (one added since, say), and a
-replayed dead letter goes back to the dead letters with its reason. Only events the consumer had
-delivered, and whose rows are not purged, can be replayed. Filters combine
-with AND; name at least one, or --all for everything the consumer had.
-Prints how many events were put back. Shows a progress bar on a terminal.
-A consumer name the database has never seen (no delivery recorded) is an
-error listing the names it knows, exit 5; with --config, the config's
-consumers are known too.
+replayed dead letter goes back to the dead letters with its reason. Only
+events the consumer had delivered, and whose rows are not purged, can be
+replayed. Filters combine with AND; name at least one, or --all for
+everything the consumer had. Prints how many events were put back. Shows a
+progress bar on a terminal. A consumer name the database does not know (no
+delivery recorded, no replay pending) is an error listing the names it
+knows, exit 5; with --config, the config's consumers are known too.
 
 Examples:
   outboxd --db app.db replay --consumer search-index --type 'article.*.v1' \\
@@ -93,6 +93,14 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let mut progress = Progress::stderr();
     let n = replay_with_progress(&mut conn, &filter, Timestamp::now(), |done, total| {
         progress.show(&format!("replaying {}", bar(done, total)));
+    })
+    .map_err(|e| match e {
+        // Without --config only the database's records name consumers.
+        e @ outboxd::Error::UnknownConsumer { .. } if args.config.is_none() => Failure::input(
+            format!("{e}; --config FILE makes the configured consumers known"),
+        )
+        .into(),
+        e => anyhow::Error::from(e),
     })?;
     progress.finish();
     writeln!(

@@ -271,6 +271,27 @@ impl<'de, const LO: u64, const HI: u64> Deserialize<'de> for Whole<LO, HI> {
                     Err(_) => Err(E::invalid_value(serde::de::Unexpected::Signed(n), &self)),
                 }
             }
+            // TOML hands over a number past 64 bits as 128 bits: out of
+            // range, said with the number as written.
+            fn visit_i128<E: serde::de::Error>(self, n: i128) -> Result<Self::Value, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(too_large(n, &self)),
+                }
+            }
+            fn visit_u128<E: serde::de::Error>(self, n: u128) -> Result<Self::Value, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(too_large(n, &self)),
+                }
+            }
+        }
+        fn too_large<E: serde::de::Error>(
+            n: impl std::fmt::Display,
+            expected: &dyn serde::de::Expected,
+        ) -> E {
+            let found = format!("integer `{n}`");
+            E::invalid_value(serde::de::Unexpected::Other(&found), expected)
         }
         d.deserialize_u64(Visitor::<LO, HI>)
     }
@@ -346,6 +367,12 @@ fn in_words(message: &str) -> String {
     let Some((found, expected)) = rest.rsplit_once(", expected ") else {
         return message.to_string();
     };
+    // A number past 64 bits reaches serde as 128 bits, "integer `N` as
+    // i128": for a whole-number setting, a value out of range.
+    let wide = found
+        .strip_suffix(" as i128")
+        .or_else(|| found.strip_suffix(" as u128"));
+    let found = wide.unwrap_or(found);
     let whole = |lo: &str, hi: &str| format!("a whole number from {lo} to {hi}");
     let want = match expected {
         "u8" => whole("0", "255"),
@@ -366,7 +393,7 @@ fn in_words(message: &str) -> String {
             .and_then(|s| s.split_once(" `"))
             .map(|(_, n)| n.to_string())
     };
-    if is_value {
+    if is_value || (wide.is_some() && want.starts_with("a whole number")) {
         if let Some(n) = found
             .starts_with("integer `")
             .then(|| number(found))
@@ -751,13 +778,12 @@ fn setting_error(c: &Checker<'_>, e: &SettingError) -> ConfigError {
         | Setting::Lease
         | Setting::PollInterval => format!("relay.{name}"),
         Setting::StaleAfter => format!("alerts.{name}"),
+        // The library's reason speaks of registering; a config adds a block.
         Setting::Consumers => {
             return c.err(
                 "consumer",
-                format!(
-                    "{}; add a [[consumer]] with a name, types and a [consumer.sink]",
-                    e.reason()
-                ),
+                "the config has no consumer; add a [[consumer]] with a name, types and a \
+                 [consumer.sink]",
             )
         }
         Setting::ConsumerName => format!("{}.name", consumer.unwrap_or_default()),
@@ -816,6 +842,16 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_config_without_consumers_says_in_one_sentence_what_to_add() {
+        let shown = parse("[relay]\nworkers = 1\n").unwrap_err().to_string();
+        assert_eq!(
+            shown,
+            "config /etc/outboxd/outboxd.toml: consumer: the config has no consumer; add a \
+             [[consumer]] with a name, types and a [consumer.sink]"
+        );
+    }
+
+    #[test]
     fn errors_name_the_field_path_and_line() {
         let text = format!("{STDOUT}[[consumer]]\nname = \"b\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = 7\n");
         let e = parse(&text).unwrap_err();
@@ -847,6 +883,21 @@ pub(crate) mod tests {
                 "99999999999 is out of range; expected a whole number from 1 to 1000",
             ),
             (
+                "[relay]\nworkers = 99999999999999999999",
+                "relay.workers",
+                "99999999999999999999 is out of range; expected a whole number from 1 to 1024",
+            ),
+            (
+                "[retry]\nmax_attempts = -99999999999999999999",
+                "retry.max_attempts",
+                "-99999999999999999999 is out of range; expected a whole number from 1 to 1000",
+            ),
+            (
+                "[alerts]\nmax_dead = 99999999999999999999",
+                "alerts.max_dead",
+                "99999999999999999999 is out of range; expected a whole number (0 or more)",
+            ),
+            (
                 "[retry]\nmax_attempts = \"ten\"",
                 "retry.max_attempts",
                 "expected a whole number from 1 to 1000, found the text \"ten\"",
@@ -870,6 +921,11 @@ pub(crate) mod tests {
                 "[relay]\nlease = 30",
                 "relay.lease",
                 "expected a duration in quotes, such as \"30s\", found the whole number 30",
+            ),
+            (
+                "[purge]\nenabled = 99999999999999999999",
+                "purge.enabled",
+                "expected true or false, found the whole number 99999999999999999999",
             ),
             (
                 "[purge]\nenabled = 1",
