@@ -211,6 +211,81 @@ fn jsonl_write_errors_are_retries() {
     );
 }
 
+/// The event ids of the lines in `path`, in order.
+fn jsonl_ids(path: &Path) -> Vec<EventId> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Envelope>(l).unwrap().event_id)
+        .collect()
+}
+
+#[test]
+fn jsonl_writes_to_a_new_file_at_the_path_after_a_rotation_by_move() {
+    // logrotate without copytruncate: the file is moved away (and later
+    // deleted); the next line must go to a new file at the path, not into
+    // the moved one and then into nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.jsonl");
+    let rotated = dir.path().join("q.jsonl.1");
+    let sink = JsonlSink::file(&path, true).unwrap();
+    let (a, b, c) = (delivery("1"), delivery("2"), delivery("3"));
+    assert_eq!(sink.deliver(&a), Outcome::Delivered);
+    std::fs::rename(&path, &rotated).unwrap();
+    assert_eq!(sink.deliver(&b), Outcome::Delivered);
+    assert_eq!(jsonl_ids(&rotated), [a.envelope.event_id]);
+    assert_eq!(jsonl_ids(&path), [b.envelope.event_id]);
+    std::fs::remove_file(&rotated).unwrap();
+    assert_eq!(sink.deliver(&c), Outcome::Delivered);
+    assert_eq!(jsonl_ids(&path), [b.envelope.event_id, c.envelope.event_id]);
+}
+
+#[test]
+fn jsonl_recreates_a_deleted_file_and_appends_to_a_replaced_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.jsonl");
+    let sink = JsonlSink::file(&path, false).unwrap();
+    let (a, b, c) = (delivery("1"), delivery("2"), delivery("3"));
+    assert_eq!(sink.deliver(&a), Outcome::Delivered);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(sink.deliver(&b), Outcome::Delivered);
+    assert_eq!(jsonl_ids(&path), [b.envelope.event_id]);
+    // Created as at the start: mode 0666 less the umask, as the first one.
+    let first = std::fs::metadata(&path).unwrap().permissions().mode();
+    std::fs::remove_file(&path).unwrap();
+    drop(JsonlSink::file(&path, false).unwrap());
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode(),
+        first
+    );
+
+    // Another file moved into place is appended to, never truncated.
+    let other = dir.path().join("other");
+    std::fs::write(&other, format!("{}\n", a.envelope.to_json())).unwrap();
+    std::fs::rename(&other, &path).unwrap();
+    assert_eq!(sink.deliver(&c), Outcome::Delivered);
+    assert_eq!(jsonl_ids(&path), [a.envelope.event_id, c.envelope.event_id]);
+}
+
+#[test]
+fn jsonl_retries_while_the_directory_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("log");
+    std::fs::create_dir(&sub).unwrap();
+    let path = sub.join("events.jsonl");
+    let sink = JsonlSink::file(&path, true).unwrap();
+    let (a, b) = (delivery("1"), delivery("2"));
+    assert_eq!(sink.deliver(&a), Outcome::Delivered);
+    std::fs::remove_dir_all(&sub).unwrap();
+    let reason = retry_reason(sink.deliver(&b));
+    assert!(reason.contains(&*path.to_string_lossy()), "{reason}");
+    assert!(reason.contains("directory must exist"), "{reason}");
+    // Once the directory is back, the retry writes the line there.
+    std::fs::create_dir(&sub).unwrap();
+    assert_eq!(sink.deliver(&b), Outcome::Delivered);
+    assert_eq!(jsonl_ids(&path), [b.envelope.event_id]);
+}
+
 // ---------------------------------------------------------------- command
 
 /// A shell script run as `/bin/sh <script>`: the shell is the program under

@@ -1,7 +1,7 @@
 //! The JSON-lines sink: one envelope per line, to stdout, a file or any writer.
 
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::{self, File, Metadata, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -43,6 +43,21 @@ pub enum JsonlError {
 /// Deliveries from several worker threads are serialised by a mutex, so a
 /// line never interleaves with another.
 ///
+/// A file sink survives log rotation. Before each line it checks (one
+/// `stat`) that its path still names the open file; when the file was moved
+/// away, deleted or replaced, it opens the path again, creating the file as
+/// at the start, so the line goes to the file now at the path. A line
+/// written just as the file is moved lands in the moved file (logrotate's
+/// default `create` mode keeps it); one written to a file deleted in that
+/// instant is detected after the write (the open file has no name left) and
+/// retried into the new file, never reported delivered. While the path
+/// cannot be opened (its directory is gone) each delivery is a retry saying
+/// so. `copytruncate` keeps the same file: the sink appends (`O_APPEND`), so
+/// after the truncation lines go to the start of the emptied file, but lines
+/// written between logrotate's copy and its truncation are lost although
+/// delivered; rotate by moving instead. (On Unix; elsewhere the file is only
+/// reopened when its path is missing.)
+///
 /// ```
 /// use outboxd::sinks::JsonlSink;
 /// # let dir = tempfile::tempdir().unwrap();
@@ -61,12 +76,7 @@ pub struct JsonlSink {
 
 enum Target {
     Stdout,
-    File {
-        file: File,
-        /// A failed write may have left part of a line behind that could not
-        /// be cut off again; the next line then starts on a fresh line.
-        dirty: bool,
-    },
+    File(LogFile),
     Writer(Box<dyn Write + Send>),
 }
 
@@ -83,18 +93,16 @@ impl JsonlSink {
 
     /// Appends to `path`, creating it if missing. With `fsync`, each line is
     /// synced to disk (`sync_data`) before the delivery counts as done.
+    /// When the file is moved away or deleted later (log rotation), the
+    /// next line goes to a new file at `path` (see above).
     pub fn file(path: impl AsRef<Path>, fsync: bool) -> Result<JsonlSink, JsonlError> {
         let path = path.as_ref();
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|source| JsonlError::Open {
-                path: path.to_path_buf(),
-                source,
-            })?;
+        let file = LogFile::open(path).map_err(|source| JsonlError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Ok(JsonlSink {
-            target: Mutex::new(Target::File { file, dirty: false }),
+            target: Mutex::new(Target::File(file)),
             fsync,
             delivery_fields: false,
             label: path.display().to_string(),
@@ -159,26 +167,135 @@ impl JsonlSink {
                 w.write_all(line)?;
                 w.flush()
             }
-            Target::File { file, dirty } => {
-                if *dirty {
-                    file.write_all(b"\n")?;
-                    *dirty = false;
-                }
-                let before = file.metadata().map(|m| m.len()).ok();
-                let result = file.write_all(line).and_then(|()| file.flush());
-                let result = match result {
-                    Ok(()) if self.fsync => file.sync_data(),
-                    other => other,
-                };
-                if result.is_err() {
-                    // Cut off a partial line so readers never see half an
-                    // envelope; when that fails too, start the next one afresh.
-                    let cut = before.map(|len| file.set_len(len).is_ok());
-                    *dirty = cut != Some(true);
-                }
-                result
+            Target::File(f) => f.write_line(line, self.fsync),
+        }
+    }
+}
+
+/// The file a file sink appends to, and the path it keeps following.
+struct LogFile {
+    /// Absolute, so a later change of the working directory changes nothing.
+    path: PathBuf,
+    file: File,
+    /// The open file's identity, to tell whether `path` still names it.
+    id: FileId,
+    /// A failed write may have left part of a line behind that could not be
+    /// cut off again; the next line then starts on a fresh line.
+    dirty: bool,
+}
+
+impl LogFile {
+    /// Opens `path` for appending, creating it if missing (mode 0666 less
+    /// the umask), at the start and after each rotation alike.
+    fn open(path: &Path) -> io::Result<LogFile> {
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        let id = FileId::of(&file.metadata()?);
+        Ok(LogFile {
+            path,
+            file,
+            id,
+            dirty: false,
+        })
+    }
+
+    /// Makes the open file the one at the path, reopening the path when it
+    /// is missing or names another file, and returns the file's length.
+    fn follow_path(&mut self) -> io::Result<Option<u64>> {
+        if let Ok(m) = fs::metadata(&self.path) {
+            if FileId::of(&m) == self.id {
+                return Ok(Some(m.len()));
             }
         }
+        *self = LogFile::open(&self.path).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "the file was moved or deleted and cannot be created again: {e} (its directory must exist and be writable)"
+                ),
+            )
+        })?;
+        tracing::info!(
+            path = %self.path.display(),
+            "the JSON-lines file was moved or deleted; writing to a new file at its path"
+        );
+        Ok(self.file.metadata().map(|m| m.len()).ok())
+    }
+
+    fn write_line(&mut self, line: &[u8], fsync: bool) -> io::Result<()> {
+        let mut before = self.follow_path()?;
+        if self.dirty {
+            self.file.write_all(b"\n")?;
+            self.dirty = false;
+            before = self.file.metadata().map(|m| m.len()).ok();
+        }
+        let file = &mut self.file;
+        let result = file.write_all(line).and_then(|()| file.flush());
+        let result = match result {
+            Ok(()) if fsync => file.sync_data(),
+            other => other,
+        };
+        match result {
+            // Deleted between the check and the write: the line is in a file
+            // nobody can open any more. The retry writes it at the path.
+            Ok(()) if !still_linked(file)? => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the file was deleted while the line was written; it is written again to a new file at the path",
+            )),
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Cut off a partial line so readers never see half an
+                // envelope; when that fails too, start the next one afresh.
+                // A file truncated meanwhile (copytruncate) is not lengthened.
+                let cut = before.map(|len| {
+                    file.metadata().is_ok_and(|m| m.len() >= len) && file.set_len(len).is_ok()
+                });
+                self.dirty = cut != Some(true);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// What tells two files apart: device and inode on Unix. Elsewhere every
+/// file looks alike, so a file is reopened only when its path is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    #[cfg(unix)]
+    dev: u64,
+    #[cfg(unix)]
+    ino: u64,
+}
+
+impl FileId {
+    fn of(m: &Metadata) -> FileId {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            FileId {
+                dev: m.dev(),
+                ino: m.ino(),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = m;
+            FileId {}
+        }
+    }
+}
+
+/// Whether the open file still has a name (a deleted file has none).
+fn still_linked(file: &File) -> io::Result<bool> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Ok(file.metadata()?.nlink() > 0)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        Ok(true)
     }
 }
 
@@ -248,7 +365,20 @@ fn one_line(json: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::one_line;
+    use super::{one_line, still_linked};
+
+    #[cfg(unix)]
+    #[test]
+    fn a_deleted_open_file_is_no_longer_linked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let file = std::fs::File::create(&path).unwrap();
+        let moved = dir.path().join("events.jsonl.1");
+        std::fs::rename(&path, &moved).unwrap();
+        assert!(still_linked(&file).unwrap());
+        std::fs::remove_file(&moved).unwrap();
+        assert!(!still_linked(&file).unwrap());
+    }
 
     #[test]
     fn one_line_keeps_the_value_and_drops_the_layout() {
