@@ -71,12 +71,7 @@ fn a_retry_reruns_only_the_failed_consumer_after_backoff() {
 fn a_retry_of_a_foreign_row_reruns_only_the_failed_consumer() {
     for event_id in [Some(EventId::new().to_string().to_lowercase()), None] {
         retry_reruns_only_the_failed_consumer(|db| {
-            db.conn()
-                .execute(
-                    "INSERT INTO event_outbox (event_id, event_type, payload) VALUES (?1, 'a.b.v1', '{}')",
-                    [&event_id],
-                )
-                .unwrap();
+            insert_foreign(db, &event_id);
         });
     }
 }
@@ -801,12 +796,7 @@ fn dedup_holds_for_an_event_id_written_in_lower_case() {
         db.count("status = 'delivered'") == 1
     });
     // A foreign producer re-sends the same event, spelling its id in lower case.
-    db.conn()
-        .execute(
-            "INSERT INTO event_outbox (event_id, event_type, payload) VALUES (?1, 'a.b.v1', '{}')",
-            [id.to_string().to_lowercase()],
-        )
-        .unwrap();
+    insert_foreign(&db, id.to_string().to_lowercase());
     relay.notify();
     wait_until("twin settled", LONG, || {
         db.count("status = 'delivered'") == 2
@@ -827,12 +817,7 @@ fn three_rows_of_one_event_are_all_finished_without_another_commit() {
     let rec = Recorder::default();
     let id = outboxd::EventId::new().to_string();
     for spelling in [id.clone(), id.to_lowercase(), id.clone()] {
-        db.conn()
-            .execute(
-                "INSERT INTO event_outbox (event_id, event_type, payload) VALUES (?1, 'a.b.v1', '{}')",
-                [spelling],
-            )
-            .unwrap();
+        insert_foreign(&db, spelling);
     }
     let relay = db.relay().consumer("a", ["*"], rec.consumer()).started();
     wait_until("all three rows finished", LONG, || {
@@ -872,6 +857,17 @@ fn an_ordering_key_goes_on_past_a_row_the_claim_dead_letters() {
     }
 }
 
+/// Inserts a row of type `a.b.v1` as a foreign producer writes it, with
+/// `event_id` as given (any spelling, or NULL for a legacy row).
+fn insert_foreign(db: &TestDb, event_id: impl rusqlite::ToSql) {
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload) VALUES (?1, 'a.b.v1', '{}')",
+            [event_id],
+        )
+        .unwrap();
+}
+
 /// Deliveries per (consumer, event id) of a recorder.
 fn per_id(rec: &Recorder) -> std::collections::HashMap<outboxd::EventId, usize> {
     let mut n = std::collections::HashMap::new();
@@ -894,12 +890,7 @@ fn two_rows_of_one_event_in_one_batch_reach_each_consumer_once() {
     let first = event("a.b.v1", 1);
     let id = first.id();
     db.enqueue(&[first, event("a.b.v1", 2)]);
-    db.conn()
-        .execute(
-            "INSERT INTO event_outbox (event_id, event_type, payload) VALUES (?1, 'a.b.v1', '{}')",
-            [id.to_string().to_lowercase()],
-        )
-        .unwrap();
+    insert_foreign(&db, id.to_string().to_lowercase());
     let relay = db
         .relay()
         .consumer("a", ["*"], a.consumer())
