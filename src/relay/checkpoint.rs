@@ -15,19 +15,32 @@
 //! A checkpoint that runs beside a writer copies the pages committed before
 //! it started, and SQLite starts the WAL over only at a transaction that
 //! began with every page copied: while commits keep coming, the thread's
-//! checkpoints alone never get there. So at [`CHECKPOINT_INLINE_AT`] pages,
-//! SQLite's own threshold, the writer still checkpoints in its commit, as
-//! SQLite would have; by then the thread has copied nearly every page, so
-//! the writer's checkpoint copies only those committed since, and the WAL
-//! starts over (without it, a test's WAL reached 88,000 pages). Only one
-//! connection may checkpoint at a time (another gets SQLITE_BUSY at once),
-//! so the writer's commits past that size stop waking the thread: it
-//! finishes the checkpoint it is in (and at most one more, asked before),
-//! and the writer's next commit gets the lock. What the writer commits
-//! meanwhile can be much (a checkpoint ends with two fsyncs; a test
-//! committing without a pause saw 12,000 pages), so at [`CHECKPOINT_WAIT_AT`]
-//! pages the writer waits for the thread's checkpoint to end and runs its
-//! own: the WAL never holds much more than that.
+//! passive checkpoints alone never get there. So once a passive checkpoint
+//! has copied every page of a WAL past [`RESTART_AT`] pages, the thread
+//! runs a RESTART checkpoint, which takes the write lock for as long as it
+//! copies the pages committed meanwhile (and syncs them), and starts the
+//! WAL over. Without it, beside a host committing 1,000 times a second
+//! (each commit followed by the relay's claim), a commit always came
+//! between a checkpoint and the next transaction: the WAL stayed past
+//! 1,000 pages for hundreds of commits, the writer checkpointed in every
+//! one of them (below), and that was the pick-up's p99 (1.7 ms against
+//! 0.5 ms with the restart, BENCHMARKS.md, section 3).
+//!
+//! Should the restart find a reader or the lock in the way, the writer
+//! still checkpoints in its own commit at [`CHECKPOINT_INLINE_AT`] pages,
+//! SQLite's own threshold, as SQLite would have: by then the thread has
+//! copied nearly every page, so that checkpoint copies only those committed
+//! since, and when the relay is the only writer its next transaction begins
+//! with every page copied and the WAL starts over (without it, a test's WAL
+//! reached 88,000 pages). Only one connection may checkpoint at a time
+//! (another gets SQLITE_BUSY at once), so the writer's commits past that
+//! size stop waking the thread: it finishes the checkpoint it is in (and at
+//! most one more, asked before), and the writer's next commit gets the
+//! lock. What the writer commits meanwhile can be much (a checkpoint ends
+//! with two fsyncs; a test committing without a pause saw 12,000 pages), so
+//! at [`CHECKPOINT_WAIT_AT`] pages the writer waits for the thread's
+//! checkpoint to end and runs its own: the WAL never holds much more than
+//! that.
 //!
 //! Under glibc the thread costs a malloc arena's 64 MB of address space
 //! (SQLite allocates while checkpointing), which matters only under an
@@ -57,6 +70,12 @@ use crate::error::{Error, Result};
 /// 5). The price is more writes to the database file: a page changed often
 /// is copied back once per checkpoint.
 pub(crate) const CHECKPOINT_AT: c_int = 100;
+
+/// WAL pages past which the thread, once a checkpoint has copied every
+/// page, starts the WAL over itself (see [`restart`] and the module's
+/// documentation): half SQLite's threshold, so it does so before the writer
+/// would have to.
+pub(crate) const RESTART_AT: c_int = 500;
 
 /// WAL pages at which the writer checkpoints in its own commit, to let the
 /// WAL start over (see the module's documentation): SQLite's default
@@ -91,6 +110,9 @@ struct Shared {
     /// Checkpoints the thread ran (read by the tests).
     #[cfg_attr(not(test), allow(dead_code))]
     done: AtomicU64,
+    /// Times the thread started the WAL over (read by the tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    restarts: AtomicU64,
     /// The most pages the WAL held after a writer's commit (read by the
     /// tests).
     #[cfg_attr(not(test), allow(dead_code))]
@@ -111,6 +133,12 @@ impl Checkpointer {
     ) -> Result<Checkpointer> {
         let conn = crate::connection::open(path)?;
         crate::connection::small_cache(&conn)?;
+        // The thread never waits for a lock: a passive checkpoint takes none
+        // that a busy handler would wait for, and a restart that finds the
+        // lock taken is tried again at the next wake-up.
+        conn.busy_timeout(Duration::ZERO).map_err(Error::db(
+            "turn off the checkpoint connection's busy handler",
+        ))?;
         let (wake, woken) = crossbeam_channel::bounded::<()>(1);
         let shared = Arc::new(Shared::default());
         let thread = {
@@ -118,8 +146,11 @@ impl Checkpointer {
             spawn(Box::new(move || {
                 for () in woken {
                     match conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
-                        Ok(_) => {
+                        Ok((pages, copied)) => {
                             shared.done.fetch_add(1, Ordering::Relaxed);
+                            if pages >= RESTART_AT && copied == pages {
+                                restart(&conn, &shared);
+                            }
                         }
                         Err(e) => tracing::debug!(error = %e, "checkpoint failed; will retry"),
                     }
@@ -170,6 +201,12 @@ impl Checkpointer {
         self.shared.done.load(Ordering::Relaxed)
     }
 
+    /// Times the thread started the WAL over.
+    #[cfg(test)]
+    fn restarts(&self) -> u64 {
+        self.shared.restarts.load(Ordering::Relaxed)
+    }
+
     /// The WAL's pages after the writer's last commit.
     #[cfg(test)]
     fn pages(&self) -> i32 {
@@ -197,6 +234,23 @@ impl Checkpointer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// Starts the WAL over, after a passive checkpoint copied every page it
+/// found: a RESTART checkpoint takes the write lock (or, finding it taken,
+/// does nothing more than a passive one), copies the few pages committed
+/// since, and lets the next commit write from the WAL's start. The write
+/// lock is held for that copy and its fsync only; a writer that finds it
+/// taken waits in its busy handler as for any other writer.
+fn restart(conn: &Connection, shared: &Shared) {
+    match conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::RESTART) {
+        Ok(_) => {
+            shared.restarts.fetch_add(1, Ordering::Relaxed);
+        }
+        // A writer or a reader of older pages was there: the next wake-up
+        // tries again.
+        Err(e) => tracing::trace!(error = %e, "cannot start the WAL over yet"),
     }
 }
 
@@ -278,5 +332,62 @@ mod tests {
             .query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0))
             .unwrap();
         assert_eq!(auto, 1000, "stop restores SQLite's auto-checkpoint");
+    }
+
+    /// Beside another connection committing as often as the writer, the
+    /// WAL still starts over before the writer has to checkpoint in its
+    /// own commits: the thread's passive checkpoints alone never find a
+    /// moment with every page copied (a commit always lands during their
+    /// fsync), its restart makes one.
+    #[test]
+    fn beside_a_busy_host_the_wal_starts_over_before_the_writer_must_checkpoint() {
+        let (dir, mut writer) = crate::schema::test_db();
+        let path = dir.path().join("test.db");
+        writer
+            .execute_batch("CREATE TABLE t (x BLOB); CREATE TABLE h (x BLOB)")
+            .unwrap();
+        let checkpointer = Checkpointer::start(&path, &mut writer, spawn).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let host = {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let host = crate::connection::open(&path).unwrap();
+                host.execute_batch("PRAGMA synchronous = NORMAL").unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    host.execute("INSERT INTO h VALUES (zeroblob(3000))", [])
+                        .unwrap();
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+            })
+        };
+        writer.execute_batch("PRAGMA synchronous = NORMAL").unwrap();
+        // Commit until the WAL has passed RESTART_AT and then started
+        // over, or has reached the size where the writer checkpoints.
+        let (mut passed, mut started_over) = (false, false);
+        for _ in 0..100_000 {
+            writer
+                .execute("INSERT INTO t VALUES (zeroblob(3000))", [])
+                .unwrap();
+            let pages = checkpointer.pages();
+            if pages >= CHECKPOINT_INLINE_AT {
+                break;
+            }
+            passed |= pages >= RESTART_AT;
+            if passed && pages < RESTART_AT {
+                started_over = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        stop.store(true, Ordering::Relaxed);
+        host.join().unwrap();
+        assert!(passed, "the WAL never reached {RESTART_AT} pages");
+        assert!(
+            started_over,
+            "the WAL reached {} pages before starting over ({} restarts)",
+            checkpointer.pages(),
+            checkpointer.restarts()
+        );
+        checkpointer.stop(&mut writer);
     }
 }
