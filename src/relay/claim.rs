@@ -111,17 +111,23 @@ pub(crate) fn claim(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let ids = id_list(ids);
+    let list = id_list(ids.iter().copied());
     let mut claimed = Vec::with_capacity(limit);
     let mut stmt = conn.prepare_cached(READ_CLAIMED)?;
-    let mut rows = stmt.query([&ids])?;
+    let mut rows = stmt.query([&list])?;
     while let Some(r) = rows.next()? {
         claimed.push(read_claimed(r)?);
     }
     drop(rows);
-    let stamped =
-        conn.prepare_cached(STAMP)?
-            .execute(params![token, lease_until.as_millis(), ids])?;
+    let lease_until = lease_until.as_millis();
+    let stamped = match ids[..] {
+        [id] => conn
+            .prepare_cached(STAMP_ONE)?
+            .execute(params![token, lease_until, id])?,
+        _ => conn
+            .prepare_cached(STAMP)?
+            .execute(params![token, lease_until, list])?,
+    };
     // The same ids in the same transaction: every row read is stamped.
     debug_assert_eq!(stamped, claimed.len());
     claimed.sort_by_key(|c| c.row_id);
@@ -192,12 +198,25 @@ const READ_CLAIMED: &str = concat!(
        FROM rarray(?1) AS c CROSS JOIN event_outbox ON id = c.value"
 );
 
-/// Stamps the claim on the rows of the id list ?3: ?1 the token, ?2 the
-/// lease's end, which is also when the row is next due. (`UPDATE … FROM
+/// Stamps the claim: ?1 the token, ?2 the lease's end, which is also when
+/// the row is next due.
+macro_rules! stamp_sql {
+    () => {
+        "UPDATE event_outbox SET claim_token = ?1, lease_until = ?2, available_at = ?2"
+    };
+}
+
+/// [`stamp_sql!`] on the rows of the id list ?3. (`UPDATE … FROM
 /// rarray(?3)` costs more: an UPDATE collects the rows it changes first
 /// whatever the form.)
-const STAMP: &str = "UPDATE event_outbox SET claim_token = ?1, lease_until = ?2, available_at = ?2
-      WHERE id IN rarray(?3)";
+const STAMP: &str = concat!(stamp_sql!(), " WHERE id IN rarray(?3)");
+
+/// [`stamp_sql!`] on the one row ?3. An UPDATE over `IN rarray(?)` builds
+/// two temporary b-trees (the list's values and the rows it changes)
+/// whatever the list's length: for one row, 9.5 µs against 2.4 µs by
+/// `id = ?`, and one row is every claim of a relay that keeps up with its
+/// producers (BENCHMARKS.md, section 3, "one-row statements").
+const STAMP_ONE: &str = concat!(stamp_sql!(), " WHERE id = ?3");
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
     let raw = RawRow::read(r, 0)?;
@@ -272,7 +291,8 @@ pub(crate) fn finish_delivered(
 /// row id and the claim token it must still carry). Returns the ids whose
 /// fence held. One [`FINISH_DELIVERED`] per run of rows with one token
 /// (the rows of one claim): ~1.5 k instructions per row less than one
-/// execution per row (BENCHMARKS.md, section 2, "seventh round").
+/// execution per row (BENCHMARKS.md, section 2, "seventh round"); a run of
+/// one row takes [`FINISH_DELIVERED_ONE`].
 pub(crate) fn finish_delivered_many(
     conn: &Connection,
     rows: &[(i64, &str)],
@@ -284,6 +304,16 @@ pub(crate) fn finish_delivered_many(
     }
     let mut stmt = conn.prepare_cached(FINISH_DELIVERED)?;
     for run in rows.chunk_by(|a, b| a.1 == b.1) {
+        if let [(id, token)] = *run {
+            if fenced(
+                conn,
+                FINISH_DELIVERED_ONE,
+                params![id, token, now.as_millis()],
+            )? {
+                kept.push(id);
+            }
+            continue;
+        }
         let ids = id_list(run.iter().map(|&(id, _)| id));
         let mut done = stmt.query(params![ids, run[0].1, now.as_millis()])?;
         while let Some(r) = done.next()? {
@@ -293,15 +323,31 @@ pub(crate) fn finish_delivered_many(
     Ok(kept)
 }
 
-/// Finishes the rows of the id list ?1 that still carry the token ?2 and
-/// are pending (the fence), as of ?3; returns the ids of the rows it
-/// finished.
-const FINISH_DELIVERED: &str = "UPDATE event_outbox
-    SET status = coalesce(status_before_replay, 'delivered'), finished_at = ?3,
-        claim_token = NULL, lease_until = NULL,
-        replay_consumers = NULL, status_before_replay = NULL
-  WHERE id IN rarray(?1) AND claim_token = ?2 AND status = 'pending'
-  RETURNING id";
+/// Finishes a delivered row as of ?3.
+macro_rules! finish_delivered_sql {
+    () => {
+        "UPDATE event_outbox
+            SET status = coalesce(status_before_replay, 'delivered'), finished_at = ?3,
+                claim_token = NULL, lease_until = NULL,
+                replay_consumers = NULL, status_before_replay = NULL"
+    };
+}
+
+/// [`finish_delivered_sql!`] on the rows of the id list ?1 that still
+/// carry the token ?2 and are pending (the fence); returns the ids of the
+/// rows it finished.
+const FINISH_DELIVERED: &str = concat!(
+    finish_delivered_sql!(),
+    " WHERE id IN rarray(?1) AND claim_token = ?2 AND status = 'pending' RETURNING id"
+);
+
+/// [`FINISH_DELIVERED`] for the one row ?1, which is finished when one row
+/// changes. For one row the list's temporary b-trees and RETURNING's cost
+/// 11.3 µs against 1.7 µs ([`STAMP_ONE`] says why it matters).
+const FINISH_DELIVERED_ONE: &str = concat!(
+    finish_delivered_sql!(),
+    " WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'"
+);
 
 /// Schedules another attempt: one more failed attempt, due at `at`, lease
 /// released. False if the claim was lost.
