@@ -92,7 +92,9 @@ impl JsonlSink {
     }
 
     /// Appends to `path`, creating it if missing. With `fsync`, each line is
-    /// synced to disk (`sync_data`) before the delivery counts as done.
+    /// synced to disk (`sync_data`) before the delivery counts as done, and
+    /// the first line into a file the sink created first syncs the file's
+    /// directory, so the file's name survives a power cut too.
     /// When the file is moved away or deleted later (log rotation), the
     /// next line goes to a new file at `path` (see above).
     pub fn file(path: impl AsRef<Path>, fsync: bool) -> Result<JsonlSink, JsonlError> {
@@ -182,6 +184,10 @@ struct LogFile {
     /// A failed write may have left part of a line behind that could not be
     /// cut off again; the next line then starts on a fresh line.
     dirty: bool,
+    /// The directory entry of the file is known to be on disk: false for a
+    /// file this sink created until, with `fsync`, the first line written
+    /// to it has synced its directory.
+    entry_synced: bool,
 }
 
 impl LogFile {
@@ -189,13 +195,25 @@ impl LogFile {
     /// the umask), at the start and after each rotation alike.
     fn open(path: &Path) -> io::Result<LogFile> {
         let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        let append = || {
+            let mut o = OpenOptions::new();
+            o.append(true);
+            o
+        };
+        let (file, created) = match append().create_new(true).open(&path) {
+            Ok(file) => (file, true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                (append().create(true).open(&path)?, false)
+            }
+            Err(e) => return Err(e),
+        };
         let id = FileId::of(&file.metadata()?);
         Ok(LogFile {
             path,
             file,
             id,
             dirty: false,
+            entry_synced: !created,
         })
     }
 
@@ -224,6 +242,14 @@ impl LogFile {
 
     fn write_line(&mut self, line: &[u8], fsync: bool) -> io::Result<()> {
         let mut before = self.follow_path()?;
+        // Syncing a new file's data does not put its name on disk: after a
+        // power cut the file, and every line synced into it, could be gone.
+        // So the first line written to a file this sink created syncs its
+        // directory first (a failure is a retry, with nothing written yet).
+        if fsync && !self.entry_synced {
+            sync_directory_of(&self.path)?;
+            self.entry_synced = true;
+        }
         if self.dirty {
             self.file.write_all(b"\n")?;
             self.dirty = false;
@@ -282,6 +308,24 @@ impl FileId {
             let _ = m;
             FileId {}
         }
+    }
+}
+
+/// Syncs the directory that holds `path`, so a file created there keeps
+/// its name after a power cut. (Elsewhere than on Unix, a directory cannot
+/// be opened to sync it; nothing is done.)
+fn sync_directory_of(path: &Path) -> io::Result<()> {
+    #[cfg(test)]
+    tests::DIRECTORY_SYNCS.with(|n| n.set(n.get() + 1));
+    #[cfg(unix)]
+    {
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        File::open(dir)?.sync_all()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(())
     }
 }
 
@@ -365,7 +409,49 @@ fn one_line(json: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{one_line, still_linked};
+    use super::{one_line, still_linked, LogFile};
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Directory syncs made on this thread.
+        pub(super) static DIRECTORY_SYNCS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn directory_syncs() -> usize {
+        DIRECTORY_SYNCS.with(Cell::get)
+    }
+
+    /// With fsync, the first line into a file the sink created (at the
+    /// start, or at the path again after a rotation) syncs its directory
+    /// once; a file that was there already, or a sink without fsync, never.
+    #[test]
+    fn a_created_file_has_its_directory_synced_once_with_fsync() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let mut log = LogFile::open(&path).unwrap();
+        assert_eq!(directory_syncs(), 0, "opening syncs nothing");
+        log.write_line(b"1\n", true).unwrap();
+        log.write_line(b"2\n", true).unwrap();
+        assert_eq!(directory_syncs(), 1);
+
+        // Rotated away: the next line creates the file again.
+        std::fs::rename(&path, dir.path().join("events.jsonl.1")).unwrap();
+        log.write_line(b"3\n", true).unwrap();
+        log.write_line(b"4\n", true).unwrap();
+        assert_eq!(directory_syncs(), 2);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "3\n4\n");
+
+        // A file that exists already is not new.
+        let mut again = LogFile::open(&path).unwrap();
+        again.write_line(b"5\n", true).unwrap();
+        assert_eq!(directory_syncs(), 2);
+
+        // Without fsync, nothing is synced.
+        let other = dir.path().join("other.jsonl");
+        let mut quick = LogFile::open(&other).unwrap();
+        quick.write_line(b"6\n", false).unwrap();
+        assert_eq!(directory_syncs(), 2);
+    }
 
     #[cfg(unix)]
     #[test]
