@@ -23,8 +23,8 @@
 //! (each commit followed by the relay's claim), a commit always came
 //! between a checkpoint and the next transaction: the WAL stayed past
 //! 1,000 pages for hundreds of commits, the writer checkpointed in every
-//! one of them (below), and that was the pick-up's p99 (1.7 ms against
-//! 0.5 ms with the restart, BENCHMARKS.md, section 3).
+//! one of them (below), and that was the pick-up's p99 (1.4–1.8 ms against
+//! 0.6–0.7 ms with the restart, BENCHMARKS.md, section 3, "eighth round").
 //!
 //! Should the restart find a reader or the lock in the way, the writer
 //! still checkpoints in its own commit at [`CHECKPOINT_INLINE_AT`] pages,
@@ -113,6 +113,9 @@ struct Shared {
     /// Times the thread started the WAL over (read by the tests).
     #[cfg_attr(not(test), allow(dead_code))]
     restarts: AtomicU64,
+    /// Times it tried (read by the tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    restart_tries: AtomicU64,
     /// The most pages the WAL held after a writer's commit (read by the
     /// tests).
     #[cfg_attr(not(test), allow(dead_code))]
@@ -144,16 +147,9 @@ impl Checkpointer {
         let thread = {
             let shared = shared.clone();
             spawn(Box::new(move || {
+                let mut restart_at = RESTART_AT;
                 for () in woken {
-                    match conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
-                        Ok((pages, copied)) => {
-                            shared.done.fetch_add(1, Ordering::Relaxed);
-                            if pages >= RESTART_AT && copied == pages {
-                                restart(&conn, &shared);
-                            }
-                        }
-                        Err(e) => tracing::debug!(error = %e, "checkpoint failed; will retry"),
-                    }
+                    checkpoint(&conn, &shared, &mut restart_at);
                 }
             }))?
         };
@@ -237,20 +233,48 @@ impl Checkpointer {
     }
 }
 
+/// One wake-up of the thread: a passive checkpoint, then a restart when it
+/// copied every page of a WAL of `restart_at` pages or more. After a
+/// restart that failed (a reader was still in the WAL: each try holds the
+/// write lock while it copies, for nothing), `restart_at` waits for the WAL
+/// to grow by [`CHECKPOINT_AT`] pages before the next try.
+fn checkpoint(conn: &Connection, shared: &Shared, restart_at: &mut c_int) {
+    match conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
+        Ok((pages, copied)) => {
+            shared.done.fetch_add(1, Ordering::Relaxed);
+            if pages < RESTART_AT {
+                *restart_at = RESTART_AT;
+            } else if pages >= *restart_at && copied == pages {
+                *restart_at = if restart(conn, shared) {
+                    RESTART_AT
+                } else {
+                    pages.saturating_add(CHECKPOINT_AT)
+                };
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "checkpoint failed; will retry"),
+    }
+}
+
 /// Starts the WAL over, after a passive checkpoint copied every page it
 /// found: a RESTART checkpoint takes the write lock (or, finding it taken,
 /// does nothing more than a passive one), copies the few pages committed
 /// since, and lets the next commit write from the WAL's start. The write
 /// lock is held for that copy and its fsync only; a writer that finds it
-/// taken waits in its busy handler as for any other writer.
-fn restart(conn: &Connection, shared: &Shared) {
+/// taken waits in its busy handler as for any other writer. True when the
+/// WAL will start over.
+fn restart(conn: &Connection, shared: &Shared) -> bool {
+    shared.restart_tries.fetch_add(1, Ordering::Relaxed);
     match conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::RESTART) {
         Ok(_) => {
             shared.restarts.fetch_add(1, Ordering::Relaxed);
+            true
         }
-        // A writer or a reader of older pages was there: the next wake-up
-        // tries again.
-        Err(e) => tracing::trace!(error = %e, "cannot start the WAL over yet"),
+        // A writer, or a reader still in the WAL, was in the way.
+        Err(e) => {
+            tracing::trace!(error = %e, "cannot start the WAL over yet");
+            false
+        }
     }
 }
 
@@ -389,5 +413,61 @@ mod tests {
             checkpointer.restarts()
         );
         checkpointer.stop(&mut writer);
+    }
+
+    /// A reader still in the WAL makes the restart fail; the next try
+    /// waits until the WAL has grown by CHECKPOINT_AT pages, and then
+    /// succeeds once the reader has gone.
+    #[test]
+    fn a_failed_restart_is_tried_again_only_after_the_wal_has_grown() {
+        let (dir, mut writer) = crate::schema::test_db();
+        let path = dir.path().join("test.db");
+        writer.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        // The WAL's pages after each commit (the hook also turns the
+        // writer's auto-checkpoint off).
+        let wal_pages = Arc::new(AtomicI32::new(0));
+        let seen = wal_pages.clone();
+        writer
+            .wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, n: c_int| {
+                seen.store(n, Ordering::Relaxed);
+                Ok(())
+            }))
+            .unwrap();
+        let conn = crate::connection::open(&path).unwrap();
+        conn.busy_timeout(Duration::ZERO).unwrap();
+        let shared = Shared::default();
+        let pages = || wal_pages.load(Ordering::Relaxed);
+        let grow_to = |n: i32| {
+            while pages() < n {
+                writer
+                    .execute("INSERT INTO t VALUES (zeroblob(3000))", [])
+                    .unwrap();
+            }
+        };
+        grow_to(RESTART_AT);
+        // A reader of the newest pages: a restart must wait for it.
+        let mut reader = crate::connection::open(&path).unwrap();
+        let read = reader.transaction().unwrap();
+        read.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
+            .unwrap();
+        let mut restart_at = RESTART_AT;
+        checkpoint(&conn, &shared, &mut restart_at);
+        let tries = |s: &Shared| s.restart_tries.load(Ordering::Relaxed);
+        assert_eq!(
+            (tries(&shared), shared.restarts.load(Ordering::Relaxed)),
+            (1, 0)
+        );
+        assert!(restart_at >= RESTART_AT + CHECKPOINT_AT);
+        // Nothing new: no second try.
+        checkpoint(&conn, &shared, &mut restart_at);
+        assert_eq!(tries(&shared), 1);
+        read.commit().unwrap();
+        grow_to(restart_at);
+        checkpoint(&conn, &shared, &mut restart_at);
+        assert_eq!(
+            (tries(&shared), shared.restarts.load(Ordering::Relaxed)),
+            (2, 1)
+        );
+        assert_eq!(restart_at, RESTART_AT);
     }
 }

@@ -215,7 +215,7 @@ const STAMP: &str = concat!(stamp_sql!(), " WHERE id IN rarray(?3)");
 /// two temporary b-trees (the list's values and the rows it changes)
 /// whatever the list's length: for one row, 9.5 µs against 2.4 µs by
 /// `id = ?`, and one row is every claim of a relay that keeps up with its
-/// producers (BENCHMARKS.md, section 3, "one-row statements").
+/// producers (BENCHMARKS.md, section 3, "eighth round").
 const STAMP_ONE: &str = concat!(stamp_sql!(), " WHERE id = ?3");
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
