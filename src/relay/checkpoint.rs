@@ -147,9 +147,9 @@ impl Checkpointer {
         let thread = {
             let shared = shared.clone();
             spawn(Box::new(move || {
-                let mut restart_at = RESTART_AT;
+                let mut state = RestartState::default();
                 for () in woken {
-                    checkpoint(&conn, &shared, &mut restart_at);
+                    checkpoint(&conn, &shared, &mut state);
                 }
             }))?
         };
@@ -233,23 +233,46 @@ impl Checkpointer {
     }
 }
 
+/// When the thread tries its next restart.
+#[derive(Debug)]
+struct RestartState {
+    /// The WAL's pages from which to try (see [`checkpoint`]).
+    at: c_int,
+    /// The WAL's pages at the last restart that took: until someone writes,
+    /// the WAL still reports them, and a restart then has nothing to do.
+    done_at: Option<c_int>,
+}
+
+impl Default for RestartState {
+    fn default() -> RestartState {
+        RestartState {
+            at: RESTART_AT,
+            done_at: None,
+        }
+    }
+}
+
 /// One wake-up of the thread: a passive checkpoint, then a restart when it
-/// copied every page of a WAL of `restart_at` pages or more. After a
-/// restart that failed (a reader was still in the WAL: each try holds the
-/// write lock while it copies, for nothing), `restart_at` waits for the WAL
-/// to grow by [`CHECKPOINT_AT`] pages before the next try.
-fn checkpoint(conn: &Connection, shared: &Shared, restart_at: &mut c_int) {
+/// copied every page of a WAL of `state.at` pages or more, unless the last
+/// restart already covered them. After a restart that failed (the write
+/// lock was taken, or a reader was still in the WAL: then the try held the
+/// write lock while it copied, for nothing), the next try waits for the WAL
+/// to grow by [`CHECKPOINT_AT`] pages.
+fn checkpoint(conn: &Connection, shared: &Shared, state: &mut RestartState) {
     match conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
         Ok((pages, copied)) => {
             shared.done.fetch_add(1, Ordering::Relaxed);
             if pages < RESTART_AT {
-                *restart_at = RESTART_AT;
-            } else if pages >= *restart_at && copied == pages {
-                *restart_at = if restart(conn, shared) {
-                    RESTART_AT
+                *state = RestartState::default();
+            } else if pages >= state.at && copied == pages && state.done_at != Some(pages) {
+                if restart(conn, shared) {
+                    *state = RestartState {
+                        at: RESTART_AT,
+                        done_at: Some(pages),
+                    };
                 } else {
-                    pages.saturating_add(CHECKPOINT_AT)
-                };
+                    state.at = pages.saturating_add(CHECKPOINT_AT);
+                }
             }
         }
         Err(e) => tracing::debug!(error = %e, "checkpoint failed; will retry"),
@@ -260,9 +283,11 @@ fn checkpoint(conn: &Connection, shared: &Shared, restart_at: &mut c_int) {
 /// found: a RESTART checkpoint takes the write lock (or, finding it taken,
 /// does nothing more than a passive one), copies the few pages committed
 /// since, and lets the next commit write from the WAL's start. The write
-/// lock is held for that copy and its fsync only; a writer that finds it
-/// taken waits in its busy handler as for any other writer. True when the
-/// WAL will start over.
+/// lock is held for that copy and its fsync only: a writer that finds it
+/// taken waits as for any other writer (in its busy handler; a host's
+/// deferred transaction that read before it writes gets SQLITE_BUSY at
+/// once, as it would beside the relay's own writes). True when the WAL
+/// will start over.
 fn restart(conn: &Connection, shared: &Shared) -> bool {
     shared.restart_tries.fetch_add(1, Ordering::Relaxed);
     match conn.wal_checkpoint_v2(None::<&str>, CheckpointMode::RESTART) {
@@ -415,9 +440,9 @@ mod tests {
         checkpointer.stop(&mut writer);
     }
 
-    /// A reader still in the WAL makes the restart fail; the next try
-    /// waits until the WAL has grown by CHECKPOINT_AT pages, and then
-    /// succeeds once the reader has gone.
+    /// A reader still in the WAL makes the restart fail; the next try waits
+    /// until the WAL has grown by CHECKPOINT_AT pages, a restart that took
+    /// is not repeated while nobody writes, and a WAL started over resets.
     #[test]
     fn a_failed_restart_is_tried_again_only_after_the_wal_has_grown() {
         let (dir, mut writer) = crate::schema::test_db();
@@ -444,30 +469,55 @@ mod tests {
                     .unwrap();
             }
         };
-        grow_to(RESTART_AT);
-        // A reader of the newest pages: a restart must wait for it.
-        let mut reader = crate::connection::open(&path).unwrap();
-        let read = reader.transaction().unwrap();
-        read.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
-            .unwrap();
-        let mut restart_at = RESTART_AT;
-        checkpoint(&conn, &shared, &mut restart_at);
         let tries = |s: &Shared| s.restart_tries.load(Ordering::Relaxed);
-        assert_eq!(
-            (tries(&shared), shared.restarts.load(Ordering::Relaxed)),
-            (1, 0)
-        );
-        assert!(restart_at >= RESTART_AT + CHECKPOINT_AT);
-        // Nothing new: no second try.
-        checkpoint(&conn, &shared, &mut restart_at);
+        let restarts = |s: &Shared| s.restarts.load(Ordering::Relaxed);
+        // A reader that reads the newest pages and stays: every page can
+        // be copied, and the WAL cannot start over.
+        let reader = crate::connection::open(&path).unwrap();
+        let read_newest = || {
+            if !reader.is_autocommit() {
+                reader.execute_batch("COMMIT").unwrap();
+            }
+            reader.execute_batch("BEGIN").unwrap();
+            reader
+                .query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
+                .unwrap();
+        };
+        let mut state = RestartState::default();
+
+        grow_to(RESTART_AT);
+        read_newest();
+        checkpoint(&conn, &shared, &mut state);
+        assert_eq!((tries(&shared), restarts(&shared)), (1, 0));
+        let next = state.at;
+        assert!(next >= RESTART_AT + CHECKPOINT_AT, "{next}");
+        // Nothing new, then less than CHECKPOINT_AT pages more: no try.
+        checkpoint(&conn, &shared, &mut state);
+        grow_to(next - CHECKPOINT_AT / 2);
+        read_newest();
+        checkpoint(&conn, &shared, &mut state);
         assert_eq!(tries(&shared), 1);
-        read.commit().unwrap();
-        grow_to(restart_at);
-        checkpoint(&conn, &shared, &mut restart_at);
-        assert_eq!(
-            (tries(&shared), shared.restarts.load(Ordering::Relaxed)),
-            (2, 1)
-        );
-        assert_eq!(restart_at, RESTART_AT);
+        // CHECKPOINT_AT pages more: tried again (and failed again).
+        grow_to(next);
+        read_newest();
+        checkpoint(&conn, &shared, &mut state);
+        assert_eq!((tries(&shared), restarts(&shared)), (2, 0));
+
+        // The reader gone, the next try takes; until someone writes, the
+        // WAL reports the same pages and the thread does not try again.
+        reader.execute_batch("COMMIT").unwrap();
+        grow_to(state.at);
+        checkpoint(&conn, &shared, &mut state);
+        assert_eq!((tries(&shared), restarts(&shared)), (3, 1));
+        checkpoint(&conn, &shared, &mut state);
+        assert_eq!(tries(&shared), 3);
+        // The next commit starts the WAL over: the state resets.
+        writer
+            .execute("INSERT INTO t VALUES (zeroblob(3000))", [])
+            .unwrap();
+        assert!(pages() < 10, "{} pages", pages());
+        checkpoint(&conn, &shared, &mut state);
+        assert_eq!(state.at, RESTART_AT);
+        assert_eq!(state.done_at, None);
     }
 }

@@ -200,12 +200,25 @@ impl LogFile {
             o.append(true);
             o
         };
-        let (file, created) = match append().create_new(true).open(&path) {
-            Ok(file) => (file, true),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                (append().create(true).open(&path)?, false)
+        // Create it, or open the file that is there; one removed between
+        // the two tries is created on the next round, so a file this sink
+        // creates is known as such. A path that exists yet cannot be opened
+        // without creating (a symbolic link to a file not there yet) is
+        // opened as before, and counted as created.
+        let mut round = 0;
+        let (file, created) = loop {
+            round += 1;
+            match append().create_new(true).open(&path) {
+                Ok(file) => break (file, true),
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                Err(_) => {}
             }
-            Err(e) => return Err(e),
+            match append().open(&path) {
+                Ok(file) => break (file, false),
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                Err(_) if round == 2 => break (append().create(true).open(&path)?, true),
+                Err(_) => {}
+            }
         };
         let id = FileId::of(&file.metadata()?);
         Ok(LogFile {
@@ -245,9 +258,14 @@ impl LogFile {
         // Syncing a new file's data does not put its name on disk: after a
         // power cut the file, and every line synced into it, could be gone.
         // So the first line written to a file this sink created syncs its
-        // directory first (a failure is a retry, with nothing written yet).
+        // directory first. As SQLite does for its journals, a directory that
+        // cannot be opened or synced (no read permission, a file system
+        // that refuses) is a warning, not a delivery that fails forever.
         if fsync && !self.entry_synced {
-            sync_directory_of(&self.path)?;
+            if let Err(e) = sync_directory_of(&self.path) {
+                tracing::warn!(path = %self.path.display(), error = %e,
+                    "cannot sync the directory of the JSON-lines file; a power cut could lose the new file");
+            }
             self.entry_synced = true;
         }
         if self.dirty {
@@ -419,6 +437,20 @@ mod tests {
 
     fn directory_syncs() -> usize {
         DIRECTORY_SYNCS.with(Cell::get)
+    }
+
+    /// A symbolic link to a file not there yet still works: the file is
+    /// created where the link points, as before.
+    #[cfg(unix)]
+    #[test]
+    fn a_link_to_a_file_not_there_yet_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("real.jsonl");
+        let link = dir.path().join("events.jsonl");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let mut log = LogFile::open(&link).unwrap();
+        log.write_line(b"1\n", true).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "1\n");
     }
 
     /// With fsync, the first line into a file the sink created (at the
