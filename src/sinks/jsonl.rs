@@ -200,25 +200,17 @@ impl LogFile {
             o.append(true);
             o
         };
-        // Create it, or open the file that is there; one removed between
-        // the two tries is created on the next round, so a file this sink
-        // creates is known as such. A path that exists yet cannot be opened
-        // without creating (a symbolic link to a file not there yet) is
-        // opened as before, and counted as created.
-        let mut round = 0;
-        let (file, created) = loop {
-            round += 1;
-            match append().create_new(true).open(&path) {
-                Ok(file) => break (file, true),
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-                Err(_) => {}
-            }
-            match append().open(&path) {
-                Ok(file) => break (file, false),
+        // Create it, or open the file that is there. Should that one be
+        // gone by the open (removed in between, or a symbolic link to a file
+        // not there yet), it is created as before and counted as created.
+        let (file, created) = match append().create_new(true).open(&path) {
+            Ok(file) => (file, true),
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            Err(_) => match append().open(&path) {
+                Ok(file) => (file, false),
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                Err(_) if round == 2 => break (append().create(true).open(&path)?, true),
-                Err(_) => {}
-            }
+                Err(_) => (append().create(true).open(&path)?, true),
+            },
         };
         let id = FileId::of(&file.metadata()?);
         Ok(LogFile {
