@@ -16,6 +16,20 @@
 //!     OUTBOXD_BENCH_PAYLOADS=200 OUTBOXD_BENCH_TXNS=200 OUTBOXD_BENCH_RUNS=1 \
 //!     valgrind --tool=callgrind --toggle-collect='*one_txn*' target/release/deps/enqueue-*
 //!
+//! OUTBOXD_BENCH_SCHEMA rebuilds the (empty) event table before a run, to
+//! measure what a part of the schema costs the producer; a variant is a
+//! measurement, not a schema outboxd supports (its relay would refuse or
+//! misread some of them):
+//!
+//!   current               the migrated schema (the default)
+//!   no-autoincrement      the same table without AUTOINCREMENT
+//!   no-event-id-index     the same without the index on event_id
+//!   neither               without both
+//!   claim-index-only      the table's columns and defaults, no CHECK, no
+//!                         AUTOINCREMENT, and only the claim's index
+//!                         (event_outbox_due)
+//!   no-index              the same columns, no CHECK and no index at all
+//!
 //! Shapes: one event per transaction (OUTBOXD_BENCH_TXNS transactions) and
 //! 100 events per transaction (a tenth as many transactions), each with
 //! synchronous=FULL and NORMAL, each with every payload size. Both sides
@@ -68,7 +82,87 @@ fn setup(path: &Path, sync: &str) -> Connection {
                                     payload TEXT NOT NULL, created_at INTEGER NOT NULL);",
     )
     .unwrap();
+    if let Ok(variant) = std::env::var("OUTBOXD_BENCH_SCHEMA") {
+        rebuild_event_table(&conn, &variant);
+    }
     conn
+}
+
+/// Replaces the empty event table with the variant OUTBOXD_BENCH_SCHEMA
+/// names (see the top of this file).
+fn rebuild_event_table(conn: &Connection, variant: &str) {
+    let table_sql: String = conn
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'event_outbox'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let indexes: Vec<(String, String)> = conn
+        .prepare(
+            "SELECT name, sql FROM sqlite_schema
+              WHERE type = 'index' AND tbl_name = 'event_outbox' AND sql IS NOT NULL",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    // The columns with their declared types and defaults, nothing else.
+    let bare = || {
+        let columns: Vec<String> = conn
+            .prepare("SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_info('event_outbox')")
+            .unwrap()
+            .query_map([], |r| {
+                let (name, ty, notnull, default, pk): (String, String, bool, Option<String>, i64) =
+                    (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
+                Ok(format!(
+                    "{name} {ty}{}{}{}",
+                    if pk > 0 { " PRIMARY KEY" } else { "" },
+                    if notnull { " NOT NULL" } else { "" },
+                    default.map(|d| format!(" DEFAULT ({d})")).unwrap_or_default()
+                ))
+            })
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        format!("CREATE TABLE event_outbox ({})", columns.join(", "))
+    };
+    let without_autoincrement = || {
+        let sql = table_sql.replace(" AUTOINCREMENT", "");
+        assert_ne!(sql, table_sql, "the table has no AUTOINCREMENT to remove");
+        sql
+    };
+    let keep = |drop: &[&str]| -> Vec<&str> {
+        indexes
+            .iter()
+            .filter(|(name, _)| !drop.contains(&name.as_str()))
+            .map(|(_, sql)| sql.as_str())
+            .collect()
+    };
+    let all_but_due: Vec<&str> = indexes
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .filter(|&name| name != "event_outbox_due")
+        .collect();
+    let (table, indexes) = match variant {
+        "current" => return,
+        "no-autoincrement" => (without_autoincrement(), keep(&[])),
+        "no-event-id-index" => (table_sql.clone(), keep(&["event_outbox_event_id"])),
+        "neither" => (without_autoincrement(), keep(&["event_outbox_event_id"])),
+        "claim-index-only" => (bare(), keep(&all_but_due)),
+        "no-index" => (bare(), Vec::new()),
+        other => panic!(
+            "OUTBOXD_BENCH_SCHEMA={other}: expected current, no-autoincrement, \
+             no-event-id-index, neither, claim-index-only or no-index"
+        ),
+    };
+    let mut sql = format!("DROP TABLE event_outbox; DELETE FROM sqlite_sequence; {table};");
+    for index in indexes {
+        sql.push_str(index);
+        sql.push(';');
+    }
+    conn.execute_batch(&sql).unwrap();
 }
 
 /// One host transaction: the business row, then `per_txn` events. Never
@@ -167,8 +261,9 @@ fn main() {
         "enqueue",
         dir.path(),
         &format!(
-            "{txns} txns of 1 event, {} txns of 100 events, {runs} runs each side",
-            (txns / 10).max(1)
+            "{txns} txns of 1 event, {} txns of 100 events, {runs} runs each side; event table: {}",
+            (txns / 10).max(1),
+            std::env::var("OUTBOXD_BENCH_SCHEMA").unwrap_or_else(|_| "current".into())
         ),
     );
     println!("| synchronous | events/txn | payload B | plain insert µs/txn (min–max) | outboxd µs/txn (min–max) | ratio outboxd/plain, median of paired runs (min–max) | load start→end |");
