@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use common::{bench_dir, drain_timed, env_or, header, Stats};
 use outboxd::{Delivery, Event, Outcome, Relay};
-use rusqlite::{params, Connection};
+use rusqlite::Connection;
 
 /// A payload of about `size` bytes of JSON: a small object with a text
 /// field padded to the size (an order line, an article), numbered.
@@ -107,27 +107,12 @@ fn raw_drain(path: &Path, n: usize, consumers: usize) -> Duration {
             .unwrap();
         tx.commit().unwrap();
         let tx = conn.transaction().unwrap();
-        {
-            let mut fin = tx
-                .prepare_cached(
-                    "UPDATE event_outbox SET status = 'delivered', finished_at = ?2,
-                            claim_token = NULL, lease_until = NULL
-                      WHERE id = ?1 AND claim_token = 'b'",
-                )
-                .unwrap();
-            let mut ledger = tx
-                .prepare_cached(
-                    "INSERT OR IGNORE INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
-                     VALUES (?1, ?2, ?3, ?4)",
-                )
-                .unwrap();
-            for (id, key, _, _) in &claimed {
-                fin.execute(params![id, now]).unwrap();
-                for name in &names {
-                    ledger.execute(params![key, name, id, now]).unwrap();
-                }
-            }
-        }
+        common::raw_finish(
+            &tx,
+            claimed.iter().map(|(id, key, _, _)| (*id, key.as_str())),
+            &names,
+            now,
+        );
         tx.commit().unwrap();
         done += claimed.len();
     }

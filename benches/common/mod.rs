@@ -259,21 +259,60 @@ pub fn enqueue_backlog(conn: &mut rusqlite::Connection, n: usize, event_type: &s
     }
 }
 
-/// The raw loops' claim (benches/drain.rs, benches/transactional.rs): up to
-/// 256 due rows, stamped with the token `b` and a 30 s lease, in one
+/// The raw loops' claim (benches/transactional.rs): up to 256 due rows,
+/// stamped with the token `b` and a 30 s lease, in one
 /// `UPDATE … RETURNING`; their (id, event_id).
 pub fn raw_claim(conn: &rusqlite::Connection, now: i64) -> Vec<(i64, String)> {
-    conn.prepare_cached(
+    raw_claim_up_to(conn, now, 256)
+}
+
+/// [`raw_claim`] of up to `limit` rows (benches/host_impact.rs). The limit
+/// is in the SQL text: SQLite prepares a statement whose LIMIT is a bound
+/// parameter again at every execution.
+pub fn raw_claim_up_to(conn: &rusqlite::Connection, now: i64, limit: usize) -> Vec<(i64, String)> {
+    conn.prepare_cached(&format!(
         "UPDATE event_outbox SET claim_token = 'b', lease_until = ?1 + 30000, available_at = ?1 + 30000
           WHERE id IN (SELECT id FROM event_outbox WHERE status = 'pending' AND available_at <= ?1
-                        ORDER BY available_at, id LIMIT 256)
-          RETURNING id, event_id",
-    )
+                        ORDER BY available_at, id LIMIT {limit})
+          RETURNING id, event_id"
+    ))
     .unwrap()
     .query_map([now], |r| Ok((r.get(0)?, r.get(1)?)))
     .unwrap()
     .collect::<Result<_, _>>()
     .unwrap()
+}
+
+/// The raw loops' finish (benches/drain.rs, benches/host_impact.rs): each
+/// (id, event key) row claimed with the token `b` marked delivered, and
+/// one ledger row for each of `consumers`.
+pub fn raw_finish<'a>(
+    conn: &rusqlite::Connection,
+    rows: impl IntoIterator<Item = (i64, &'a str)>,
+    consumers: &[String],
+    now: i64,
+) {
+    let mut finish = conn
+        .prepare_cached(
+            "UPDATE event_outbox SET status = 'delivered', finished_at = ?2,
+                    claim_token = NULL, lease_until = NULL
+              WHERE id = ?1 AND claim_token = 'b'",
+        )
+        .unwrap();
+    let mut ledger = conn
+        .prepare_cached(
+            "INSERT OR IGNORE INTO delivered_events (event_key, consumer, outbox_id, delivered_at)
+             VALUES (?1, ?2, ?3, ?4)",
+        )
+        .unwrap();
+    for (id, key) in rows {
+        finish.execute(rusqlite::params![id, now]).unwrap();
+        for name in consumers {
+            ledger
+                .execute(rusqlite::params![key, name, id, now])
+                .unwrap();
+        }
+    }
 }
 
 /// Inserts `n` delivered rows (finished just now, so the relay's purge
