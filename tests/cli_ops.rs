@@ -1007,6 +1007,141 @@ fn purge_dry_run_counts_and_purge_deletes() {
     assert!(out.contains("dedup entries (over 30d ago)"), "{out}");
 }
 
+/// `purge --config` (or OUTBOXD_CONFIG) takes the database and the
+/// retentions from the config's [purge], even when `enabled = false` turns
+/// the relay's own purge off; the flags win over it; a dedup window the
+/// config makes too short is refused naming the config's keys.
+#[test]
+fn purge_takes_its_database_and_retentions_from_the_config() {
+    let db = TestDb::new();
+    db.enqueue(
+        &(0..4)
+            .map(|i| event("order.paid.v1", i))
+            .collect::<Vec<_>>(),
+    );
+    deliver_all(&db);
+    // Rows 1 and 2 (and their ledger entries) finished 20 days ago, rows 3
+    // and 4 ten days ago.
+    let conn = db.conn();
+    for (ids, days) in [("1, 2", 20), ("3, 4", 10)] {
+        let at = now_ms() - days * DAY_MS;
+        conn.execute(
+            &format!("UPDATE event_outbox SET finished_at = ?1 WHERE id IN ({ids})"),
+            [at],
+        )
+        .unwrap();
+        conn.execute(
+            &format!("UPDATE delivered_events SET delivered_at = ?1 WHERE outbox_id IN ({ids})"),
+            [at],
+        )
+        .unwrap();
+    }
+    drop(conn);
+    let config = |name: &str, purge: &str| {
+        db.write(
+            name,
+            &format!(
+                "database = \"app.db\"\n[purge]\n{purge}\n\
+                 [[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n\
+                 [consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n"
+            ),
+        )
+    };
+    let counts = |r: &serde_json::Value| (r["delivered"].clone(), r["dedup_entries"].clone());
+
+    // Without a config, the defaults (7d, 14d).
+    let r = Outboxd::on(&db.path).json(&["purge", "--dry-run", "--json"], OK);
+    assert_eq!(counts(&r), (4.into(), 4.into()), "{r}");
+
+    // No --db: the database and the retentions are the config's.
+    let file = config(
+        "outboxd.toml",
+        "enabled = false\ndelivered_retention = \"15d\"\ndedup_ttl = \"30d\"",
+    );
+    let c = file.to_str().unwrap();
+    let purge = Outboxd::on(&db.path).without_db();
+    let r = purge.json(&["purge", "--dry-run", "--json", "--config", c], OK);
+    assert_eq!(counts(&r), (2.into(), 0.into()), "{r}");
+    // A flag wins over the config.
+    let r = purge.json(
+        &[
+            "purge",
+            "--dry-run",
+            "--json",
+            "--config",
+            c,
+            "--delivered-retention",
+            "1d",
+        ],
+        OK,
+    );
+    assert_eq!(counts(&r), (4.into(), 0.into()), "{r}");
+    // OUTBOXD_CONFIG is the same as --config.
+    let out = purge
+        .command(&["purge"])
+        .env("OUTBOXD_CONFIG", &file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(OK), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("deleted 2 delivered events (finished over 15d ago)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("deleted 0 dedup entries (over 30d ago)"),
+        "{text}"
+    );
+    assert_eq!(db.count("status = 'delivered'"), 2);
+
+    // Without dedup_ttl in the config, a longer --delivered-retention
+    // raises the dedup window with it, as without a config.
+    let short = config("short.toml", "delivered_retention = \"10d\"");
+    let r = purge.json(
+        &[
+            "purge",
+            "--dry-run",
+            "--json",
+            "--config",
+            short.to_str().unwrap(),
+            "--delivered-retention",
+            "25d",
+        ],
+        OK,
+    );
+    assert_eq!(counts(&r), (0.into(), 0.into()), "{r}");
+    // A dedup window shorter than the delivered retention is refused,
+    // naming where each came from.
+    let c = file.to_str().unwrap();
+    purge.fails(
+        &["purge", "--config", c, "--dedup-ttl", "1d"],
+        INPUT,
+        "--dedup-ttl: 1d is shorter than the config's purge.delivered_retention (15d)",
+    );
+    purge.fails(
+        &["purge", "--config", c, "--delivered-retention", "40d"],
+        INPUT,
+        "the config's purge.dedup_ttl: 30d is shorter than --delivered-retention (40d)",
+    );
+    // In the config itself, it is the config's error, as for `run`.
+    let bad = config(
+        "bad.toml",
+        "delivered_retention = \"15d\"\ndedup_ttl = \"10d\"",
+    );
+    purge.fails(
+        &["purge", "--config", bad.to_str().unwrap()],
+        CONFIG,
+        "purge.dedup_ttl: 10d is shorter than purge.delivered_retention (15d)",
+    );
+    // A config it cannot read is a config error, naming the file.
+    let missing = db.path.with_file_name("missing.toml");
+    purge.fails(
+        &["purge", "--config", missing.to_str().unwrap()],
+        CONFIG,
+        "missing.toml",
+    );
+}
+
 /// Every finding of `doctor --json`, by check name.
 fn findings(v: &serde_json::Value) -> std::collections::BTreeMap<String, serde_json::Value> {
     v["findings"]

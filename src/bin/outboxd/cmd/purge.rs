@@ -1,6 +1,7 @@
 //! `outboxd purge`: delete finished rows past their retention.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -11,6 +12,8 @@ use outboxd::Timestamp;
 use super::support::{count, human, Progress};
 use super::{database, Global};
 use crate::args::parse_duration;
+use crate::config::purge::Retentions;
+use crate::config::Config;
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd purge --help`.
@@ -24,8 +27,13 @@ blocked for long, and shows progress on a terminal. `outboxd run` purges on
 its own as well; this is for a one-off clean-up. --dry-run counts without
 deleting (and opens the file read-only).
 
+With --config (or OUTBOXD_CONFIG), the database and the retentions are the
+config's ([purge], even with enabled = false, which only turns off the
+purging inside `outboxd run`); the flags win over it.
+
 Examples:
   outboxd --db app.db purge --dry-run
+  outboxd purge --config /etc/outboxd/outboxd.toml --dry-run
   outboxd --db app.db purge --delivered-retention 1d --dedup-ttl 2d --dead-retention 30d";
 
 /// Options of `outboxd purge`.
@@ -34,17 +42,24 @@ pub struct Args {
     /// Count what would be deleted, delete nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Delete delivered events finished longer ago than this [default: 7d].
+    /// Take the database and the retentions ([purge]) from this config file.
+    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Delete delivered events finished longer ago than this [default: the
+    /// config's purge.delivered_retention, else 7d].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     delivered_retention: Option<Duration>,
     /// Forget deliveries (the dedup ledger) older than this; at least the
-    /// delivered retention [default: 14d, or the delivered retention if longer].
+    /// delivered retention [default: the config's purge.dedup_ttl, else
+    /// 14d, or the delivered retention if longer].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     dedup_ttl: Option<Duration>,
-    /// Delete dead letters older than this [default: keep them].
+    /// Delete dead letters older than this [default: the config's
+    /// purge.dead_retention, else keep them].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     dead_retention: Option<Duration>,
-    /// Delete publish intents completed longer ago than this [default: 30d].
+    /// Delete publish intents completed longer ago than this [default: the
+    /// config's purge.intent_retention, else 30d].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     intent_retention: Option<Duration>,
     /// Print one JSON object instead of text.
@@ -54,12 +69,19 @@ pub struct Args {
 
 /// Purges (or counts) and prints what went.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    let policy = policy(args)?;
+    let (db, configured) = match &args.config {
+        Some(file) => {
+            let c = Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?;
+            (global.db_with_config(c.database.as_deref()), Some(c.purge))
+        }
+        None => (global.db.clone(), None),
+    };
+    let policy = policy(args, configured.as_ref())?;
     let now = Timestamp::now();
     let report = if args.dry_run {
-        purge_dry_run(&database::for_reading(&global.db)?, &policy, now)?
+        purge_dry_run(&database::for_reading(&db)?, &policy, now)?
     } else {
-        let mut conn = database::for_writing(&global.db)?;
+        let mut conn = database::for_writing(&db)?;
         let mut progress = Progress::stderr();
         let report = purge_with_progress(&mut conn, &policy, now, |r| {
             progress.show(&format!(
@@ -87,27 +109,47 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     Ok(Exit::Ok)
 }
 
-/// The library's defaults with the flags given on top; the library checks
-/// it, and its verdict is worded with the flags (its reason names the
-/// config's fields).
-fn policy(args: &Args) -> Result<PurgePolicy> {
-    let d = PurgePolicy::default();
-    let delivered = args.delivered_retention.unwrap_or(d.delivered_retention);
-    // The ledger must outlive every kept row: follow a longer retention.
-    let dedup = args.dedup_ttl.unwrap_or_else(|| d.dedup_ttl.max(delivered));
-    let policy = PurgePolicy::default()
+/// The config's retentions (or the library's defaults) with the flags
+/// given on top; the library checks it, and its verdict names where each
+/// of the two values came from: a flag, the config, or the default.
+fn policy(args: &Args, configured: Option<&Retentions>) -> Result<PurgePolicy> {
+    let base = configured.map_or_else(PurgePolicy::default, |c| c.policy.clone());
+    let from_config = |set: fn(&Retentions) -> bool| configured.is_some_and(set);
+    let delivered = args.delivered_retention.unwrap_or(base.delivered_retention);
+    // The ledger must outlive every kept row: follow a longer retention,
+    // unless the dedup window was given.
+    let dedup = args.dedup_ttl.unwrap_or_else(|| {
+        if from_config(|c| c.dedup_ttl_set) {
+            base.dedup_ttl
+        } else {
+            base.dedup_ttl.max(delivered)
+        }
+    });
+    let policy = base
+        .clone()
         .delivered_retention(delivered)
         .dedup_ttl(dedup)
-        .dead_retention(args.dead_retention)
-        .intent_retention(args.intent_retention.unwrap_or(d.intent_retention));
+        .dead_retention(args.dead_retention.or(base.dead_retention))
+        .intent_retention(args.intent_retention.unwrap_or(base.intent_retention));
     policy.validate().map_err(|e| {
         Failure::input(match e.setting() {
             Setting::PurgeDedupTtl => format!(
-                "--dedup-ttl: {} is shorter than --delivered-retention ({}{}); the dedup \
-                 window must cover every kept row",
+                "{}: {} is shorter than {} ({}{}); the dedup window must cover every kept row",
+                if args.dedup_ttl.is_some() {
+                    "--dedup-ttl"
+                } else {
+                    "the config's purge.dedup_ttl"
+                },
                 human(dedup),
+                if args.delivered_retention.is_some() || !from_config(|c| c.delivered_retention_set)
+                {
+                    "--delivered-retention"
+                } else {
+                    "the config's purge.delivered_retention"
+                },
                 human(delivered),
-                if args.delivered_retention.is_none() {
+                if args.delivered_retention.is_none() && !from_config(|c| c.delivered_retention_set)
+                {
                     ", its default"
                 } else {
                     ""

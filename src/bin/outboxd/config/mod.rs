@@ -599,7 +599,7 @@ fn validate_in(
     })
 }
 
-/// What the operator commands (`status`, `replay`) take from a config
+/// What the operator commands (`status`, `replay`, `purge`…) take from a config
 /// file, read by [`Config::load_without_sinks`].
 #[derive(Debug, Clone)]
 pub struct Summary {
@@ -615,6 +615,9 @@ pub struct Summary {
     pub http: HttpSettings,
     /// `[log]`.
     pub log: LogSettings,
+    /// `[purge]`'s retentions (whether or not `enabled = false` turns the
+    /// relay's own purge off).
+    pub purge: purge::Retentions,
 }
 
 impl Config {
@@ -632,6 +635,7 @@ impl Config {
             consumer_types: raw.consumer.iter().map(|c| c.types.clone()).collect(),
             http: s.http,
             log: s.log,
+            purge: purge::retentions(&raw.purge),
         })
     }
 }

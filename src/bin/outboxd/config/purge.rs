@@ -21,16 +21,32 @@ pub struct RawPurge {
 /// The purge policy `[purge]` describes: the library's defaults with the
 /// keys set on top; None when it is turned off.
 pub fn policy(p: &RawPurge) -> Option<PurgePolicy> {
-    if p.enabled == Some(false) {
-        return None;
-    }
+    (p.enabled != Some(false)).then(|| retentions(p).policy)
+}
+
+/// The keys of `[purge]` on the library's defaults, whether or not the
+/// relay's own purge is turned off: what `outboxd purge --config` starts
+/// from.
+pub fn retentions(p: &RawPurge) -> Retentions {
     let d = PurgePolicy::default();
-    Some(
-        PurgePolicy::default()
+    Retentions {
+        policy: PurgePolicy::default()
             .delivered_retention(p.delivered_retention.map_or(d.delivered_retention, |x| x.0))
             .dedup_ttl(p.dedup_ttl.map_or(d.dedup_ttl, |x| x.0))
             .dead_retention(p.dead_retention.map(|x| x.0))
             .intent_retention(p.intent_retention.map_or(d.intent_retention, |x| x.0))
             .batch_size(p.batch_size.map_or(d.batch_size, Whole::get)),
-    )
+        delivered_retention_set: p.delivered_retention.is_some(),
+        dedup_ttl_set: p.dedup_ttl.is_some(),
+    }
+}
+
+/// `[purge]`'s retentions, and which of the two that must agree it set
+/// itself (when it did not set `dedup_ttl`, a longer delivered retention
+/// raises the dedup window with it).
+#[derive(Debug, Clone)]
+pub struct Retentions {
+    pub policy: PurgePolicy,
+    pub delivered_retention_set: bool,
+    pub dedup_ttl_set: bool,
 }
