@@ -34,6 +34,7 @@
 //! - [`purge`]: TTL purge of finished rows in small batches.
 //! - [`dead_letter`], [`replay`]: operator operations.
 //! - [`clock`]: time as an input.
+//! - [`limits`]: the bounds and defaults of the relay's settings.
 //! - [`status`]: a read-only snapshot of the outbox for operators.
 //! - [`integrity`]: whether the database file is damaged, and what to do.
 //! - [`intents`]: publish intents, outside writes that are never posted twice.
@@ -55,6 +56,7 @@ pub mod envelope;
 pub mod error;
 pub mod integrity;
 pub mod intents;
+pub mod limits;
 pub mod purge;
 pub mod relay;
 pub mod repair;

@@ -34,6 +34,8 @@ use serde::{Serialize, Serializer};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::schema;
+// The 0.1 path of the slack, which lives in `crate::limits`.
+pub use crate::limits::CLOCK_STEP_SLACK;
 
 /// The state of the outbox at one moment. Serializes to JSON with
 /// `oldest_due_age_ms` in milliseconds (null when nothing is due).
@@ -281,21 +283,16 @@ pub struct Thresholds {
     /// Unhealthy when there are more dead letters than this; None: no limit.
     pub max_dead: Option<u64>,
     /// The longest lease a relay may have set: a lease ending further
-    /// ahead is a clock step. Default [`MAX_LEASE`](crate::relay::MAX_LEASE);
+    /// ahead is a clock step. Default [`MAX_LEASE`](crate::limits::MAX_LEASE);
     /// a config's own lease is tighter.
     pub max_lease: Duration,
     /// The longest wait a retry may have been given: a retry due further
     /// ahead is a clock step. Default twice
-    /// [`MAX_RETRY_DELAY`](crate::relay::MAX_RETRY_DELAY) (the longest delay
+    /// [`MAX_RETRY_DELAY`](crate::limits::MAX_RETRY_DELAY) (the longest delay
     /// with full jitter); a config's own policies are tighter
     /// ([`RetryPolicy::longest_wait`](crate::RetryPolicy::longest_wait)).
     pub max_retry_wait: Duration,
 }
-
-/// How much later than its setting allows a lease or a retry may end before
-/// it counts as a clock step: relays and `status` read the clock at slightly
-/// different moments.
-pub const CLOCK_STEP_SLACK: Duration = Duration::from_secs(2);
 
 impl Thresholds {
     /// Thresholds with these limits, and the clock-step bounds of any
@@ -304,8 +301,8 @@ impl Thresholds {
         Thresholds {
             stale_after,
             max_dead,
-            max_lease: crate::relay::MAX_LEASE,
-            max_retry_wait: crate::relay::MAX_RETRY_DELAY * 2,
+            max_lease: crate::limits::MAX_LEASE,
+            max_retry_wait: crate::limits::MAX_RETRY_DELAY * 2,
         }
     }
 
@@ -327,9 +324,9 @@ impl Thresholds {
 }
 
 impl Default for Thresholds {
-    /// The relay's stale threshold ([`DEFAULT_STALE_AFTER`](crate::relay::DEFAULT_STALE_AFTER)), no dead-letter limit.
+    /// The relay's stale threshold ([`DEFAULT_STALE_AFTER`](crate::limits::DEFAULT_STALE_AFTER)), no dead-letter limit.
     fn default() -> Self {
-        Thresholds::new(crate::relay::DEFAULT_STALE_AFTER, None)
+        Thresholds::new(crate::limits::DEFAULT_STALE_AFTER, None)
     }
 }
 
@@ -600,8 +597,8 @@ mod tests {
                 Problem::ClockStep {
                     lease: stepped_lease,
                     retry: Some(Duration::from_secs(20 * 86_400)),
-                    max_lease: crate::relay::MAX_LEASE,
-                    max_retry_wait: crate::relay::MAX_RETRY_DELAY * 2,
+                    max_lease: crate::limits::MAX_LEASE,
+                    max_retry_wait: crate::limits::MAX_RETRY_DELAY * 2,
                 },
                 Problem::ImplausibleDelay { count: 1 },
             ]

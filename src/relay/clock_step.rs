@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, Connection};
 
 use crate::clock::Timestamp;
-use crate::status::CLOCK_STEP_SLACK;
+use crate::limits::CLOCK_STEP_SLACK;
 
 /// Notices a step of the wall clock by comparing it with the monotonic one.
 #[derive(Debug, Default)]

@@ -109,9 +109,15 @@ use crossbeam_channel::Sender;
 
 pub use crate::router::UnroutedPolicy;
 pub use metrics::{ConsumerMetrics, Metrics, MetricsSnapshot};
-pub use retry::{
-    RetryPolicy, DEFAULT_JITTER, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_INITIAL,
-    DEFAULT_RETRY_MAX_DELAY, MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY,
+pub use retry::RetryPolicy;
+// The 0.1 paths of the bounds and defaults, which live in `crate::limits`.
+pub use crate::limits::{
+    DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_DROP_GRACE, DEFAULT_FLUSH_INTERVAL,
+    DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_JITTER, DEFAULT_LEASE, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_POLL_INTERVAL, DEFAULT_RETRY_INITIAL,
+    DEFAULT_RETRY_MAX_DELAY, DEFAULT_STALE_AFTER, MAX_BATCH_SIZE, MAX_FLUSH_INTERVAL,
+    MAX_HOUSEKEEPING_INTERVAL, MAX_LEASE, MAX_PAYLOAD_BYTES, MAX_POLL_INTERVAL, MAX_RETRY_ATTEMPTS,
+    MAX_RETRY_DELAY, MAX_WORKERS, MIN_HOUSEKEEPING_INTERVAL, MIN_LEASE, MIN_POLL_INTERVAL,
 };
 
 use crate::clock::{Clock, SystemClock};
@@ -119,60 +125,6 @@ use crate::consumer::{Consumer, TransactionalConsumer};
 use crate::error::{Error, Result, Setting, SettingError};
 use crate::purge::PurgePolicy;
 use crate::router::{Pattern, Routes};
-
-/// Rows claimed per transaction by default.
-pub const DEFAULT_BATCH_SIZE: usize = 256;
-/// The payload bytes a relay holds in its deliveries at most, by default
-/// (see [`RelayBuilder::batch_bytes`]): 8 MiB.
-pub const DEFAULT_BATCH_BYTES: u64 = 8 << 20;
-/// The largest payload a relay loads by default (see
-/// [`RelayBuilder::max_payload_bytes`]): 16 MiB, sixteen times what
-/// [`Enqueuer`](crate::Enqueuer) accepts by default.
-pub const DEFAULT_MAX_PAYLOAD_BYTES: u64 = 16 << 20;
-/// The largest [`RelayBuilder::max_payload_bytes`]: SQLite's own limit on
-/// a value (`SQLITE_MAX_LENGTH`).
-pub const MAX_PAYLOAD_BYTES: u64 = 1_000_000_000;
-/// The largest [`RelayBuilder::batch_size`].
-pub const MAX_BATCH_SIZE: usize = 10_000;
-/// The most [`RelayBuilder::workers`].
-pub const MAX_WORKERS: usize = 1024;
-/// How long a claim holds a row before another relay may take it. Longer
-/// deliveries extend it by heartbeat.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// The shortest [`RelayBuilder::lease`].
-pub const MIN_LEASE: Duration = Duration::from_secs(1);
-/// The longest [`RelayBuilder::lease`]: 10 minutes. Deliveries longer than
-/// the lease extend it by heartbeat, so a longer lease buys nothing but a
-/// longer wait after a crash; and the bound lets a relay, `status` and
-/// `doctor` tell a lease the system clock stepped away from (one ending
-/// further ahead than any relay could have set it) from a real one.
-pub const MAX_LEASE: Duration = Duration::from_secs(600);
-/// How often a relay checks `PRAGMA data_version` for commits made by other
-/// connections when no file-system notification tells it sooner (the
-/// floor). A notification on the database's `-wal` file (inotify on Linux)
-/// wakes it within a millisecond; the floor is for file systems that send
-/// none, and keeps an idle relay at about one wake-up a second.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// The shortest [`RelayBuilder::poll_interval`].
-pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(1);
-/// The longest [`RelayBuilder::poll_interval`].
-pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(60);
-/// The longest a finished delivery waits before its outcome is committed
-/// (outcomes are grouped into one transaction).
-pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(2);
-/// The longest [`RelayBuilder::flush_interval`].
-pub const MAX_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
-/// How often purge, checkpoint and the stale check run.
-pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(10);
-/// The shortest [`RelayBuilder::housekeeping_interval`].
-pub const MIN_HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(1);
-/// The longest [`RelayBuilder::housekeeping_interval`].
-pub const MAX_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(86_400);
-/// The oldest due event may wait this long before the stale alert fires.
-pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(300);
-/// The grace period a dropped [`RelayHandle`] gives in-flight deliveries
-/// (call [`RelayHandle::shutdown`] to choose another).
-pub const DEFAULT_DROP_GRACE: Duration = Duration::from_secs(10);
 
 /// A registered consumer, as the workers run it.
 pub(crate) struct ConsumerEntry {

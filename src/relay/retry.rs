@@ -7,6 +7,10 @@ use std::time::Duration;
 use crate::clock::Timestamp;
 use crate::consumer::Outcome;
 use crate::error::{Setting, SettingError};
+use crate::limits::{
+    DEFAULT_JITTER, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX_DELAY,
+    MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY,
+};
 
 /// When to try a failed delivery again: exponential backoff from `initial`,
 /// doubling up to `max_delay`, for at most `max_attempts` attempts in all,
@@ -29,22 +33,6 @@ pub struct RetryPolicy {
     max_attempts: u32,
     jitter: f64,
 }
-
-/// First retry delay of the default policy.
-pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_secs(30);
-/// Longest retry delay of the default policy.
-pub const DEFAULT_RETRY_MAX_DELAY: Duration = Duration::from_secs(3600);
-/// Attempts (the first try included) before the default policy dead-letters.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
-/// The most [`RetryPolicy::max_attempts`] accepted.
-pub const MAX_RETRY_ATTEMPTS: u32 = 1000;
-/// Jitter of the default policy: up to 10% added to each delay.
-pub const DEFAULT_JITTER: f64 = 0.1;
-/// The longest [`RetryPolicy::max_delay`]: a week. A bound on the retry
-/// times a relay can write (at most twice this, with full jitter) lets a
-/// relay, `status` and `doctor` tell a retry the system clock stepped away
-/// from (a time further ahead than any policy could give) from a real one.
-pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(7 * 86_400);
 
 impl Default for RetryPolicy {
     /// 30 s doubling to 1 h, 10 attempts, 10% jitter.
