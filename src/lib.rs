@@ -36,6 +36,8 @@
 //! - [`clock`]: time as an input.
 //! - [`limits`]: the bounds and defaults of the relay's settings.
 //! - [`status`]: a read-only snapshot of the outbox for operators.
+//! - [`inspect`]: operators' bounded views: pages of events and dead letters, one event,
+//!   each consumer's backlog, per-minute counts (what the web console shows).
 //! - [`integrity`]: whether the database file is damaged, and what to do.
 //! - [`intents`]: publish intents, outside writes that are never posted twice.
 //! - [`repair`]: fixing a malformed dead letter's columns, checked as the relay would.
@@ -54,6 +56,7 @@ pub mod dedup;
 pub mod enqueue;
 pub mod envelope;
 pub mod error;
+pub mod inspect;
 pub mod integrity;
 pub mod intents;
 pub mod limits;

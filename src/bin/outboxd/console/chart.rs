@@ -6,7 +6,7 @@
 //! minute, and "enqueued" is the growth of the outbox's row-id sequence
 //! (ids are never reused, so it counts every insert, whoever made it).
 //! Under `outboxd console` there is no relay, so the figures are derived
-//! from the table ([`crate::console::queries::minute_counts`]); retries
+//! from the table ([`outboxd::inspect::minute_counts`]); retries
 //! leave no trace there and are not shown.
 
 use std::collections::VecDeque;
@@ -49,6 +49,17 @@ pub struct Counts {
     pub retried: u64,
     /// Events dead-lettered.
     pub dead: u64,
+}
+
+/// A minute as the table tells it (no retries there), as the chart's row.
+pub fn table_row(m: outboxd::inspect::MinuteCounts) -> (i64, Counts) {
+    let counts = Counts {
+        enqueued: m.enqueued,
+        delivered: m.delivered,
+        retried: 0,
+        dead: m.dead,
+    };
+    (m.minute, counts)
 }
 
 impl Counts {

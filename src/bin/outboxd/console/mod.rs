@@ -12,7 +12,6 @@
 //! - [`routes`]: paths to handlers; reads on the pool, writes through the
 //!   library's operations (dead-letter requeue and discard, replay).
 //! - [`pages`]: the HTML, from maud templates that escape every value.
-//! - [`queries`]: the SQL of the pages, each bounded on a million events.
 //! - [`cache`]: the status measured on demand on its own thread.
 //! - [`chart`]: the last hour per minute, and its SVG.
 //!
@@ -24,7 +23,6 @@ pub mod auth;
 pub mod cache;
 pub mod chart;
 pub mod pages;
-pub mod queries;
 pub mod routes;
 pub mod server;
 
@@ -86,9 +84,6 @@ pub enum MeasureError {
     /// The library's status failed.
     #[error(transparent)]
     Status(#[from] outboxd::Error),
-    /// One of the console's own queries failed.
-    #[error(transparent)]
-    Query(#[from] rusqlite::Error),
 }
 
 /// The status and its health verdict, or why it could not be read.
@@ -99,7 +94,7 @@ pub type StatusView = std::result::Result<(Status, Vec<Problem>), MeasureError>;
 pub struct Extras {
     /// Per configured consumer (retrying, dead) not yet delivered by it, and
     /// whether a bound cut the count short.
-    pub backlog: Option<std::result::Result<queries::Backlog, MeasureError>>,
+    pub backlog: Option<std::result::Result<outboxd::inspect::Backlog, MeasureError>>,
     /// The chart's rows from the table (`outboxd console`, no relay).
     pub chart_rows: Option<std::result::Result<Vec<(i64, Counts)>, MeasureError>>,
 }
@@ -137,7 +132,7 @@ impl App {
             .pool
             .get()
             .ok()
-            .and_then(|c| queries::enqueued_total(&c).ok())?;
+            .and_then(|c| outboxd::inspect::enqueued_total(&c).ok())?;
         Some(Counts {
             enqueued,
             delivered: relay.delivered,
@@ -213,10 +208,14 @@ pub fn start(listeners: Listeners, settings: Settings) -> Result<Console> {
             };
             let since = chart::hour_start(Timestamp::now()).as_millis();
             Extras {
-                backlog: (!consumers.is_empty())
-                    .then(|| queries::consumer_backlog(&conn, &consumers).map_err(Into::into)),
-                chart_rows: from_table
-                    .then(|| queries::minute_counts(&conn, since).map_err(Into::into)),
+                backlog: (!consumers.is_empty()).then(|| {
+                    outboxd::inspect::consumer_backlog(&conn, &consumers).map_err(Into::into)
+                }),
+                chart_rows: from_table.then(|| {
+                    outboxd::inspect::minute_counts(&conn, since)
+                        .map(|rows| rows.into_iter().map(chart::table_row).collect())
+                        .map_err(Into::into)
+                }),
             }
         })?
     };
@@ -297,7 +296,7 @@ fn sample_every_minute(relay: Arc<Metrics>, pool: Pool) -> Result<Arc<History>> 
     let enqueued = |pool: &Pool| {
         pool.get()
             .ok()
-            .and_then(|c| queries::enqueued_total(&c).ok())
+            .and_then(|c| outboxd::inspect::enqueued_total(&c).ok())
     };
     let now = Timestamp::now();
     if let Some(enqueued) = enqueued(&pool) {

@@ -12,10 +12,10 @@ use outboxd::Timestamp;
 
 use super::auth::CSRF_FIELD;
 use super::chart::{self, Series};
-use super::queries::{DeadPage, EventDetail, EventRow, EventsPage, StateFilter, PAYLOAD_CAP};
 use super::server::encode;
 use crate::cmd::support::{human, noun};
 use crate::config::alerts::Problem;
+use outboxd::inspect::{DeadPage, EventDetail, EventRow, EventsPage, StateFilter, PAYLOAD_CAP};
 
 /// What every page needs.
 pub struct Ctx<'a> {

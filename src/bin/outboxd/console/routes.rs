@@ -25,11 +25,11 @@ use outboxd::Timestamp;
 use super::auth::Refusal;
 use super::chart::Series;
 use super::pages::{self, ConsumerLine, Ctx, EventsForm, Nav, OverviewView, ReplayForm};
-use super::queries::{self, EventFilter, StateFilter};
 use super::server::{encode, Method, Params, Request, Response};
 use super::App;
 use crate::args::parse_duration;
 use crate::cmd::support::count;
+use outboxd::inspect::{self, EventFilter, StateFilter};
 
 /// A measure this recent is reused rather than asked for again.
 const FRESH: Duration = Duration::from_secs(1);
@@ -387,9 +387,9 @@ fn events(app: &App, req: &Request) -> Result<Response> {
     let (error, page_rows) = match filter {
         Ok(f) => {
             let conn = app.pool.get()?;
-            (None, queries::events_page(&conn, &f, now)?)
+            (None, inspect::events_page(&conn, &f, now)?)
         }
-        Err(e) => (Some(e), queries::EventsPage::default()),
+        Err(e) => (Some(e), inspect::EventsPage::default()),
     };
     let body = pages::events(
         &ctx(app),
@@ -409,7 +409,7 @@ fn events(app: &App, req: &Request) -> Result<Response> {
 
 fn event(app: &App, id: &str) -> Result<Response> {
     let conn = app.pool.get()?;
-    let Some(detail) = queries::find_event(&conn, id)? else {
+    let Some(detail) = inspect::find_event(&conn, id)? else {
         return Ok(page(
             app,
             404,
@@ -452,11 +452,11 @@ fn dead(app: &App, req: &Request) -> Result<Response> {
     };
     let done = Notice::from_query(app, &q).map(|n| n.text());
     let conn = app.pool.get()?;
-    let total = queries::dead_total(&conn)?;
+    let total = outboxd::status::dead_count(&conn)?;
     let rows = if error.is_none() {
-        queries::dead_page(&conn, pattern.as_ref(), after)?
+        inspect::dead_page(&conn, pattern.as_ref(), after)?
     } else {
-        queries::DeadPage::default()
+        inspect::DeadPage::default()
     };
     let body = pages::dead(
         &ctx(app),
