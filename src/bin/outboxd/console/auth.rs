@@ -27,7 +27,8 @@ use hmac::{KeyInit, Mac};
 use outboxd::Timestamp;
 use subtle::ConstantTimeEq;
 
-use super::server::{Params, Request};
+use super::form::Params;
+use super::server::Request;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "outboxd_session";

@@ -22,6 +22,7 @@
 pub mod auth;
 pub mod cache;
 pub mod chart;
+pub(crate) mod form;
 pub mod pages;
 pub mod routes;
 pub mod server;
@@ -265,7 +266,7 @@ pub fn start(listeners: Listeners, settings: Settings) -> Result<Console> {
         ));
         sites.len() - 1
     });
-    let server = server::Server::start(sites, server::Limits::default())
+    let server = server::Server::start(sites, server::HttpBounds::default())
         .context("cannot start the HTTP server")?;
     Ok(Console {
         server,

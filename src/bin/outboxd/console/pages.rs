@@ -12,7 +12,7 @@ use outboxd::Timestamp;
 
 use super::auth::CSRF_FIELD;
 use super::chart::{self, Series};
-use super::server::encode;
+use super::form::query;
 use crate::cmd::support::{human, noun};
 use crate::config::alerts::Problem;
 use outboxd::inspect::{DeadPage, EventDetail, EventRow, EventsPage, StateFilter, PAYLOAD_CAP};
@@ -225,12 +225,12 @@ pub fn overview(ctx: &Ctx<'_>, v: &OverviewView<'_>) -> Markup {
                 tbody {
                     @for c in &v.consumers {
                         tr data-consumer=(c.name) {
-                            td { a href={"/events?consumer=" (encode(&c.name))} { (c.name) } }
+                            td { a href={"/events?" (query([("consumer", c.name.as_str())]))} { (c.name) } }
                             td.num.delivered { (c.delivered) }
                             @match c.backlog {
                                 Some((retrying, dead)) => {
-                                    td.num { a href={"/events?state=retrying&missing=1&consumer=" (encode(&c.name))} { (retrying) } }
-                                    td.num { a href={"/events?state=dead&missing=1&consumer=" (encode(&c.name))} { (dead) } }
+                                    td.num { a href={"/events?" (query([("state", "retrying"), ("missing", "1"), ("consumer", &c.name)]))} { (retrying) } }
+                                    td.num { a href={"/events?" (query([("state", "dead"), ("missing", "1"), ("consumer", &c.name)]))} { (dead) } }
                                 }
                                 None => { td.num.muted { "—" } td.num.muted { "—" } }
                             }
@@ -292,25 +292,18 @@ pub struct EventsForm {
 
 impl EventsForm {
     /// The query string of these filters plus `extra`.
-    pub fn query(&self, extra: &str) -> String {
-        let mut q = String::from("?");
-        for (k, v) in [
-            ("state", &self.state),
+    pub fn query(&self, extra: (&str, &str)) -> String {
+        let filters = [
+            ("state", self.state.as_str()),
             ("type", &self.event_type),
             ("tenant", &self.tenant),
             ("consumer", &self.consumer),
             ("since", &self.since),
             ("until", &self.until),
-        ] {
-            if !v.is_empty() {
-                q.push_str(&format!("{k}={}&", encode(v)));
-            }
-        }
-        if self.missing {
-            q.push_str("missing=1&");
-        }
-        q.push_str(extra);
-        q
+            ("missing", if self.missing { "1" } else { "" }),
+        ];
+        let given = filters.into_iter().filter(|(_, v)| !v.is_empty());
+        format!("?{}", query(given.chain([extra])))
     }
 }
 
@@ -355,7 +348,7 @@ pub fn events(
         div.pager {
             span.muted { (page.rows.len()) " shown, " (page.scanned) " rows examined." }
             @if let Some(before) = page.next_before {
-                a id="older" href={"/events" (f.query(&format!("before={before}")))} { "Older →" }
+                a id="older" href={"/events" (f.query(("before", &before.to_string())))} { "Older →" }
             }
         }
     }
@@ -521,7 +514,7 @@ pub fn dead(
         }
         div.pager {
             @if let Some((at, id)) = page.next {
-                a id="older" href={"/dead?type=" (encode(pattern)) "&at=" (at) "&before=" (id)} { "Older →" }
+                a id="older" href={"/dead?" (query([("type", pattern), ("at", &at.to_string()), ("before", &id.to_string())]))} { "Older →" }
             }
         }
     }

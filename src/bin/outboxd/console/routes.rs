@@ -24,8 +24,9 @@ use outboxd::Timestamp;
 
 use super::auth::Refusal;
 use super::chart::Series;
+use super::form::{query, Params};
 use super::pages::{self, ConsumerLine, Ctx, EventsForm, Nav, OverviewView, ReplayForm};
-use super::server::{encode, Method, Params, Request, Response};
+use super::server::{Method, Request, Response};
 use super::App;
 use crate::args::parse_duration;
 use crate::cmd::support::count;
@@ -749,7 +750,10 @@ impl Notice {
     /// The 303 to `path` showing this notice.
     fn redirect(&self, app: &App, path: &str) -> Response {
         let sealed = app.auth.seal_notice(&self.encode(), Timestamp::now());
-        Response::see_other(&format!("{path}?{}={}", Self::PARAM, encode(&sealed)))
+        Response::see_other(&format!(
+            "{path}?{}",
+            query([(Self::PARAM, sealed.as_str())])
+        ))
     }
 
     /// The notice a page's query carries, if the console sealed it.
