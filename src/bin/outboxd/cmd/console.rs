@@ -13,7 +13,7 @@ use outboxd::status::Thresholds;
 
 use super::Global;
 use crate::config::{alerts, resolve_listen, Config, HttpServe, HttpSettings};
-use crate::console::{self, Console, Listeners, Settings};
+use crate::console::{self, Console, ConsoleSetup, Listeners};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd console --help`.
@@ -98,7 +98,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             console: Some((listener, serve)),
             probes: None,
         },
-        Settings {
+        ConsoleSetup {
             db: db.clone(),
             thresholds: config
                 .as_ref()
@@ -179,7 +179,7 @@ impl Plan {
                 console: self.console,
                 probes: self.metrics,
             },
-            Settings {
+            ConsoleSetup {
                 db: db.to_path_buf(),
                 thresholds: self.thresholds,
                 consumers: self.consumers,

@@ -31,25 +31,25 @@ use super::form::Params;
 use super::server::Request;
 
 /// The session cookie's name.
-pub const COOKIE: &str = "outboxd_session";
+pub(crate) const COOKIE: &str = "outboxd_session";
 
 /// The form field carrying the CSRF token.
-pub const CSRF_FIELD: &str = "csrf";
+pub(crate) const CSRF_FIELD: &str = "csrf";
 
 /// How long a login lasts: the cookie's Max-Age, and the oldest issue time
 /// a cookie may carry.
-pub const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
+pub(crate) const SESSION_LIFETIME: Duration = Duration::from_secs(12 * 3600);
 
 /// How long a banner's sealed value is shown: long enough to follow the
 /// redirect (and reload), not to be passed around.
-pub const NOTICE_LIFETIME: Duration = Duration::from_secs(10 * 60);
+pub(crate) const NOTICE_LIFETIME: Duration = Duration::from_secs(10 * 60);
 
 /// How far ahead of this clock an issue time may be (clocks of one machine
 /// agree; this only forgives a step of the wall clock).
 const FUTURE_SKEW: Duration = Duration::from_secs(60);
 
 /// The console's access rules.
-pub struct Auth {
+pub(crate) struct Auth {
     token: Option<Token>,
     csrf: String,
     /// Seals the banners' values (random per process).
@@ -65,7 +65,7 @@ struct Token {
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// No valid token or session (401).
     Unauthenticated,
     /// A bad Host, Origin or CSRF token (403), with the reason.
@@ -74,7 +74,7 @@ pub enum Refusal {
 
 impl Auth {
     /// The rules for a server bound to `bind`, with the token (if any).
-    pub fn new(token: Option<String>, bind: SocketAddr) -> Auth {
+    pub(crate) fn new(token: Option<String>, bind: SocketAddr) -> Auth {
         Auth {
             token: token.map(|secret| Token { secret }),
             csrf: hex(&rand::random::<[u8; 32]>()),
@@ -85,18 +85,18 @@ impl Auth {
     }
 
     /// The CSRF token to write into forms.
-    pub fn csrf(&self) -> &str {
+    pub(crate) fn csrf(&self) -> &str {
         &self.csrf
     }
 
     /// True when requests need a token (a login is offered).
-    pub fn needs_token(&self) -> bool {
+    pub(crate) fn needs_token(&self) -> bool {
         self.token.is_some()
     }
 
     /// Checks the Host (loopback only) and the token or a session cookie
     /// issued at most [`SESSION_LIFETIME`] before `now`.
-    pub fn admit(&self, req: &Request, now: Timestamp) -> Result<(), Refusal> {
+    pub(crate) fn admit(&self, req: &Request, now: Timestamp) -> Result<(), Refusal> {
         if self.loopback {
             let host = req.header("host").unwrap_or("");
             if !is_loopback_host(host) {
@@ -138,7 +138,7 @@ impl Auth {
 
     /// Checks that a POST comes from the console's own pages: the same
     /// origin, and the CSRF token in the form.
-    pub fn check_post(&self, req: &Request, form: &Params) -> Result<(), Refusal> {
+    pub(crate) fn check_post(&self, req: &Request, form: &Params) -> Result<(), Refusal> {
         // The console's own authority: the Host, or the one a reverse proxy
         // in front of it was asked for (a page on another site can set
         // neither on a form it makes the browser send).
@@ -178,7 +178,7 @@ impl Auth {
 
     /// The Set-Cookie value logging in with `given` at `now`, or None when
     /// it is not the token. `secure` (a TLS proxy in front) adds `Secure`.
-    pub fn login(&self, given: &str, secure: bool, now: Timestamp) -> Option<String> {
+    pub(crate) fn login(&self, given: &str, secure: bool, now: Timestamp) -> Option<String> {
         let token = self.token.as_ref()?;
         eq(given.trim(), &token.secret).then(|| {
             format!(
@@ -192,18 +192,18 @@ impl Auth {
 
     /// `notice` (what an action did, in the server's own terms) sealed at
     /// `now`, for the URL an action redirects to.
-    pub fn seal_notice(&self, notice: &str, now: Timestamp) -> String {
+    pub(crate) fn seal_notice(&self, notice: &str, now: Timestamp) -> String {
         seal(&self.notice_key, "notice", now, notice)
     }
 
     /// The notice a [`seal_notice`](Self::seal_notice) value carries, if
     /// this process sealed it at most [`NOTICE_LIFETIME`] before `now`.
-    pub fn open_notice<'a>(&self, value: &'a str, now: Timestamp) -> Option<&'a str> {
+    pub(crate) fn open_notice<'a>(&self, value: &'a str, now: Timestamp) -> Option<&'a str> {
         unseal(&self.notice_key, "notice", value, now, NOTICE_LIFETIME)
     }
 
     /// The Set-Cookie value that logs out.
-    pub fn logout(&self) -> String {
+    pub(crate) fn logout(&self) -> String {
         format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
     }
 }

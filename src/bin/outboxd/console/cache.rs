@@ -16,13 +16,13 @@ use outboxd::Timestamp;
 
 /// One measure and when it was taken.
 #[derive(Debug)]
-pub struct Measured<T> {
+pub(crate) struct Measured<T> {
     /// The value.
-    pub value: T,
+    pub(crate) value: T,
     /// When the measure started.
-    pub at: Timestamp,
+    pub(crate) at: Timestamp,
     /// How long it took.
-    pub took: Duration,
+    pub(crate) took: Duration,
     started: Instant,
 }
 
@@ -44,14 +44,14 @@ impl<T> Shared<T> {
 }
 
 /// A value kept fresh on demand by its own thread.
-pub struct Cached<T> {
+pub(crate) struct Cached<T> {
     shared: Arc<Shared<T>>,
 }
 
 impl<T: Send + Sync + 'static> Cached<T> {
     /// Starts the thread that runs `measure` when asked. It ends once the
     /// `Cached` is dropped.
-    pub fn start(
+    pub(crate) fn start(
         name: &str,
         mut measure: impl FnMut() -> T + Send + 'static,
     ) -> std::io::Result<Cached<T>> {
@@ -104,7 +104,7 @@ impl<T: Send + Sync + 'static> Cached<T> {
     /// for a new one and waits up to `wait` for it (not at all when the last
     /// one took longer than `wait`), then returns the latest there is
     /// (older, or None before the first measure ends).
-    pub fn get(&self, fresh: Duration, wait: Duration) -> Option<Arc<Measured<T>>> {
+    pub(crate) fn get(&self, fresh: Duration, wait: Duration) -> Option<Arc<Measured<T>>> {
         let asked = Instant::now();
         let is_fresh = |m: &Measured<T>| asked.saturating_duration_since(m.started) <= fresh;
         let mut st = self.shared.lock();

@@ -16,43 +16,43 @@ use maud::{html, Markup};
 use outboxd::Timestamp;
 
 /// Minutes on the chart.
-pub const MINUTES: i64 = 60;
+pub(crate) const MINUTES: i64 = 60;
 
 /// A minute, in the milliseconds of a [`Timestamp`].
 const MINUTE_MS: i64 = 60_000;
 
 /// The minute (counted from the Unix epoch) that `t` falls in: the chart's
 /// unit of time.
-pub fn minute_of(t: Timestamp) -> i64 {
+pub(crate) fn minute_of(t: Timestamp) -> i64 {
     t.as_millis().div_euclid(MINUTE_MS)
 }
 
 /// When `minute` starts.
-pub fn start_of(minute: i64) -> Timestamp {
+pub(crate) fn start_of(minute: i64) -> Timestamp {
     Timestamp::from_millis(minute.saturating_mul(MINUTE_MS))
 }
 
 /// When the chart's first minute starts, at `now`: the hour shown ends
 /// with the minute in progress.
-pub fn hour_start(now: Timestamp) -> Timestamp {
+pub(crate) fn hour_start(now: Timestamp) -> Timestamp {
     start_of(minute_of(now) - MINUTES + 1)
 }
 
 /// Events per minute (or running totals).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counts {
+pub(crate) struct Counts {
     /// Rows inserted into the outbox.
-    pub enqueued: u64,
+    pub(crate) enqueued: u64,
     /// Events marked delivered.
-    pub delivered: u64,
+    pub(crate) delivered: u64,
     /// Retries scheduled.
-    pub retried: u64,
+    pub(crate) retried: u64,
     /// Events dead-lettered.
-    pub dead: u64,
+    pub(crate) dead: u64,
 }
 
 /// A minute as the table tells it (no retries there), as the chart's row.
-pub fn table_row(m: outboxd::inspect::MinuteCounts) -> (i64, Counts) {
+pub(crate) fn table_row(m: outboxd::inspect::MinuteCounts) -> (i64, Counts) {
     let counts = Counts {
         enqueued: m.enqueued,
         delivered: m.delivered,
@@ -77,18 +77,18 @@ impl Counts {
 /// The figures of the chart: one entry per minute, oldest first, the last
 /// one the current minute; None where nothing was measured.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Series {
+pub(crate) struct Series {
     /// The minute (since the Unix epoch) of the first entry.
-    pub first_minute: i64,
+    pub(crate) first_minute: i64,
     /// Per minute.
-    pub minutes: Vec<Option<Counts>>,
+    pub(crate) minutes: Vec<Option<Counts>>,
     /// False when retries are not known (derived from the table).
-    pub has_retries: bool,
+    pub(crate) has_retries: bool,
 }
 
 /// A running relay's totals, sampled once a minute.
 #[derive(Debug, Default)]
-pub struct History {
+pub(crate) struct History {
     state: Mutex<HistoryState>,
 }
 
@@ -105,7 +105,7 @@ impl History {
     /// the previous record is the previous minute's figure. The first
     /// record of a minute is its start: a later one in the same minute (the
     /// sampler after [`History::series`] recorded on demand) changes nothing.
-    pub fn record(&self, minute: i64, totals: Counts) {
+    pub(crate) fn record(&self, minute: i64, totals: Counts) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.record(minute, totals);
     }
@@ -116,7 +116,7 @@ impl History {
     /// `live` is recorded as this minute's start first, so the growth since
     /// the last sample is counted (in the last full minute) rather than
     /// left out of the hour.
-    pub fn series(&self, now_minute: i64, live: Counts) -> Series {
+    pub(crate) fn series(&self, now_minute: i64, live: Counts) -> Series {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.base.is_some_and(|(m, _)| m < now_minute) {
             st.record(now_minute, live);
@@ -171,7 +171,7 @@ fn slot(first_minute: i64, minute: i64) -> Option<usize> {
 impl Series {
     /// A series from per-minute rows `(minute, counts)` (the table's view):
     /// every minute of the hour is measured, zero where no row says so.
-    pub fn from_rows(now_minute: i64, rows: &[(i64, Counts)]) -> Series {
+    pub(crate) fn from_rows(now_minute: i64, rows: &[(i64, Counts)]) -> Series {
         let first_minute = now_minute - MINUTES + 1;
         let mut minutes = vec![Some(Counts::default()); MINUTES as usize];
         for (m, c) in rows {
@@ -187,7 +187,7 @@ impl Series {
     }
 
     /// The sum over the hour.
-    pub fn total(&self) -> Counts {
+    pub(crate) fn total(&self) -> Counts {
         self.minutes
             .iter()
             .flatten()
@@ -208,7 +208,7 @@ const BOTTOM: f64 = 24.0;
 
 /// The chart as inline SVG (no script, no style attribute: colours come
 /// from the stylesheet's classes, which the CSP allows).
-pub fn svg(series: &Series) -> Markup {
+pub(crate) fn svg(series: &Series) -> Markup {
     type Pick = fn(&Counts) -> u64;
     let mut lines: Vec<(&str, &str, Pick)> = vec![
         ("enqueued", "s-enqueued", |c| c.enqueued),

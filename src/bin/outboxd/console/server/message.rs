@@ -65,8 +65,6 @@ impl Request {
     }
 }
 
-/// Decoded `a=b&c=d` pairs, in order; a name may repeat.
-
 /// One answer.
 #[derive(Debug, Clone)]
 pub(crate) struct Response {

@@ -1,0 +1,292 @@
+//! Paths to handlers.
+//!
+//! | path | what |
+//! |---|---|
+//! | `GET /` | overview |
+//! | `GET /events`, `GET /events/{event id or row id}` | events and one event |
+//! | `GET /dead`, `POST /dead/confirm`, `POST /dead/apply` | dead letters, an action's confirmation, the action |
+//! | `GET /replay`, `POST /replay` | replay: count, then do |
+//! | `GET /intents`, `GET /capture` | open publish intents, capture |
+//! | `GET /metrics`, `GET /healthz` | Prometheus text, health verdict as JSON |
+//! | `GET /login`, `POST /login`, `POST /logout` | the token's session |
+//!
+//! Every request passes [`Auth::admit`](super::auth::Auth::admit) first;
+//! every POST also [`Auth::check_post`](super::auth::Auth::check_post), and
+//! none is taken when the console is read-only.
+
+mod dead;
+mod events;
+mod notice;
+mod overview;
+mod probes;
+mod replay;
+
+use std::time::Duration;
+
+use anyhow::Result;
+use outboxd::router::Pattern;
+use outboxd::Timestamp;
+
+use super::app::App;
+use super::auth::Refusal;
+use super::form::Params;
+use super::pages::{self, CaptureView, Ctx, IntentsView, Nav};
+use super::server::{Method, Request, Response};
+use crate::args::parse_duration;
+
+/// A measure this recent is reused rather than asked for again.
+const FRESH: Duration = Duration::from_secs(1);
+
+/// How long a page waits for a new measure before showing the last one.
+const PAGE_WAIT: Duration = Duration::from_millis(40);
+
+/// How long /metrics and /healthz wait for the first measure.
+const PROBE_WAIT: Duration = Duration::from_secs(5);
+
+/// The console's stylesheet.
+const CSS: &str = include_str!("../console.css");
+
+/// Answers one request on the `[metrics] listen` address: counts only, no
+/// token, any Host, as it was before the console existed.
+pub(crate) fn handle_probes(app: &App, req: &Request) -> Response {
+    match (req.method, req.path.as_str()) {
+        (Method::Get, "/metrics") => probes::metrics(app),
+        (Method::Get, "/healthz") => probes::healthz(app),
+        (Method::Get, _) => Response::text(
+            404,
+            "not found; this address serves /metrics and /healthz ([http] listen serves the console)\n",
+        ),
+        _ => Response::text(405, "only GET /metrics and /healthz\n"),
+    }
+}
+
+/// Answers one request on the console's address.
+pub(crate) fn handle(app: &App, req: &Request) -> Response {
+    let path = req.path.as_str();
+    match app.auth.admit(req, Timestamp::now()) {
+        Ok(()) => {}
+        Err(Refusal::Forbidden(m)) => return Response::text(403, format!("{m}\n")),
+        Err(Refusal::Unauthenticated) => {
+            let open = matches!(path, "/login" | "/console.css");
+            if !open {
+                return unauthenticated(app, req);
+            }
+        }
+    }
+    let result = match (req.method, path) {
+        (Method::Get, "/") => overview::overview(app),
+        (Method::Get, "/metrics") => Ok(probes::metrics(app)),
+        (Method::Get, "/healthz") => Ok(probes::healthz(app)),
+        (Method::Get, "/console.css") => Ok(Response {
+            status: 200,
+            content_type: "text/css; charset=utf-8",
+            headers: Vec::new(),
+            body: CSS.as_bytes().to_vec(),
+        }),
+        (Method::Get, "/events") => events::events(app, req),
+        (Method::Get, p) if p.starts_with("/events/") => events::event(app, &p["/events/".len()..]),
+        (Method::Get, "/dead") => dead::dead(app, req),
+        (Method::Post, "/dead/confirm") => post(app, req, dead::dead_confirm),
+        (Method::Post, "/dead/apply") => post(app, req, dead::dead_apply),
+        (Method::Get, "/replay") => replay::replay(app, req),
+        (Method::Post, "/replay") => post(app, req, replay::replay_apply),
+        (Method::Get, "/intents") => intents(app),
+        (Method::Get, "/capture") => capture(app),
+        (Method::Get, "/login") => Ok(login_page(app, 200, None)),
+        (Method::Post, "/login") => Ok(login(app, req)),
+        (Method::Post, "/logout") => Ok(logout(app, req)),
+        (Method::Get, _) => Ok(page(
+            app,
+            404,
+            "Not found",
+            Nav::None,
+            pages::message("Not found", &format!("Nothing is served at {path}.")),
+        )),
+        _ => Ok(Response::text(405, "method not allowed\n")),
+    };
+    result.unwrap_or_else(|e| {
+        tracing::warn!(path, error = %format!("{e:#}"), "a console page failed");
+        page(
+            app,
+            500,
+            "Error",
+            Nav::None,
+            pages::message("Something went wrong", &format!("{e:#}")),
+        )
+    })
+}
+
+fn ctx(app: &App) -> Ctx<'_> {
+    Ctx {
+        csrf: app.auth.csrf(),
+        read_only: app.read_only,
+        logout: app.auth.needs_token(),
+        now: Timestamp::now(),
+    }
+}
+
+fn page(app: &App, status: u16, title: &str, nav: Nav, body: maud::Markup) -> Response {
+    Response::html(status, pages::layout(&ctx(app), title, nav, body))
+}
+
+fn unauthenticated(app: &App, req: &Request) -> Response {
+    let is_page =
+        req.method == Method::Get && !matches!(req.path.as_str(), "/metrics" | "/healthz");
+    if is_page {
+        login_page(app, 401, None)
+    } else {
+        Response::text(
+            401,
+            "a token is required: Authorization: Bearer <token>, or log in at /login\n",
+        )
+        .with_header("WWW-Authenticate", "Bearer realm=\"outboxd\"".into())
+    }
+}
+
+/// Runs a POST handler after the read-only, Origin and CSRF checks.
+fn post(
+    app: &App,
+    req: &Request,
+    handler: fn(&App, &Params) -> Result<Response>,
+) -> Result<Response> {
+    if app.read_only {
+        return Ok(Response::text(
+            403,
+            "the console is read-only ([http] read_only = true); nothing was changed\n",
+        ));
+    }
+    let form = req.form();
+    if let Err(refusal) = app.auth.check_post(req, &form) {
+        return Ok(refused(app, refusal));
+    }
+    handler(app, &form)
+}
+
+fn refused(app: &App, refusal: Refusal) -> Response {
+    let m = match refusal {
+        Refusal::Forbidden(m) => m,
+        Refusal::Unauthenticated => "log in first".into(),
+    };
+    page(
+        app,
+        403,
+        "Refused",
+        Nav::None,
+        pages::message("Refused", &m),
+    )
+}
+
+/// A 400 page for a form that asks for nothing that can be done.
+fn nothing_done(app: &App, nav: Nav, why: &str) -> Response {
+    page(
+        app,
+        400,
+        "Nothing done",
+        nav,
+        pages::message("Nothing done", why),
+    )
+}
+
+// Events.
+
+/// A time filter: RFC 3339, a date-time without zone (UTC), or a duration
+/// meaning that long ago (`1h`).
+fn parse_time(field: &str, s: &str, now: Timestamp) -> std::result::Result<Timestamp, String> {
+    if let Ok(t) = s.parse::<Timestamp>() {
+        return Ok(t);
+    }
+    for suffix in ["Z", ":00Z"] {
+        if let Ok(t) = format!("{s}{suffix}").parse::<Timestamp>() {
+            return Ok(t);
+        }
+    }
+    if let Ok(d) = parse_duration(s) {
+        return Ok(now.minus(d));
+    }
+    Err(format!(
+        "{field}: {s:?} is not a time; use RFC 3339 (2026-11-30T07:18:00Z) or how long ago (30m, 2h, 1d)"
+    ))
+}
+
+fn parse_pattern(s: &str) -> std::result::Result<Pattern, String> {
+    Pattern::parse(s).map_err(|e| e.to_string())
+}
+
+/// The consumer names the console knows: configured, then from the ledger.
+fn known_consumers(app: &App) -> Vec<String> {
+    let mut names: Vec<String> = app.consumers.names().map(str::to_string).collect();
+    if let Some(m) = app.status.get(Duration::from_secs(3600), Duration::ZERO) {
+        if let Ok((s, _)) = &m.value {
+            for n in s.delivered_by_consumer.keys() {
+                if !names.contains(n) {
+                    names.push(n.clone());
+                }
+            }
+        }
+    }
+    names
+}
+
+// ---------------------------------------------------------------------------
+// Intents, capture, login.
+
+fn intents(app: &App) -> Result<Response> {
+    let conn = app.pool.get()?;
+    let open = outboxd::intents::list_open(&conn)?;
+    Ok(page(
+        app,
+        200,
+        "Intents",
+        Nav::Intents,
+        pages::intents(&ctx(app), &IntentsView { open }),
+    ))
+}
+
+fn capture(app: &App) -> Result<Response> {
+    let conn = app.pool.get()?;
+    let captures = outboxd::capture::inspect(&conn)?;
+    Ok(page(
+        app,
+        200,
+        "Capture",
+        Nav::Capture,
+        pages::capture(&ctx(app), &CaptureView { captures }),
+    ))
+}
+
+fn login_page(app: &App, status: u16, error: Option<&str>) -> Response {
+    if !app.auth.needs_token() {
+        return Response::see_other("/");
+    }
+    page(
+        app,
+        status,
+        "Log in",
+        Nav::None,
+        pages::login(&ctx(app), error),
+    )
+}
+
+fn login(app: &App, req: &Request) -> Response {
+    let form = req.form();
+    if let Err(refusal) = app.auth.check_post(req, &form) {
+        return refused(app, refusal);
+    }
+    let behind_tls = req.header("x-forwarded-proto") == Some("https");
+    match app.auth.login(
+        form.get("token").unwrap_or(""),
+        behind_tls,
+        Timestamp::now(),
+    ) {
+        Some(cookie) => Response::see_other("/").with_header("Set-Cookie", cookie),
+        None => login_page(app, 401, Some("That is not the token.")),
+    }
+}
+
+fn logout(app: &App, req: &Request) -> Response {
+    let form = req.form();
+    if let Err(refusal) = app.auth.check_post(req, &form) {
+        return refused(app, refusal);
+    }
+    Response::see_other("/login").with_header("Set-Cookie", app.auth.logout())
+}
