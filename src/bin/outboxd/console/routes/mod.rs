@@ -190,8 +190,13 @@ fn nothing_done(app: &App, nav: Nav, why: &str) -> Response {
 // Events.
 
 /// A time filter: RFC 3339, a date-time without zone (UTC), or a duration
-/// meaning that long ago (`1h`).
-fn parse_time(field: &str, s: &str, now: Timestamp) -> std::result::Result<Timestamp, String> {
+/// meaning that long ago (`1h`, `1h ago`). The one parser of the console's
+/// time fields (the events filter and the replay form).
+pub(crate) fn parse_time(
+    field: &str,
+    s: &str,
+    now: Timestamp,
+) -> std::result::Result<Timestamp, String> {
     if let Ok(t) = s.parse::<Timestamp>() {
         return Ok(t);
     }
@@ -200,7 +205,7 @@ fn parse_time(field: &str, s: &str, now: Timestamp) -> std::result::Result<Times
             return Ok(t);
         }
     }
-    if let Ok(d) = parse_duration(s) {
+    if let Ok(d) = parse_duration(s.strip_suffix(" ago").unwrap_or(s)) {
         return Ok(now.minus(d));
     }
     Err(format!(
@@ -289,4 +294,27 @@ fn logout(app: &App, req: &Request) -> Response {
         return refused(app, refusal);
     }
     Response::see_other("/login").with_header("Set-Cookie", app.auth.logout())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_time_field_takes_rfc_3339_a_bare_date_time_or_how_long_ago() {
+        let now: Timestamp = "2026-11-30T08:00:00Z".parse().unwrap();
+        let at = |s| parse_time("since", s, now).map(|t| t.to_string());
+        let seven = "2026-11-30T07:00:00.000Z";
+        for given in [
+            "2026-11-30T07:00:00Z",
+            "2026-11-30T07:00",
+            "1h",
+            "1h ago",
+            "60m",
+        ] {
+            assert_eq!(at(given).as_deref(), Ok(seven), "{given}");
+        }
+        let e = at("yesterday").unwrap_err();
+        assert!(e.starts_with("since: \"yesterday\" is not a time"), "{e}");
+    }
 }
