@@ -23,9 +23,10 @@ pub(crate) enum MeasureError {
     /// No read connection could be had from the pool.
     #[error("no read connection to the database: {0}")]
     Pool(#[from] r2d2::Error),
-    /// The library's status failed.
+    /// The library could not read the database (the status, a consumer's
+    /// backlog, the counts per minute).
     #[error(transparent)]
-    Status(#[from] outboxd::Error),
+    Read(#[from] outboxd::Error),
 }
 
 /// The status and its health verdict, or why it could not be read.

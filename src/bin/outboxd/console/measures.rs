@@ -13,7 +13,9 @@ use outboxd::Timestamp;
 use super::app::{Extras, Pool, StatusView};
 use super::chart::{self, Counts, History};
 
-/// The status now and its verdict against `thresholds`.
+/// The status now and its health verdict against `thresholds`: the one
+/// place the console judges health (the overview's banner and `/healthz`
+/// show what this returns).
 pub(super) fn measure_status(pool: &Pool, thresholds: &Thresholds) -> StatusView {
     let conn = pool.get()?;
     let status = outboxd::status::status(&conn, Timestamp::now())?;
@@ -119,7 +121,7 @@ mod tests {
         assert!(measure_status(&pool, &thresholds).is_ok());
         conn.execute_batch("DROP TABLE event_outbox").unwrap();
         match measure_status(&pool, &thresholds) {
-            Err(MeasureError::Status(e)) => assert!(e.to_string().contains("event_outbox"), "{e}"),
+            Err(MeasureError::Read(e)) => assert!(e.to_string().contains("event_outbox"), "{e}"),
             other => panic!("{other:?}"),
         }
     }
