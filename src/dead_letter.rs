@@ -104,15 +104,8 @@ pub fn show(conn: &Connection, id: &str) -> Result<DeadLetter> {
 pub fn count(conn: &Connection, which: &Selector) -> Result<u64> {
     crate::schema::ensure_current(conn)?;
     if let Selector::All = which {
-        // Counted, not listed (there may be millions).
-        return conn
-            .query_row(
-                "SELECT count(*) FROM event_outbox WHERE status <> 'pending' AND status = 'dead'",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
-            .map(|n| n as u64)
-            .map_err(Error::db("count dead letters"));
+        // Counted, not listed (there may be millions): the status's count.
+        return crate::status::dead_count(conn);
     }
     Ok(select(conn, which)?.len() as u64)
 }
