@@ -10,6 +10,7 @@ use outboxd::{EventId, Timestamp};
 
 use super::support::{bar, count, Progress};
 use super::{database, Global};
+use crate::args::parse_time_now;
 use crate::config::Config;
 use crate::exit::{Exit, Failure};
 
@@ -29,6 +30,7 @@ knows, exit 5; with --config, the config's consumers are known too.
 Examples:
   outboxd --db app.db replay --consumer search-index --type 'article.*.v1' \\
       --since 2026-11-29T00:00:00Z --until 2026-11-30T00:00:00Z
+  outboxd --db app.db replay --consumer billing --type 'order.*.v1' --since '2h ago'
   outboxd --db app.db replay --consumer billing --id 01JDQ7X6ZB5N4Q2W8V1K3M9T0R
   outboxd --db app.db replay --consumer audit-log --all";
 
@@ -53,11 +55,13 @@ pub struct Args {
     /// Only event types matching this pattern, such as article.*.v1.
     #[arg(long = "type", value_name = "PATTERN", value_parser = Pattern::parse)]
     event_type: Option<Pattern>,
-    /// Only events that occurred at or after this time (RFC 3339).
-    #[arg(long, value_name = "TIME")]
+    /// Only events that occurred at or after this time: RFC 3339, or how
+    /// long ago (2h ago).
+    #[arg(long, value_name = "TIME", value_parser = parse_time_now)]
     since: Option<Timestamp>,
-    /// Only events that occurred before this time (RFC 3339).
-    #[arg(long, value_name = "TIME")]
+    /// Only events that occurred before this time: RFC 3339, or how long
+    /// ago (30m ago).
+    #[arg(long, value_name = "TIME", value_parser = parse_time_now)]
     until: Option<Timestamp>,
     /// Only these event ids (repeat the flag for several).
     #[arg(long = "id", value_name = "ID", value_parser = parse_event_id)]
