@@ -1,5 +1,5 @@
 //! `outboxd console`: the web console alone, for a database a relay
-//! elsewhere is working on; and [`Plan`], how `outboxd run` serves the
+//! elsewhere is working on; and [`HttpServers`], how `outboxd run` serves the
 //! console, `/metrics` and `/healthz` beside its relay.
 
 use std::net::{SocketAddr, TcpListener};
@@ -92,7 +92,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     // The address bound (the port given may be 0).
     let addr = listener.local_addr().unwrap_or(serve.listen);
     super::database::for_reading(&db)?;
-    let signals = super::run::install_signal_handler()?;
+    let signals = super::signals::install_handler()?;
     let started = console::start(
         Listeners {
             console: Some((listener, serve)),
@@ -124,14 +124,14 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 /// The HTTP servers of `outboxd run`, their addresses bound before the
 /// relay starts (so a taken port is a config error, not a half-started
 /// relay), started beside it.
-pub struct Plan {
+pub(crate) struct HttpServers {
     console: Option<(TcpListener, HttpServe)>,
     metrics: Option<TcpListener>,
     thresholds: Thresholds,
     consumers: Subscriptions,
 }
 
-impl Plan {
+impl HttpServers {
     /// Binds `[http]` (or `--http`) for the console and the legacy
     /// `[metrics]` (or `--metrics`) address for /metrics and /healthz.
     pub fn bind(
@@ -139,7 +139,7 @@ impl Plan {
         http: Option<&str>,
         token_env: Option<&str>,
         metrics: Option<SocketAddr>,
-    ) -> Result<Plan> {
+    ) -> Result<HttpServers> {
         let listen = match http {
             Some(a) => {
                 Some(resolve_listen(a).map_err(|m| Failure::config(format!("--http: {m}")))?)
@@ -159,7 +159,7 @@ impl Plan {
             Some(addr) => Some(bind(addr, "metrics", "--metrics or metrics.listen")?),
             None => None,
         };
-        Ok(Plan {
+        Ok(HttpServers {
             console,
             metrics,
             thresholds: config.alerts,

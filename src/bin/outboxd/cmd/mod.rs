@@ -21,6 +21,7 @@ pub mod payload;
 pub mod purge;
 pub mod replay;
 pub mod run;
+pub mod signals;
 pub mod status;
 pub mod support;
 
@@ -109,7 +110,7 @@ impl Command {
                 let result = run::exec(global, args);
                 // However run ended (a clean stop, an error, the relay
                 // dropped): no command sink's program outlives it.
-                run::kill_programs_left_behind();
+                signals::kill_programs_left_behind();
                 result
             }
             Command::Console(args) => console::exec(global, args),

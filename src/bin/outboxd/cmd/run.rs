@@ -1,11 +1,10 @@
 //! `outboxd run`: the relay, until SIGINT or SIGTERM.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::RecvTimeoutError;
 
 use super::database::{self, FileIdentity};
 use super::Global;
@@ -95,13 +94,13 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
         Some(a) => Some(resolve_listen(a).map_err(|m| Failure::config(format!("--metrics: {m}")))?),
         None => config.metrics,
     };
-    let http = super::console::Plan::bind(
+    let http = super::console::HttpServers::bind(
         &config,
         args.http.as_deref(),
         args.http_token_env.as_deref(),
         metrics_addr,
     )?;
-    let signals = install_signal_handler()?;
+    let signals = super::signals::install_handler()?;
     // Sinks that connect somewhere (nats) do it now, before the database is
     // touched: refused credentials or a missing stream are config errors.
     for c in &config.consumers {
@@ -209,49 +208,6 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     tracing::info!("outboxd stopped");
     Ok(Exit::Ok)
-}
-
-/// Kills the programs of command sinks still running (deliveries the relay
-/// left behind after its grace: their rows are released, and another run
-/// will deliver them again), and says how many at WARN.
-pub fn kill_programs_left_behind() {
-    let killed = outboxd::sinks::command::kill_running();
-    if killed > 0 {
-        tracing::warn!(
-            killed,
-            "killed command sink programs still running after the shutdown grace; their \
-             events will be delivered again"
-        );
-    }
-}
-
-/// The first SIGINT/SIGTERM/SIGHUP is sent on the channel; a second one
-/// exits the process at once with 130 (killing command sinks' programs
-/// first).
-pub fn install_signal_handler() -> Result<Receiver<()>> {
-    static SIGNALS: AtomicUsize = AtomicUsize::new(0);
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    ctrlc::set_handler(move || {
-        if SIGNALS.fetch_add(1, Ordering::SeqCst) == 0 {
-            let _ = tx.try_send(());
-        } else {
-            eprintln!("outboxd: second signal; exiting without waiting for deliveries in flight (their leases expire)");
-            outboxd::sinks::command::kill_running();
-            std::process::exit(130);
-        }
-    })
-    .map_err(|e| {
-        // ctrlc starts a thread to wait for signals; failing that is the
-        // system's limits, not the user's input.
-        let why = match &e {
-            ctrlc::Error::System(io) => io.to_string(),
-            other => other.to_string(),
-        };
-        Failure::internal(format!(
-            "cannot install the SIGINT/SIGTERM handler: {why}"
-        ))
-    })?;
-    Ok(rx)
 }
 
 /// Logs when the dead letters cross `[alerts] max_dead` (and when they fall
