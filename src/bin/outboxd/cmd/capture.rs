@@ -13,9 +13,9 @@ use outboxd::Timestamp;
 use rusqlite::Connection;
 use serde::Serialize;
 
+use super::config_arg::ConfigArg;
 use super::support::not_found;
 use super::{database, Global};
-use crate::config::capture::{self as capture_config, CaptureConfig};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd capture --help`.
@@ -82,10 +82,12 @@ Examples:
 
 /// Options of `capture apply`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("config", |a| {
+    a.help("The config file whose [[capture]] entries to install").required(true)
+}))]
 pub struct ApplyArgs {
-    /// The config file whose [[capture]] entries to install.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: PathBuf,
+    #[command(flatten)]
+    config: ConfigArg,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -93,10 +95,10 @@ pub struct ApplyArgs {
 
 /// Options of `capture list`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("config", |a| a.help("Compare with the [[capture]] entries of this config")))]
 pub struct ListArgs {
-    /// Compare with the [[capture]] entries of this config.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: ConfigArg,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -123,13 +125,12 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
 }
 
-fn load(file: &Path) -> Result<CaptureConfig> {
-    Ok(capture_config::load(file).map_err(|e| Failure::config(e.to_string()))?)
-}
-
 fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
-    let config = load(&args.config)?;
-    let db = global.db_with_config(config.database.as_deref());
+    let (db, config) = args.config.captures(global)?;
+    // clap refuses the command line without --config.
+    let Some(config) = config else {
+        unreachable!("--config is required");
+    };
     if config.captures.is_empty() {
         return Err(Failure::config(format!(
             "config {}: no [[capture]] entry; nothing to apply",
@@ -171,8 +172,7 @@ struct Listed {
 }
 
 fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
-    let config = args.config.as_deref().map(load).transpose()?;
-    let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));
+    let (db, config) = args.config.captures(global)?;
     let conn = database::for_reading(&db)?;
     let now = Timestamp::now();
     let statuses = capture::inspect(&conn)?;

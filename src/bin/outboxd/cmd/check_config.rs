@@ -1,13 +1,12 @@
 //! `outboxd check-config`: validate a config file without running.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::Result;
 
+use super::config_arg::ConfigArg;
 use super::support::{count, human};
 use super::Global;
-use crate::config::Config;
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd check-config --help`.
@@ -31,26 +30,28 @@ Example:
 
 /// Options of `outboxd check-config`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("config", |a| a.help("The config file to check").required(true)))]
 pub struct Args {
-    /// The config file to check.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: PathBuf,
+    #[command(flatten)]
+    config: ConfigArg,
 }
 
 /// Validates the config and prints what it configures.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    let c = Config::load(&args.config).map_err(|e| Failure::config(e.to_string()))?;
+    let (db, c) = args.config.load(global, &[])?;
+    // clap refuses the command line without --config.
+    let (Some(file), Some(c)) = (args.config.file(), c) else {
+        unreachable!("--config is required");
+    };
     let probes = c
         .consumers
         .iter()
         .map(|k| k.sink.probe(&k.name, &k.retry, c.relay.lease))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| Failure::config(e.to_string()))?;
-    let db = global.db_with_config(c.database.as_deref());
-    c.check_database(&db)
-        .map_err(|e| Failure::config(e.to_string()))?;
+    c.check_database(&db).map_err(Failure::from)?;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "config {}: ok", args.config.display())?;
+    writeln!(out, "config {}: ok", file.display())?;
     writeln!(out, "database:  {}", db.display())?;
     let r = &c.relay;
     let workers = r

@@ -3,7 +3,7 @@
 //! console, `/metrics` and `/healthz` beside its relay.
 
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -11,6 +11,7 @@ use outboxd::relay::Metrics;
 use outboxd::router::Subscriptions;
 use outboxd::status::Thresholds;
 
+use super::config_arg::ConfigArg;
 use super::Global;
 use crate::config::{alerts, resolve_listen, Config, HttpServe, HttpSettings};
 use crate::console::{self, Console, Listeners, Settings};
@@ -46,6 +47,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 
 /// Options of `outboxd console`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("config", |a| a.help(
+    "A config file: its [http], [alerts] and consumers' types are used; nothing is delivered"
+)))]
 pub struct Args {
     /// Serve on this address (such as 127.0.0.1:9464); wins over the
     /// config's http.listen [default: 127.0.0.1:9464].
@@ -55,10 +59,8 @@ pub struct Args {
     /// other than loopback); wins over the config's http.token_env.
     #[arg(long, value_name = "VAR")]
     http_token_env: Option<String>,
-    /// A config file: its [http], [alerts] and consumers' types are used;
-    /// nothing is delivered.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: ConfigArg,
     /// Hide every action (requeue, discard, replay).
     #[arg(long)]
     read_only: bool,
@@ -68,15 +70,9 @@ pub struct Args {
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     // The config's settings, not its sinks: the console delivers nothing,
     // so no secret needs to be set.
-    let config = match &args.config {
-        Some(file) => {
-            Some(Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?)
-        }
-        None => None,
-    };
+    let (db, config) = args.config.summary(global)?;
     let log = config.as_ref().map(|c| c.log.clone()).unwrap_or_default();
     crate::init_logging(&global.log, &log, "info");
-    let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));
     let mut http = config.as_ref().map(|c| c.http.clone()).unwrap_or_default();
     http.read_only |= args.read_only;
     http = with_token_env(http, args.http_token_env.as_deref())?;

@@ -10,6 +10,7 @@ use anyhow::Result;
 
 pub mod capture;
 pub mod check_config;
+pub mod config_arg;
 pub mod console;
 pub mod database;
 pub mod dead;

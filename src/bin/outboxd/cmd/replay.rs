@@ -1,17 +1,16 @@
 //! `outboxd replay`: deliver events again to one consumer.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::Result;
 use outboxd::replay::{replay_with_progress, ReplayFilter};
 use outboxd::router::Pattern;
 use outboxd::{EventId, Timestamp};
 
+use super::config_arg::ConfigArg;
 use super::support::{bar, count, Progress};
 use super::{database, Global};
 use crate::args::parse_time_now;
-use crate::config::Config;
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd replay --help`.
@@ -43,15 +42,16 @@ Examples:
         .multiple(true)
         .args(["event_type", "since", "until", "ids", "all"])
 ))]
+#[command(mut_arg("config", |a| a.help(
+    "The config file: its consumers are the known names (one with no deliveries yet \
+     replays nothing rather than being unknown), and its database is used unless --db is given"
+)))]
 pub struct Args {
     /// The consumer to deliver to again (its name in the configuration).
     #[arg(long, value_name = "NAME")]
     consumer: String,
-    /// The config file: its consumers are the known names (one with no
-    /// deliveries yet replays nothing rather than being unknown), and its
-    /// database is used unless --db is given.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: ConfigArg,
     /// Only event types matching this pattern, such as article.*.v1.
     #[arg(long = "type", value_name = "PATTERN", value_parser = Pattern::parse)]
     event_type: Option<Pattern>,
@@ -77,13 +77,8 @@ fn parse_event_id(s: &str) -> Result<EventId, outboxd::EnvelopeError> {
 
 /// Replays the selected events and prints how many were put back.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    let (db, known) = match &args.config {
-        Some(file) => {
-            let c = Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?;
-            (global.db_with_config(c.database.as_deref()), c.consumers)
-        }
-        None => (global.db.clone(), Vec::new()),
-    };
+    let (db, config) = args.config.summary(global)?;
+    let known = config.map(|c| c.consumers).unwrap_or_default();
     let mut filter = ReplayFilter::new(args.consumer.clone())
         .ids(args.ids.clone())
         .known_consumers(known);
@@ -100,10 +95,12 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     })
     .map_err(|e| match e {
         // Without --config only the database's records name consumers.
-        e @ outboxd::Error::UnknownConsumer { .. } if args.config.is_none() => Failure::input(
-            format!("{e}; --config FILE makes the configured consumers known"),
-        )
-        .into(),
+        e @ outboxd::Error::UnknownConsumer { .. } if args.config.file().is_none() => {
+            Failure::input(format!(
+                "{e}; --config FILE makes the configured consumers known"
+            ))
+            .into()
+        }
         e => anyhow::Error::from(e),
     })?;
     progress.finish();

@@ -1,11 +1,12 @@
 //! `outboxd run`: the relay, until SIGINT or SIGTERM.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crossbeam_channel::RecvTimeoutError;
 
+use super::config_arg::ConfigArg;
 use super::database::{self, FileIdentity};
 use super::Global;
 use crate::args::parse_duration;
@@ -48,10 +49,12 @@ const ALERT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Options of `outboxd run`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("config", |a| a.help(
+    "The config file (outboxd.toml); without it, every event goes to stdout"
+)))]
 pub struct Args {
-    /// The config file (outboxd.toml); without it, every event goes to stdout.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: ConfigArg,
     /// Serve Prometheus metrics on this address (such as 127.0.0.1:9464);
     /// wins over the config's metrics.listen.
     #[arg(long, value_name = "ADDR")]
@@ -72,23 +75,13 @@ pub struct Args {
 
 /// Validates everything, migrates, starts the relay and waits for a signal.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    let config = match &args.config {
-        // The console's token variable from the command line holds a
-        // secret as much as the file's `*_env` keys do.
-        Some(file) => Config::load_with_secret_env(
-            file,
-            &args
-                .http_token_env
-                .as_deref()
-                .into_iter()
-                .collect::<Vec<_>>(),
-        )
-        .map_err(|e| Failure::config(e.to_string()))?,
-        None => Config::stdout_default(),
-    };
+    // The console's token variable from the command line holds a secret
+    // as much as the file's `*_env` keys do.
+    let token_env: Vec<&str> = args.http_token_env.as_deref().into_iter().collect();
+    let (db, config) = args.config.load(global, &token_env)?;
+    let config = config.unwrap_or_else(Config::stdout_default);
     crate::init_logging(&global.log, &config.log, "info");
 
-    let db = global.db_with_config(config.database.as_deref());
     let grace = args.shutdown_grace.unwrap_or(config.relay.shutdown_grace);
     let metrics_addr = match &args.metrics {
         Some(a) => Some(resolve_listen(a).map_err(|m| Failure::config(format!("--metrics: {m}")))?),
@@ -115,9 +108,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     // After the migration (a sql sink may write outboxd's tables too),
     // before anything is claimed.
-    config
-        .check_database(&db)
-        .map_err(|e| Failure::config(e.to_string()))?;
+    config.check_database(&db).map_err(Failure::from)?;
     let alerts = config.alerts;
     let captures = config.captures.clone();
     let config_file = config
