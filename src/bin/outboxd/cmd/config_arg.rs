@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use super::Global;
-use crate::config::capture::{self as capture_config, CaptureConfig};
+use crate::config::capture::CaptureConfig;
 use crate::config::{Config, ConfigError, Summary};
 use crate::exit::Failure;
 
@@ -67,7 +67,7 @@ impl ConfigArg {
     /// The config's `[[capture]]` entries and the database.
     pub(crate) fn captures(&self, global: &Global) -> Result<(PathBuf, Option<CaptureConfig>)> {
         let config = match self.file() {
-            Some(file) => Some(capture_config::load(file).map_err(Failure::from)?),
+            Some(file) => Some(Config::load_captures(file).map_err(Failure::from)?),
             None => None,
         };
         let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));

@@ -9,11 +9,12 @@
 //! columns = ["id", "title", "status"]
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use outboxd::capture::{CaptureError, CaptureSpec};
 
-use super::{Checker, ConfigError};
+use super::checker::Checker;
+use super::error::ConfigError;
 
 /// One `[[capture]]` as written: the library's definition itself, which
 /// refuses unknown keys.
@@ -63,21 +64,9 @@ pub struct CaptureConfig {
     pub captures: Vec<CaptureSpec>,
 }
 
-/// Reads the captures of a config file.
-pub fn load(file: &Path) -> Result<CaptureConfig, ConfigError> {
-    let raw = super::parse_raw(&super::read(file)?, file)?;
-    let c = Checker::new(file);
-    Ok(CaptureConfig {
-        file: file.to_path_buf(),
-        database: super::database(&c, &raw.database)?,
-        captures: check(&c, raw.capture)?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::tests::{parse, STDOUT};
-    use super::*;
 
     const PAGES: &str =
         "[[capture]]\ntable = \"pages\"\nevent_type = \"page.{op}.v1\"\ncolumns = [\"title\"]\n";
@@ -95,7 +84,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("capture.toml");
         std::fs::write(&file, format!("database = \"cms.db\"\n{PAGES}")).unwrap();
-        let c = load(&file).unwrap();
+        let c = super::super::Config::load_captures(&file).unwrap();
         assert_eq!(c.database, Some(dir.path().join("cms.db")));
         assert_eq!(c.captures.len(), 1);
     }

@@ -7,8 +7,10 @@
 use outboxd::RetryPolicy;
 use serde::Deserialize;
 
+use super::checker::Checker;
+use super::error::ConfigError;
+use super::retry;
 use super::sink::{self, RawSink, Sink};
-use super::{retry, Checker, ConfigError};
 use crate::cmd::support::human;
 
 /// One `[[consumer]]`, validated.
@@ -50,7 +52,7 @@ impl RawConsumer {
 
 /// Builds every consumer's sink; a sink whose longest delivery outlasts the
 /// `lease` is refused (the delivery could outlive its claim). Command sinks
-/// keep `secret_vars` (the config's [`super::secret_env_vars`]) from their
+/// keep `secret_vars` (the config's [`super::secrets::secret_env_vars`]) from their
 /// programs.
 pub fn build(
     c: &Checker<'_>,

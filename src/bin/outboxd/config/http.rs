@@ -16,9 +16,10 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use super::{
-    process_env, resolve_listen, secret_from_env, Checker, ConfigError, Env, SecretEnvError,
-};
+use super::checker::Checker;
+use super::error::ConfigError;
+use super::metrics::resolve_listen;
+use super::secrets::{process_env, secret_from_env, Env, SecretEnvError};
 
 /// The shortest token accepted: shorter ones can be guessed.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -186,7 +187,7 @@ impl HttpSettings {
     /// section's address; None when neither gives one. Refuses an address
     /// other than loopback without a token, and a token variable that is
     /// unset or holds too short a token (read from the process's
-    /// environment with [`secret_from_env`](crate::config::secret_from_env),
+    /// environment with [`secret_from_env`](crate::config::secrets::secret_from_env),
     /// like every secret).
     pub fn serve(&self, listen: Option<SocketAddr>) -> Result<Option<HttpServe>, HttpError> {
         self.serve_with(listen, &process_env)

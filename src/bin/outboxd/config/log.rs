@@ -2,7 +2,9 @@
 
 use serde::Deserialize;
 
-use super::{Checker, ConfigError};
+use super::checker::Checker;
+
+use super::error::ConfigError;
 
 /// The log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]

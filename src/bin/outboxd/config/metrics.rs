@@ -4,7 +4,9 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 use serde::Deserialize;
 
-use super::{Checker, ConfigError};
+use super::checker::Checker;
+
+use super::error::ConfigError;
 
 /// `[metrics]` as written.
 #[derive(Debug, Default, Deserialize)]

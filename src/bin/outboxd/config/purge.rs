@@ -4,7 +4,7 @@
 use outboxd::purge::PurgePolicy;
 use serde::Deserialize;
 
-use super::{Dur, Whole};
+use super::values::{Dur, Whole};
 
 /// `[purge]` as written.
 #[derive(Debug, Default, Deserialize)]

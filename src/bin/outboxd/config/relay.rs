@@ -7,7 +7,11 @@ use std::time::Duration;
 use outboxd::relay::UnroutedPolicy;
 use serde::Deserialize;
 
-use super::{Checker, ConfigError, Dur, Whole};
+use super::checker::Checker;
+
+use super::error::ConfigError;
+
+use super::values::{Dur, Whole};
 use crate::cmd::support::human;
 
 /// How long in-flight deliveries may finish after SIGINT or SIGTERM, unless

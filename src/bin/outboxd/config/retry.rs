@@ -5,7 +5,7 @@
 use outboxd::RetryPolicy;
 use serde::Deserialize;
 
-use super::{Dur, Whole};
+use super::values::{Dur, Whole};
 
 /// A retry table as written.
 #[derive(Debug, Default, Clone, Deserialize)]

@@ -6,7 +6,8 @@ use outboxd::sinks::CommandSink;
 
 use super::{positive, RawSink, Sink};
 use crate::cmd::support::human;
-use crate::config::{Checker, ConfigError};
+use crate::config::checker::Checker;
+use crate::config::error::ConfigError;
 
 /// The keys a command sink takes.
 pub const KEYS: &[&str] = &[

@@ -3,7 +3,8 @@
 use outboxd::sinks::JsonlSink;
 
 use super::{RawSink, Sink};
-use crate::config::{Checker, ConfigError};
+use crate::config::checker::Checker;
+use crate::config::error::ConfigError;
 
 /// The keys a jsonl sink takes.
 pub const KEYS: &[&str] = &["kind", "path", "fsync", "delivery_fields"];

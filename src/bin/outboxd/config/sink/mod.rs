@@ -21,7 +21,9 @@ use outboxd::sinks::SqlSink;
 use outboxd::RetryPolicy;
 use serde::Deserialize;
 
-use super::{Checker, ConfigError, Dur, Whole};
+use super::checker::Checker;
+use super::error::ConfigError;
+use super::values::{Dur, Whole};
 
 pub mod command;
 pub mod jsonl;
@@ -317,7 +319,7 @@ pub fn default_retry(kind: SinkKind) -> Option<RetryPolicy> {
 }
 
 /// Builds the sink at `at` (`consumer[0].sink`); `secret_vars` are the
-/// config's [`super::secret_env_vars`].
+/// config's [`super::super::secrets::secret_env_vars`].
 pub fn build(
     c: &Checker<'_>,
     at: &str,
@@ -350,9 +352,10 @@ pub fn build(
 }
 
 /// A secret from the environment variable `var`, which the key at `field`
-/// names ([`crate::config::secret_from_env`], its error at `field`).
+/// names ([`crate::config::secrets::secret_from_env`], its error at `field`).
 fn env_secret(c: &Checker<'_>, field: &str, var: &str, what: &str) -> Result<String, ConfigError> {
-    super::secret_from_env(c.env_lookup(), var, what).map_err(|e| c.err(field, e.to_string()))
+    super::secrets::secret_from_env(c.env_lookup(), var, what)
+        .map_err(|e| c.err(field, e.to_string()))
 }
 
 /// At most one of `keys` (each with whether it is set): the second one set

@@ -9,7 +9,7 @@
 
 use serde::Deserialize;
 
-use crate::config::Dur;
+use crate::config::values::Dur;
 
 /// The keys a nats sink takes.
 pub const KEYS: &[&str] = &[
@@ -76,8 +76,9 @@ mod with_nats {
     use outboxd::RetryPolicy;
 
     use super::{RawCreateStream, RawStorage};
+    use crate::config::checker::Checker;
+    use crate::config::error::ConfigError;
     use crate::config::sink::{at_most_one, env_secret, positive, RawSink, Sink, SinkFinding};
-    use crate::config::{Checker, ConfigError};
 
     /// Builds a nats sink: every key checked, credentials read, nothing
     /// connected yet.

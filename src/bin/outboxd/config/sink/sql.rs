@@ -14,7 +14,9 @@ use outboxd::sinks::{SqlSink, SqlSinkError};
 
 use super::{RawSink, Sink};
 use crate::cmd::support::count;
-use crate::config::{Checker, Config, ConfigError};
+use crate::config::checker::Checker;
+use crate::config::error::ConfigError;
+use crate::config::Config;
 
 /// The keys a sql sink takes.
 pub const KEYS: &[&str] = &["kind", "statements"];

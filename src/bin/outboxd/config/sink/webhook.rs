@@ -4,7 +4,8 @@ use outboxd::sinks::WebhookSink;
 
 use super::{at_most_one, env_secret, positive, RawSink, Sink};
 use crate::cmd::support::human;
-use crate::config::{Checker, ConfigError};
+use crate::config::checker::Checker;
+use crate::config::error::ConfigError;
 
 /// The keys a webhook sink takes.
 pub const KEYS: &[&str] = &[
