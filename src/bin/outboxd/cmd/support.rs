@@ -36,7 +36,7 @@ pub fn noun<'a>(n: impl Into<u64>, one: &'a str, many: &'a str) -> &'a str {
 /// A duration for people (`850ms`, `5m 3s`, `7d`): the library's one
 /// formatter, which its setting errors use too, so every message echoes a
 /// duration in the units a person writes.
-pub use outboxd::text::duration as human;
+pub use outboxd::clock::format_duration as human;
 
 /// A one-line progress display on stderr, redrawn in place with `\r`.
 /// Silent unless stderr is a terminal, so scripts, pipes, cron mail and

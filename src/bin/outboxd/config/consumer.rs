@@ -11,7 +11,7 @@ use super::checker::Checker;
 use super::error::ConfigError;
 use super::retry;
 use super::sink::{self, RawSink, Sink};
-use crate::cmd::support::human;
+use outboxd::clock::format_duration as human;
 
 /// One `[[consumer]]`, validated.
 #[derive(Debug)]

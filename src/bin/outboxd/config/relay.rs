@@ -12,7 +12,7 @@ use super::checker::Checker;
 use super::error::ConfigError;
 
 use super::values::{Dur, Whole};
-use crate::cmd::support::human;
+use outboxd::clock::format_duration as human;
 
 /// How long in-flight deliveries may finish after SIGINT or SIGTERM, unless
 /// configured. Below the packaged systemd unit's `TimeoutStopSec=40`.

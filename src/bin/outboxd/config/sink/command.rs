@@ -5,9 +5,9 @@ use std::path::Path;
 use outboxd::sinks::CommandSink;
 
 use super::{positive, RawSink, Sink};
-use crate::cmd::support::human;
 use crate::config::checker::Checker;
 use crate::config::error::ConfigError;
+use outboxd::clock::format_duration as human;
 
 /// The keys a command sink takes.
 pub const KEYS: &[&str] = &[

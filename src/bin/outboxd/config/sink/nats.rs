@@ -134,7 +134,7 @@ mod with_nats {
             s.subject
                 .as_deref()
                 .unwrap_or(outboxd::sinks::nats::DEFAULT_SUBJECT),
-            outboxd::text::duration(ack_timeout),
+            outboxd::clock::format_duration(ack_timeout),
             if create.is_some() {
                 ", creates the stream if missing"
             } else {

@@ -3,9 +3,9 @@
 use outboxd::sinks::WebhookSink;
 
 use super::{at_most_one, env_secret, positive, RawSink, Sink};
-use crate::cmd::support::human;
 use crate::config::checker::Checker;
 use crate::config::error::ConfigError;
+use outboxd::clock::format_duration as human;
 
 /// The keys a webhook sink takes.
 pub const KEYS: &[&str] = &[
