@@ -19,7 +19,7 @@ use super::{database, Global};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd capture --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 A capture turns the inserts, updates and deletes of a table into events,
 with triggers that run inside the host's own statements: no change to the
 host's code. Define captures in the config ([[capture]] entries), install
@@ -34,7 +34,7 @@ Examples:
 
 /// The `capture` subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub enum Args {
+pub(crate) enum Args {
     /// Install or update the triggers of every [[capture]] in the config, in
     /// one transaction; a capture already installed as defined is left alone.
     #[command(after_help = APPLY_HELP)]
@@ -85,7 +85,7 @@ Examples:
 #[command(mut_arg("config", |a| {
     a.help("The config file whose [[capture]] entries to install").required(true)
 }))]
-pub struct ApplyArgs {
+pub(crate) struct ApplyArgs {
     #[command(flatten)]
     config: ConfigArg,
     /// Print one JSON object instead of text.
@@ -96,7 +96,7 @@ pub struct ApplyArgs {
 /// Options of `capture list`.
 #[derive(Debug, clap::Args)]
 #[command(mut_arg("config", |a| a.help("Compare with the [[capture]] entries of this config")))]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     #[command(flatten)]
     config: ConfigArg,
     /// Print one JSON object instead of text.
@@ -107,7 +107,7 @@ pub struct ListArgs {
 /// Options of `capture drop`.
 #[derive(Debug, clap::Args)]
 #[group(required = true, multiple = false)]
-pub struct DropArgs {
+pub(crate) struct DropArgs {
     /// The captured table.
     #[arg(long, value_name = "TABLE")]
     table: Option<String>,
@@ -117,7 +117,7 @@ pub struct DropArgs {
 }
 
 /// Runs a `capture` subcommand.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     match args {
         Args::Apply(a) => apply(global, a),
         Args::List(a) => list(global, a),
@@ -283,7 +283,7 @@ fn drop_captures(global: &Global, args: &DropArgs) -> Result<Exit> {
 
 /// The capture problems of a database, one line each, for `status` and
 /// `doctor`: missing or changed triggers. Empty when nothing is captured.
-pub fn problems(conn: &Connection, now: Timestamp) -> Result<Vec<String>> {
+pub(crate) fn problems(conn: &Connection, now: Timestamp) -> Result<Vec<String>> {
     Ok(capture::inspect(conn)?
         .iter()
         .filter_map(|s| s.problem(now))
@@ -312,7 +312,7 @@ const RECORD_INTACT_EVERY: Duration = Duration::from_secs(600);
 /// later warning can say since when a trigger has been missing. It keeps one
 /// connection of its own (reopened after an error); the relay is not
 /// involved.
-pub struct Watch {
+pub(crate) struct Watch {
     db: PathBuf,
     conn: Option<Connection>,
     /// The config's captures, by table (lower case).
@@ -330,7 +330,7 @@ pub struct Watch {
 
 impl Watch {
     /// A watch of `db` with the config's captures; checks once at once.
-    pub fn start(db: &Path, captures: &[CaptureSpec], interval: Duration) -> Watch {
+    pub(crate) fn start(db: &Path, captures: &[CaptureSpec], interval: Duration) -> Watch {
         let mut w = Watch::new(db, captures, interval);
         w.compare_config();
         w.tick();
@@ -354,7 +354,7 @@ impl Watch {
     }
 
     /// Checks when an interval has passed since the last check.
-    pub fn tick(&mut self) {
+    pub(crate) fn tick(&mut self) {
         if self.last.is_some_and(|t| t.elapsed() < self.interval) {
             return;
         }

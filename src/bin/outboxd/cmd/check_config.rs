@@ -10,7 +10,7 @@ use super::Global;
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd check-config --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 Parses the file, checks every field, and builds every sink: a command's
 program must exist and be executable, a webhook's URL must be http(s) and its
 secret variables or files must be present; a sql sink's statements must
@@ -39,7 +39,7 @@ Examples:
 /// Options of `outboxd check-config`.
 #[derive(Debug, clap::Args)]
 #[command(mut_arg("config", |a| a.help("The config file to check").required(true)))]
-pub struct Args {
+pub(crate) struct Args {
     #[command(flatten)]
     config: ConfigArg,
     /// Check the file's syntax and values only: no network, no database.
@@ -48,7 +48,7 @@ pub struct Args {
 }
 
 /// Validates the config and prints what it configures.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let (db, c) = args.config.load(global, &[])?;
     // clap refuses the command line without --config.
     let (Some(file), Some(c)) = (args.config.file(), c) else {

@@ -18,7 +18,7 @@ use crate::console::{self, Console, Listeners, Settings};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd console --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 Serves the web console (overview with the last hour's chart, events, dead
 letters with requeue and discard, replay, publish intents), /metrics and
 /healthz for an existing database, without running a relay: use it beside a
@@ -43,14 +43,14 @@ Examples:
       outboxd console --http 0.0.0.0:9464 --http-token-env OUTBOXD_HTTP_TOKEN";
 
 /// The address `outboxd console` serves on when none is given.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 
 /// Options of `outboxd console`.
 #[derive(Debug, clap::Args)]
 #[command(mut_arg("config", |a| a.help(
     "A config file: its [http], [alerts] and consumers' types are used; nothing is delivered"
 )))]
-pub struct Args {
+pub(crate) struct Args {
     /// Serve on this address (such as 127.0.0.1:9464); wins over the
     /// config's http.listen [default: 127.0.0.1:9464].
     #[arg(long, value_name = "ADDR")]
@@ -67,7 +67,7 @@ pub struct Args {
 }
 
 /// Serves the console until SIGINT or SIGTERM.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     // The config's settings, not its sinks: the console delivers nothing,
     // so no secret needs to be set.
     let (db, config) = args.config.summary(global)?;
@@ -130,7 +130,7 @@ pub(crate) struct HttpServers {
 impl HttpServers {
     /// Binds `[http]` (or `--http`) for the console and the legacy
     /// `[metrics]` (or `--metrics`) address for /metrics and /healthz.
-    pub fn bind(
+    pub(crate) fn bind(
         config: &Config,
         http: Option<&str>,
         token_env: Option<&str>,
@@ -166,7 +166,7 @@ impl HttpServers {
     /// Starts the servers for the relay whose counters are `relay`: one
     /// console app (one read pool, one set of measures and threads)
     /// answering both addresses; None when neither is configured.
-    pub fn start(self, db: &Path, relay: Arc<Metrics>) -> Result<Option<Console>> {
+    pub(crate) fn start(self, db: &Path, relay: Arc<Metrics>) -> Result<Option<Console>> {
         if self.console.is_none() && self.metrics.is_none() {
             return Ok(None);
         }

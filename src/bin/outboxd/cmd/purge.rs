@@ -16,7 +16,7 @@ use crate::config::purge::Retentions;
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd purge --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 Deletes delivered events older than --delivered-retention, dedup entries
 older than --dedup-ttl, completed publish intents older than
 --intent-retention and, only with --dead-retention, dead letters older than
@@ -40,7 +40,7 @@ Examples:
 #[command(mut_arg("config", |a| a.help(
     "Take the database and the retentions ([purge]) from this config file"
 )))]
-pub struct Args {
+pub(crate) struct Args {
     /// Count what would be deleted, delete nothing.
     #[arg(long)]
     dry_run: bool,
@@ -69,7 +69,7 @@ pub struct Args {
 }
 
 /// Purges (or counts) and prints what went.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let (db, config) = args.config.summary(global)?;
     let configured = config.map(|c| c.purge);
     let policy = policy(args, configured.as_ref())?;

@@ -14,7 +14,7 @@ use crate::args::parse_time_now;
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd replay --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 Forgets that the consumer had the selected events and puts them back in the
 queue, due now; a running relay then delivers them to that consumer only,
 even where another consumer lacks the event (one added since, say), and a
@@ -46,7 +46,7 @@ Examples:
     "The config file: its consumers are the known names (one with no deliveries yet \
      replays nothing rather than being unknown), and its database is used unless --db is given"
 )))]
-pub struct Args {
+pub(crate) struct Args {
     /// The consumer to deliver to again (its name in the configuration).
     #[arg(long, value_name = "NAME")]
     consumer: String,
@@ -76,7 +76,7 @@ fn parse_event_id(s: &str) -> Result<EventId, outboxd::EnvelopeError> {
 }
 
 /// Replays the selected events and prints how many were put back.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let (db, config) = args.config.summary(global)?;
     let known = config.map(|c| c.consumers).unwrap_or_default();
     let mut filter = ReplayFilter::new(args.consumer.clone())

@@ -15,7 +15,7 @@ use crate::exit::{Exit, Failure};
 use outboxd::status::{Problem, Thresholds};
 
 /// Shown under `outboxd run --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 Without --config, one consumer named `stdout` takes every event and writes it
 as one JSON line (the envelope) to stdout; logs go to stderr. The database
 (--db, OUTBOXD_DB, else ./outboxd.db) is created and migrated if needed.
@@ -52,7 +52,7 @@ const ALERT_INTERVAL: Duration = Duration::from_secs(30);
 #[command(mut_arg("config", |a| a.help(
     "The config file (outboxd.toml); without it, every event goes to stdout"
 )))]
-pub struct Args {
+pub(crate) struct Args {
     #[command(flatten)]
     config: ConfigArg,
     /// Serve Prometheus metrics on this address (such as 127.0.0.1:9464);
@@ -74,7 +74,7 @@ pub struct Args {
 }
 
 /// Validates everything, migrates, starts the relay and waits for a signal.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     // The console's token variable from the command line holds a secret
     // as much as the file's `*_env` keys do.
     let token_env: Vec<&str> = args.http_token_env.as_deref().into_iter().collect();

@@ -18,13 +18,16 @@ use super::error::ConfigError;
 
 /// One `[[capture]]` as written: the library's definition itself, which
 /// refuses unknown keys.
-pub type RawCapture = CaptureSpec;
+pub(crate) type RawCapture = CaptureSpec;
 
 /// Checks every `[[capture]]` for what needs no database: the event type
 /// of each operation, the templates, that lists are not empty, that no
 /// table is captured twice. Tables and columns are checked against the
 /// database by `capture apply`.
-pub fn check(c: &Checker<'_>, raw: Vec<RawCapture>) -> Result<Vec<CaptureSpec>, ConfigError> {
+pub(crate) fn check(
+    c: &Checker<'_>,
+    raw: Vec<RawCapture>,
+) -> Result<Vec<CaptureSpec>, ConfigError> {
     for (i, spec) in raw.iter().enumerate() {
         spec.validate().map_err(|e| {
             let field = match &e {
@@ -55,13 +58,13 @@ pub fn check(c: &Checker<'_>, raw: Vec<RawCapture>) -> Result<Vec<CaptureSpec>, 
 /// holding only `[[capture]]` entries works, and applying triggers needs no
 /// webhook secret.
 #[derive(Debug)]
-pub struct CaptureConfig {
+pub(crate) struct CaptureConfig {
     /// The config file.
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
     /// Its `database`, resolved against its directory.
-    pub database: Option<PathBuf>,
+    pub(crate) database: Option<PathBuf>,
     /// Its `[[capture]]` entries.
-    pub captures: Vec<CaptureSpec>,
+    pub(crate) captures: Vec<CaptureSpec>,
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use super::secrets::{process_env, Env};
 /// directory (for relative paths) and the environment (for `*_env` keys:
 /// the process's, or a unit test's own, so no test has to change the
 /// process environment under the others' feet).
-pub struct Checker<'a> {
+pub(crate) struct Checker<'a> {
     pub(super) file: &'a Path,
     dir: PathBuf,
     env: Env<'a>,
@@ -30,12 +30,12 @@ impl<'a> Checker<'a> {
 
     /// Where `*_env` keys are looked up (read them with
     /// [`super::secrets::secret_from_env`]).
-    pub fn env_lookup(&self) -> Env<'a> {
+    pub(crate) fn env_lookup(&self) -> Env<'a> {
         self.env
     }
 
     /// An error at `field` (a path such as `consumer[0].sink.url`).
-    pub fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    pub(crate) fn err(&self, field: impl Into<String>, message: impl Into<String>) -> ConfigError {
         ConfigError {
             file: self.file.to_path_buf(),
             field: field.into(),
@@ -45,7 +45,7 @@ impl<'a> Checker<'a> {
     }
 
     /// A path from the config, resolved against the config file's directory.
-    pub fn resolve(&self, p: &Path) -> PathBuf {
+    pub(crate) fn resolve(&self, p: &Path) -> PathBuf {
         if p.is_absolute() {
             p.to_path_buf()
         } else {

@@ -7,16 +7,16 @@ use std::path::PathBuf;
 /// what is allowed. Never holds a secret's value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", self.render())]
-pub struct ConfigError {
+pub(crate) struct ConfigError {
     /// The config file.
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
     /// The field path, such as `consumer[1].sink.url`; empty for a syntax
     /// error outside any field.
-    pub field: String,
+    pub(crate) field: String,
     /// The line the problem is on, when the parser knows it.
-    pub line: Option<usize>,
+    pub(crate) line: Option<usize>,
     /// What is wrong and what is allowed.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl ConfigError {

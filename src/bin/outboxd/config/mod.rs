@@ -41,64 +41,64 @@ use outboxd::status::Thresholds;
 use outboxd::{Relay, RetryPolicy};
 use serde::Deserialize;
 
-pub mod alerts;
-pub mod capture;
+pub(crate) mod alerts;
+pub(crate) mod capture;
 mod check;
 mod checker;
-pub mod consumer;
+pub(crate) mod consumer;
 mod error;
-pub mod http;
-pub mod log;
-pub mod metrics;
-pub mod purge;
-pub mod relay;
-pub mod retry;
+pub(crate) mod http;
+pub(crate) mod log;
+pub(crate) mod metrics;
+pub(crate) mod purge;
+pub(crate) mod relay;
+pub(crate) mod retry;
 mod secrets;
-pub mod sink;
+pub(crate) mod sink;
 mod values;
 
 use check::{check_settings, validate, RelayWide};
 use checker::Checker;
-pub use consumer::ConsumerSpec;
-pub use error::ConfigError;
+pub(crate) use consumer::ConsumerSpec;
+pub(crate) use error::ConfigError;
 use error::{in_words, line_of};
-pub use http::{HttpServe, HttpSettings};
-pub use log::{LogFormat, LogSettings};
-pub use metrics::resolve_listen;
-pub use relay::RelaySettings;
+pub(crate) use http::{HttpServe, HttpSettings};
+pub(crate) use log::{LogFormat, LogSettings};
+pub(crate) use metrics::resolve_listen;
+pub(crate) use relay::RelaySettings;
 use secrets::secret_env_vars;
 
 /// A validated configuration, sinks built.
 #[derive(Debug)]
-pub struct Config {
+pub(crate) struct Config {
     /// The config file, None for the built-in default.
-    pub file: Option<PathBuf>,
+    pub(crate) file: Option<PathBuf>,
     /// The database (resolved against the config's directory).
-    pub database: Option<PathBuf>,
+    pub(crate) database: Option<PathBuf>,
     /// Relay tuning.
-    pub relay: RelaySettings,
+    pub(crate) relay: RelaySettings,
     /// The retry policy of consumers without their own.
-    pub retry: RetryPolicy,
+    pub(crate) retry: RetryPolicy,
     /// The relay's TTL purge; None when disabled.
-    pub purge: Option<PurgePolicy>,
+    pub(crate) purge: Option<PurgePolicy>,
     /// Alert thresholds.
-    pub alerts: Thresholds,
+    pub(crate) alerts: Thresholds,
     /// Logging.
-    pub log: LogSettings,
+    pub(crate) log: LogSettings,
     /// Where to serve Prometheus metrics.
-    pub metrics: Option<SocketAddr>,
+    pub(crate) metrics: Option<SocketAddr>,
     /// `[http]`: the console, metrics and health check.
-    pub http: HttpSettings,
+    pub(crate) http: HttpSettings,
     /// The consumers, at least one.
-    pub consumers: Vec<ConsumerSpec>,
+    pub(crate) consumers: Vec<ConsumerSpec>,
     /// The tables whose writes become events (`[[capture]]`).
-    pub captures: Vec<outboxd::capture::CaptureSpec>,
+    pub(crate) captures: Vec<outboxd::capture::CaptureSpec>,
 }
 
 impl Config {
     /// The configuration of `outboxd run` without `--config`: one consumer
     /// named `stdout` taking every event type, writing JSON lines to stdout.
-    pub fn stdout_default() -> Config {
+    pub(crate) fn stdout_default() -> Config {
         Config {
             file: None,
             database: None,
@@ -120,7 +120,7 @@ impl Config {
     }
 
     /// Reads, parses and validates a config file.
-    pub fn load(file: &Path) -> Result<Config, ConfigError> {
+    pub(crate) fn load(file: &Path) -> Result<Config, ConfigError> {
         Config::load_with_secret_env(file, &[])
     }
 
@@ -128,14 +128,17 @@ impl Config {
     /// given outside the file that hold secrets too (`--http-token-env`):
     /// command sinks keep them from their programs as they keep the file's
     /// own ([`secret_env_vars`]).
-    pub fn load_with_secret_env(file: &Path, also_secret: &[&str]) -> Result<Config, ConfigError> {
+    pub(crate) fn load_with_secret_env(
+        file: &Path,
+        also_secret: &[&str],
+    ) -> Result<Config, ConfigError> {
         Config::parse_with_secret_env(&read(file)?, file, also_secret)
     }
 
     /// Parses and validates config text said to come from `file` (relative
     /// paths inside are resolved against its directory).
     #[cfg(test)]
-    pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
+    pub(crate) fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
         Config::parse_with_secret_env(text, file, &[])
     }
 
@@ -152,7 +155,7 @@ impl Config {
 
     /// A relay builder for `db` with every setting and consumer of this
     /// config. `build()` on it only fails for what [`Config::parse`] checked.
-    pub fn relay_builder(self, db: &Path) -> RelayBuilder {
+    pub(crate) fn relay_builder(self, db: &Path) -> RelayBuilder {
         let settings = RelayWide {
             relay: &self.relay,
             retry: &self.retry,
@@ -172,7 +175,7 @@ impl Config {
     /// Checks what only the database can tell: that every `sql` sink's
     /// statements prepare against `db` ([`sink::sql::check`]). Opens the
     /// database read-only, and only when there is a sql sink.
-    pub fn check_database(&self, db: &Path) -> Result<(), ConfigError> {
+    pub(crate) fn check_database(&self, db: &Path) -> Result<(), ConfigError> {
         sink::sql::check(self, db)
     }
 }
@@ -192,7 +195,7 @@ fn read(file: &Path) -> Result<String, ConfigError> {
 /// The whole file as written: one field per section.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawConfig {
+pub(crate) struct RawConfig {
     database: Option<PathBuf>,
     #[serde(default)]
     relay: relay::RawRelay,
@@ -246,29 +249,29 @@ fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
 /// What the operator commands (`status`, `replay`, `purge`…) take from a config
 /// file, read by [`Config::load_without_sinks`].
 #[derive(Debug, Clone)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// The database, when the file names one.
-    pub database: Option<PathBuf>,
+    pub(crate) database: Option<PathBuf>,
     /// The `[alerts]` thresholds.
-    pub alerts: Thresholds,
+    pub(crate) alerts: Thresholds,
     /// The consumers' names.
-    pub consumers: Vec<String>,
+    pub(crate) consumers: Vec<String>,
     /// The event types (or patterns) each consumer takes, in the same order.
-    pub consumer_types: Vec<Vec<String>>,
+    pub(crate) consumer_types: Vec<Vec<String>>,
     /// `[http]`.
-    pub http: HttpSettings,
+    pub(crate) http: HttpSettings,
     /// `[log]`.
-    pub log: LogSettings,
+    pub(crate) log: LogSettings,
     /// `[purge]`'s retentions (whether or not `enabled = false` turns the
     /// relay's own purge off).
-    pub purge: purge::Retentions,
+    pub(crate) purge: purge::Retentions,
 }
 
 impl Config {
     /// Reads a config file for an operator command: checked as
     /// `check-config` checks it, except that its sinks are not built, so no
     /// secret needs to be set and no file is created.
-    pub fn load_without_sinks(file: &Path) -> Result<Summary, ConfigError> {
+    pub(crate) fn load_without_sinks(file: &Path) -> Result<Summary, ConfigError> {
         let text = read(file)?;
         let raw = parse_raw(&text, file)?;
         let s = check_settings(&Checker::new(file), &raw)?;
@@ -286,7 +289,7 @@ impl Config {
 
 impl Config {
     /// Reads the captures of a config file ([`capture::CaptureConfig`]).
-    pub fn load_captures(file: &Path) -> Result<capture::CaptureConfig, ConfigError> {
+    pub(crate) fn load_captures(file: &Path) -> Result<capture::CaptureConfig, ConfigError> {
         let raw = parse_raw(&read(file)?, file)?;
         let c = Checker::new(file);
         Ok(capture::CaptureConfig {

@@ -3,17 +3,17 @@
 //! as secrets, which command sinks keep from their programs.
 
 /// Where `*_env` keys are looked up.
-pub type Env<'a> = &'a dyn Fn(&str) -> Result<String, std::env::VarError>;
+pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Result<String, std::env::VarError>;
 
 /// The process's own environment, as an [`Env`].
-pub fn process_env(var: &str) -> Result<String, std::env::VarError> {
+pub(crate) fn process_env(var: &str) -> Result<String, std::env::VarError> {
     std::env::var(var)
 }
 
 /// An environment variable that should hold a secret does not. Never
 /// holds the value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SecretEnvError {
+pub(crate) enum SecretEnvError {
     /// The variable is not set.
     #[error("environment variable {var} is not set; set it to {what}")]
     NotSet {
@@ -45,7 +45,11 @@ pub enum SecretEnvError {
 /// the error): unset, non-UTF-8 and empty values are refused. The one
 /// reader of secrets from the environment (the sinks' `*_env` keys, the
 /// console's token).
-pub fn secret_from_env(env: Env<'_>, var: &str, what: &str) -> Result<String, SecretEnvError> {
+pub(crate) fn secret_from_env(
+    env: Env<'_>,
+    var: &str,
+    what: &str,
+) -> Result<String, SecretEnvError> {
     let (var, what) = (var.to_string(), what.to_string());
     match env(&var) {
         Ok(value) if value.trim().is_empty() => Err(SecretEnvError::Empty { var, what }),
@@ -63,7 +67,7 @@ pub fn secret_from_env(env: Env<'_>, var: &str, what: &str) -> Result<String, Se
 /// from their programs. (The naming rule is the contract: a new key that
 /// reads a secret from the environment is named `*_env`.) Text that does
 /// not parse names none; the loader reports it.
-pub fn secret_env_vars(text: &str) -> Vec<String> {
+pub(crate) fn secret_env_vars(text: &str) -> Vec<String> {
     fn walk(value: &toml::Value, key: Option<&str>, out: &mut Vec<String>) {
         let names_vars = key.is_some_and(|k| k.ends_with("_env"));
         match value {

@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 /// A duration written as `500ms`, `30s`, `5m`, `2h` or `1d`.
 #[derive(Debug, Clone, Copy)]
-pub struct Dur(pub Duration);
+pub(crate) struct Dur(pub(crate) Duration);
 
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
@@ -32,11 +32,11 @@ impl<'de> Deserialize<'de> for Dur {
 /// setting's own range ("expected a whole number from 1 to 1000"), not the
 /// range of the Rust type that holds it.
 #[derive(Debug, Clone, Copy)]
-pub struct Whole<const LO: u64, const HI: u64>(pub u64);
+pub(crate) struct Whole<const LO: u64, const HI: u64>(pub(crate) u64);
 
 impl<const LO: u64, const HI: u64> Whole<LO, HI> {
     /// The value as a `usize` (every bound outboxd uses fits in one).
-    pub fn get(self) -> usize {
+    pub(crate) fn get(self) -> usize {
         usize::try_from(self.0).unwrap_or(usize::MAX)
     }
 }
