@@ -13,8 +13,9 @@ use time::OffsetDateTime;
 
 mod text;
 
-pub(crate) use text::format_duration_at_least;
-pub use text::{format_duration, parse_duration, parse_time, DurationError, TimeError};
+pub use text::{
+    format_duration, format_duration_at_least, parse_duration, parse_time, DurationError, TimeError,
+};
 
 /// A point in time as milliseconds since the Unix epoch, UTC: the unit of
 /// every timestamp column in the schema. Serializes as RFC 3339 UTC

@@ -49,7 +49,7 @@ pub fn format_duration(d: Duration) -> String {
 /// [`format_duration`] of `d` rounded up to the smaller unit shown, for a
 /// value that must be at least `d` (a window to set): `3h 23m 6s` is
 /// `3h 24m`, never the too-short `3h 23m`.
-pub(crate) fn format_duration_at_least(d: Duration) -> String {
+pub fn format_duration_at_least(d: Duration) -> String {
     const SIZES: [u128; 5] = [86_400_000, 3_600_000, 60_000, 1_000, 1];
     let ms = d.as_millis();
     let step = match SIZES.iter().position(|size| ms >= *size) {
