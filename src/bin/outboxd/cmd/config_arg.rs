@@ -39,12 +39,9 @@ impl ConfigArg {
     /// The database and the config's settings (sinks not built: no secret
     /// needed, nothing created), for the operator commands.
     pub(crate) fn summary(&self, global: &Global) -> Result<(PathBuf, Option<Summary>)> {
-        let summary = match self.file() {
-            Some(file) => Some(Config::load_without_sinks(file).map_err(Failure::from)?),
-            None => None,
-        };
-        let db = global.db_with_config(summary.as_ref().and_then(|s| s.database.as_deref()));
-        Ok((db, summary))
+        self.read(global, Config::load_without_sinks, |s| {
+            s.database.as_deref()
+        })
     }
 
     /// The whole config, sinks built (`also_secret`: variables named on the
@@ -54,23 +51,28 @@ impl ConfigArg {
         global: &Global,
         also_secret: &[&str],
     ) -> Result<(PathBuf, Option<Config>)> {
-        let config = match self.file() {
-            Some(file) => {
-                Some(Config::load_with_secret_env(file, also_secret).map_err(Failure::from)?)
-            }
-            None => None,
-        };
-        let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));
-        Ok((db, config))
+        let load = |file: &Path| Config::load_with_secret_env(file, also_secret);
+        self.read(global, load, |c| c.database.as_deref())
     }
 
     /// The config's `[[capture]]` entries and the database.
     pub(crate) fn captures(&self, global: &Global) -> Result<(PathBuf, Option<CaptureConfig>)> {
+        self.read(global, Config::load_captures, |c| c.database.as_deref())
+    }
+
+    /// The file read with `read` (its error a config failure, exit 6), and
+    /// the database: --db or OUTBOXD_DB, else the config's, else the default.
+    fn read<T>(
+        &self,
+        global: &Global,
+        read: impl FnOnce(&Path) -> Result<T, ConfigError>,
+        database: impl Fn(&T) -> Option<&Path>,
+    ) -> Result<(PathBuf, Option<T>)> {
         let config = match self.file() {
-            Some(file) => Some(Config::load_captures(file).map_err(Failure::from)?),
+            Some(file) => Some(read(file).map_err(Failure::from)?),
             None => None,
         };
-        let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));
+        let db = global.db_with_config(config.as_ref().and_then(database));
         Ok((db, config))
     }
 }
