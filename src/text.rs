@@ -6,7 +6,6 @@
 //! writes. The one place each is done.
 
 use std::borrow::Cow;
-use std::time::Duration;
 
 /// The mark left where text was cut.
 pub const ELLIPSIS: &str = "…";
@@ -135,71 +134,14 @@ pub fn escape_clipped(s: &str, max: usize, keep: Keep) -> String {
     }
 }
 
-/// A duration for people, in its two largest units: `850ms`, `1s 500ms`,
-/// `42s`, `5m 3s`, `2h 10m`, `3d 4h`; a zero second unit is left out (`5m`,
-/// `7d`), and zero is `0s`. The one duration formatter of outboxd: setting
-/// errors, `status` ages and `check-config` settings echo durations in the
-/// units a person writes in a config (`604800s` reads as `7d`).
-///
-/// ```
-/// use std::time::Duration;
-/// use outboxd::text::duration;
-/// assert_eq!(duration(Duration::from_secs(7 * 86_400)), "7d");
-/// assert_eq!(duration(Duration::from_millis(303_000)), "5m 3s");
-/// assert_eq!(duration(Duration::ZERO), "0s");
-/// ```
-pub fn duration(d: Duration) -> String {
-    const UNITS: [(&str, u128); 5] = [
-        ("d", 86_400_000),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-        ("ms", 1),
-    ];
-    let ms = d.as_millis();
-    if d.is_zero() {
-        return "0s".to_string();
-    }
-    let Some(big) = UNITS.iter().position(|(_, size)| ms >= *size) else {
-        // Under a millisecond, but not zero.
-        return format!("{}µs", d.as_micros());
-    };
-    let (unit, size) = UNITS[big];
-    let mut text = format!("{}{unit}", ms / size);
-    if let Some((small_unit, small_size)) = UNITS.get(big + 1) {
-        let small = ms % size / small_size;
-        if small > 0 {
-            text.push_str(&format!(" {small}{small_unit}"));
-        }
-    }
-    text
-}
+/// A duration for people, in its two largest units (`5m 3s`, `7d`): kept
+/// at its 0.1 path; the formatter lives with the parsers in [`crate::clock`].
+pub use crate::clock::format_duration as duration;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    #[test]
-    fn durations_in_a_persons_units() {
-        let cases = [
-            (0, "0s"),
-            (850, "850ms"),
-            (1_500, "1s 500ms"),
-            (30_000, "30s"),
-            (42_000, "42s"),
-            (303_000, "5m 3s"),
-            (7_800_000, "2h 10m"),
-            (273_600_000, "3d 4h"),
-            (300_000, "5m"),
-            (604_800_000, "7d"),
-            (1_209_600_000, "14d"),
-        ];
-        for (ms, want) in cases {
-            assert_eq!(duration(Duration::from_millis(ms)), want);
-        }
-        assert_eq!(duration(Duration::from_micros(250)), "250µs");
-    }
 
     #[test]
     fn cuts_on_character_boundaries() {

@@ -822,3 +822,60 @@ fn a_newer_schema_in_a_host_database_is_left_exactly_as_it_is() {
         sb.fails(args, SCHEMA, "version 999 is newer");
     }
 }
+
+/// `check-config --offline` checks the file's syntax and values alone: a
+/// NATS server nobody runs and a database whose tables do not exist yet pass
+/// it (the systemd unit's ExecStartPre), while the full check refuses them;
+/// a syntax error fails both.
+#[test]
+fn check_config_offline_asks_no_server_and_opens_no_database() {
+    use common::bin::code::CONFIG;
+    let sb = Sandbox::new();
+    let config = sb.path("outboxd.toml");
+    std::fs::write(
+        &config,
+        r#"database = "not-created-yet.db"
+
+[[consumer]]
+name = "bus"
+types = ["*"]
+[consumer.sink]
+kind = "nats"
+servers = ["nats://127.0.0.1:1"]
+stream = "EVENTS"
+connect_timeout = "1s"
+
+[[consumer]]
+name = "stats"
+types = ["*"]
+[consumer.sink]
+kind = "sql"
+statements = ["INSERT INTO article_events (event_id) VALUES (:event_id)"]
+"#,
+    )
+    .unwrap();
+    let c = config.to_str().unwrap();
+    let out = sb
+        .outboxd()
+        .without_db()
+        .expect(&["check-config", "--offline", "--config", c], OK);
+    assert!(out.contains("ok (offline"), "{out}");
+    assert!(!out.contains("warning"), "no server was asked: {out}");
+    assert!(
+        !sb.path("not-created-yet.db").exists(),
+        "the database was not opened"
+    );
+    let err =
+        sb.outboxd()
+            .without_db()
+            .fails(&["check-config", "--config", c], CONFIG, "statements");
+    assert!(err.contains("not-created-yet.db"), "{err}");
+
+    std::fs::write(&config, "[[consumer]\nname = \"bus\"\n").unwrap();
+    for args in [
+        &["check-config", "--offline", "--config", c][..],
+        &["check-config", "--config", c],
+    ] {
+        sb.outboxd().without_db().fails(args, CONFIG, "line 1");
+    }
+}

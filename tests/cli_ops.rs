@@ -849,6 +849,41 @@ fn replay_by_type_time_range_id_and_all() {
 /// purge removed them, or a relay delivered a replay's rows to the others
 /// only), a replay to it says so rather than that no such consumer exists,
 /// and points to --config; the exit code stays 5.
+/// `replay --since/--until` take how long ago as well as RFC 3339, the
+/// forms the console's replay form takes (`outboxd::clock::parse_time`).
+#[test]
+fn replay_since_takes_how_long_ago() {
+    let db = TestDb::new();
+    let ago = |minutes: i64| Timestamp::from_millis(now_ms() - minutes * MINUTE_MS);
+    db.enqueue(&[
+        event("article.created.v1", 1).occurred_at(ago(180)),
+        event("article.created.v1", 2).occurred_at(ago(90)),
+        event("article.created.v1", 3).occurred_at(ago(10)),
+    ]);
+    deliver_all(&db);
+    let out = Outboxd::on(&db.path).expect(
+        &[
+            "replay",
+            "--consumer",
+            "indexer",
+            "--since",
+            "2h ago",
+            "--until",
+            "30m ago",
+        ],
+        OK,
+    );
+    assert_eq!(out, "replayed 1 event to consumer indexer\n");
+    let out = Outboxd::on(&db.path).expect(&["replay", "--consumer", "audit", "--since", "1h"], OK);
+    assert_eq!(out, "replayed 1 event to consumer audit\n");
+    let err = Outboxd::on(&db.path).fails(
+        &["replay", "--consumer", "audit", "--since", "an hour ago"],
+        USAGE,
+        "RFC 3339",
+    );
+    assert!(err.contains("2h ago"), "{err}");
+}
+
 #[test]
 fn replay_to_a_consumer_whose_records_are_gone_says_why_it_is_unknown() {
     let db = TestDb::new();

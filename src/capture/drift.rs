@@ -209,13 +209,7 @@ fn plural(n: usize) -> &'static str {
 }
 
 fn ago(d: std::time::Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..=119 => format!("{s}s"),
-        120..=7199 => format!("{}m", s / 60),
-        7200..=172_799 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86_400),
-    }
+    crate::clock::format_duration(std::time::Duration::from_secs(d.as_secs()))
 }
 
 /// Every recorded capture with the state of its triggers. Reads only, so it

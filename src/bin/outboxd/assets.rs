@@ -17,14 +17,14 @@ use clap_complete::Shell;
 use crate::exit::Exit;
 
 /// The hidden subcommand's name.
-pub const NAME: &str = "generate-assets";
+pub(crate) const NAME: &str = "generate-assets";
 
 /// The shells completions are generated for (the .deb installs each where
 /// that shell looks for vendor completions).
-pub const SHELLS: [Shell; 3] = [Shell::Bash, Shell::Zsh, Shell::Fish];
+pub(crate) const SHELLS: [Shell; 3] = [Shell::Bash, Shell::Zsh, Shell::Fish];
 
 /// The hidden subcommand, added beside the real ones at parse time.
-pub fn command() -> clap::Command {
+pub(crate) fn command() -> clap::Command {
     clap::Command::new(NAME)
         .hide(true)
         .about("Write the man pages to DIR/man and the shell completions to DIR/completions")
@@ -38,7 +38,7 @@ pub fn command() -> clap::Command {
 
 /// Runs `generate-assets` (given the top-level matches that hold it) and
 /// prints what it wrote.
-pub fn exec(matches: &clap::ArgMatches) -> ExitCode {
+pub(crate) fn exec(matches: &clap::ArgMatches) -> ExitCode {
     let dir = matches
         .subcommand_matches(NAME)
         .and_then(|m| m.get_one::<PathBuf>("dir"))
@@ -67,7 +67,7 @@ fn documented() -> clap::Command {
 /// Writes `DIR/man/outboxd.1` and a page per subcommand (`outboxd-run.1`,
 /// `outboxd-dead-list.1`, ...), and `DIR/completions/{outboxd.bash,
 /// _outboxd, outboxd.fish}`. Returns the files written.
-pub fn write_all(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn write_all(dir: &Path) -> Result<Vec<PathBuf>> {
     let man = dir.join("man");
     let completions = dir.join("completions");
     for d in [&man, &completions] {

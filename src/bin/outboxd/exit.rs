@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 /// The process's exit status. See [`HELP`] for what each means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Exit {
+pub(crate) enum Exit {
     /// Success.
     Ok = 0,
     /// The command ran and found problems (`status` over a threshold,
@@ -41,7 +41,7 @@ impl From<Exit> for ExitCode {
 }
 
 /// The table shown under `outboxd --help`.
-pub const HELP: &str = "\
+pub(crate) const HELP: &str = "\
 Exit codes:
   0  success
   1  problems found: status over a threshold, doctor found an error
@@ -69,15 +69,15 @@ Exit codes:
 /// errors ([`outboxd::Error`]) are classified by [`classify`] instead.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct Failure {
+pub(crate) struct Failure {
     /// The code to exit with.
-    pub exit: Exit,
+    pub(crate) exit: Exit,
     message: String,
 }
 
 impl Failure {
     /// Invalid input (exit 5).
-    pub fn input(message: impl Into<String>) -> Failure {
+    pub(crate) fn input(message: impl Into<String>) -> Failure {
         Failure {
             exit: Exit::Input,
             message: message.into(),
@@ -85,7 +85,7 @@ impl Failure {
     }
 
     /// The configuration cannot be used (exit 6).
-    pub fn config(message: impl Into<String>) -> Failure {
+    pub(crate) fn config(message: impl Into<String>) -> Failure {
         Failure {
             exit: Exit::Config,
             message: message.into(),
@@ -93,7 +93,7 @@ impl Failure {
     }
 
     /// The database cannot be used (exit 3).
-    pub fn database(message: impl Into<String>) -> Failure {
+    pub(crate) fn database(message: impl Into<String>) -> Failure {
         Failure {
             exit: Exit::Database,
             message: message.into(),
@@ -101,7 +101,7 @@ impl Failure {
     }
 
     /// outboxd itself failed: a thread could not start, or one panicked (exit 7).
-    pub fn internal(message: impl Into<String>) -> Failure {
+    pub(crate) fn internal(message: impl Into<String>) -> Failure {
         Failure {
             exit: Exit::Internal,
             message: message.into(),
@@ -111,7 +111,7 @@ impl Failure {
 
 /// The exit code for an error: the first [`Failure`] or [`outboxd::Error`]
 /// found in its chain decides; anything else is an I/O or database failure.
-pub fn classify(err: &anyhow::Error) -> Exit {
+pub(crate) fn classify(err: &anyhow::Error) -> Exit {
     for cause in err.chain() {
         if let Some(f) = cause.downcast_ref::<Failure>() {
             return f.exit;
@@ -146,7 +146,7 @@ fn library(e: &outboxd::Error) -> Exit {
 
 /// True when the error is stdout closing under us (`outboxd status | head`):
 /// not a failure, so the process exits quietly with success.
-pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+pub(crate) fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|c| {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
@@ -157,7 +157,7 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
 /// a cause whose text its parent already shows (the library's errors embed
 /// their source's message); when SQLite said the file is damaged, what to
 /// do next.
-pub fn one_line(err: &anyhow::Error) -> String {
+pub(crate) fn one_line(err: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in err.chain() {
         let text = cause.to_string();

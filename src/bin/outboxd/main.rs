@@ -208,11 +208,11 @@ fn usage_error(e: clap::Error) -> ExitCode {
 
 /// The logging flags of the command line.
 #[derive(Debug, Clone, Default)]
-pub struct LogOptions {
+pub(crate) struct LogOptions {
     /// `--log-format`.
-    pub format: Option<LogFormat>,
+    pub(crate) format: Option<LogFormat>,
     /// `--log-level`.
-    pub level: Option<String>,
+    pub(crate) level: Option<String>,
 }
 
 fn parse_log_level(s: &str) -> Result<String, String> {
@@ -222,7 +222,7 @@ fn parse_log_level(s: &str) -> Result<String, String> {
 /// Sets up logging to stderr, once. The level comes from `--log-level`, else
 /// RUST_LOG, else the config's `log.level`, else `default_level`; the format
 /// from `--log-format`, else the config's `log.format`, else text.
-pub fn init_logging(flags: &LogOptions, config: &LogSettings, default_level: &str) {
+pub(crate) fn init_logging(flags: &LogOptions, config: &LogSettings, default_level: &str) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let from_env = std::env::var("RUST_LOG")

@@ -98,7 +98,7 @@ impl DuplicateWindowCheck {
              retries, each after up to {} (the first after {}, the longest delay {}, jitter \
              included), and {} (relay.lease) after a crash; ",
             human(self.duplicate_window),
-            human(self.horizon),
+            crate::clock::format_duration_at_least(self.horizon),
             self.retries,
             format_args!("ack_timeout {} + the retry delay", human(self.ack_timeout)),
             human(self.first_retry),
@@ -115,35 +115,13 @@ impl DuplicateWindowCheck {
              retry schedule (retry.max_attempts, retry.max_delay); downstream consumers should \
              deduplicate on Nats-Msg-Id either way",
             human(self.duplicate_window),
-            human(self.horizon),
+            crate::clock::format_duration_at_least(self.horizon),
         );
         Some(s)
     }
 }
 
-/// A duration as `2m`, `1h5m`, `3d2h`, `1.5s`: short and exact enough.
-pub(crate) fn human(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    let secs = d.as_secs();
-    if secs < 60 {
-        return if ms % 1000 == 0 {
-            format!("{secs}s")
-        } else {
-            format!("{:.1}s", d.as_secs_f64())
-        };
-    }
-    let (days, hours, mins, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
-    let mut out = String::new();
-    for (n, unit) in [(days, "d"), (hours, "h"), (mins, "m"), (s, "s")] {
-        if n > 0 {
-            let _ = write!(out, "{n}{unit}");
-        }
-    }
-    out
-}
+pub(crate) use crate::clock::format_duration as human;
 
 #[cfg(test)]
 mod tests {
@@ -165,7 +143,7 @@ mod tests {
             "EVENTS",
             "nats",
             "2m",
-            "3h23m6s",
+            "3h 24m",
             "9 retries",
             "relay.lease",
             "38s",
@@ -215,7 +193,7 @@ mod tests {
             Duration::from_secs(2),
             Duration::from_secs(40),
         );
-        assert!(tight.warning("S", "c").unwrap().contains("40.5s"));
+        assert!(tight.warning("S", "c").unwrap().contains("40s 500ms"));
     }
 
     /// The README's suggestion for a broker in the same network.
@@ -231,14 +209,6 @@ mod tests {
             Duration::from_secs(5),
             DEFAULT_DUPLICATE_WINDOW,
         );
-        assert_eq!(human(c.horizon()), "10m21s");
-    }
-
-    #[test]
-    fn human_durations() {
-        assert_eq!(human(Duration::from_millis(250)), "250ms");
-        assert_eq!(human(Duration::from_secs(120)), "2m");
-        assert_eq!(human(Duration::from_secs(3725)), "1h2m5s");
-        assert_eq!(human(Duration::from_secs(2 * 86_400 + 3600)), "2d1h");
+        assert_eq!(human(c.horizon()), "10m 21s");
     }
 }

@@ -13,13 +13,13 @@ use outboxd::Timestamp;
 use rusqlite::Connection;
 use serde::Serialize;
 
+use super::config_arg::ConfigArg;
 use super::support::not_found;
 use super::{database, Global};
-use crate::config::capture::{self as capture_config, CaptureConfig};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd capture --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 A capture turns the inserts, updates and deletes of a table into events,
 with triggers that run inside the host's own statements: no change to the
 host's code. Define captures in the config ([[capture]] entries), install
@@ -34,7 +34,7 @@ Examples:
 
 /// The `capture` subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub enum Args {
+pub(crate) enum Args {
     /// Install or update the triggers of every [[capture]] in the config, in
     /// one transaction; a capture already installed as defined is left alone.
     #[command(after_help = APPLY_HELP)]
@@ -82,10 +82,12 @@ Examples:
 
 /// Options of `capture apply`.
 #[derive(Debug, clap::Args)]
-pub struct ApplyArgs {
-    /// The config file whose [[capture]] entries to install.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: PathBuf,
+#[command(mut_arg("config", |a| {
+    a.help("The config file whose [[capture]] entries to install").required(true)
+}))]
+pub(crate) struct ApplyArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -93,10 +95,10 @@ pub struct ApplyArgs {
 
 /// Options of `capture list`.
 #[derive(Debug, clap::Args)]
-pub struct ListArgs {
-    /// Compare with the [[capture]] entries of this config.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
+#[command(mut_arg("config", |a| a.help("Compare with the [[capture]] entries of this config")))]
+pub(crate) struct ListArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -105,7 +107,7 @@ pub struct ListArgs {
 /// Options of `capture drop`.
 #[derive(Debug, clap::Args)]
 #[group(required = true, multiple = false)]
-pub struct DropArgs {
+pub(crate) struct DropArgs {
     /// The captured table.
     #[arg(long, value_name = "TABLE")]
     table: Option<String>,
@@ -115,7 +117,7 @@ pub struct DropArgs {
 }
 
 /// Runs a `capture` subcommand.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     match args {
         Args::Apply(a) => apply(global, a),
         Args::List(a) => list(global, a),
@@ -123,13 +125,12 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
 }
 
-fn load(file: &Path) -> Result<CaptureConfig> {
-    Ok(capture_config::load(file).map_err(|e| Failure::config(e.to_string()))?)
-}
-
 fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
-    let config = load(&args.config)?;
-    let db = global.db_with_config(config.database.as_deref());
+    let (db, config) = args.config.captures(global)?;
+    // clap refuses the command line without --config.
+    let Some(config) = config else {
+        unreachable!("--config is required");
+    };
     if config.captures.is_empty() {
         return Err(Failure::config(format!(
             "config {}: no [[capture]] entry; nothing to apply",
@@ -171,8 +172,7 @@ struct Listed {
 }
 
 fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
-    let config = args.config.as_deref().map(load).transpose()?;
-    let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));
+    let (db, config) = args.config.captures(global)?;
     let conn = database::for_reading(&db)?;
     let now = Timestamp::now();
     let statuses = capture::inspect(&conn)?;
@@ -283,7 +283,7 @@ fn drop_captures(global: &Global, args: &DropArgs) -> Result<Exit> {
 
 /// The capture problems of a database, one line each, for `status` and
 /// `doctor`: missing or changed triggers. Empty when nothing is captured.
-pub fn problems(conn: &Connection, now: Timestamp) -> Result<Vec<String>> {
+pub(crate) fn problems(conn: &Connection, now: Timestamp) -> Result<Vec<String>> {
     Ok(capture::inspect(conn)?
         .iter()
         .filter_map(|s| s.problem(now))
@@ -312,7 +312,7 @@ const RECORD_INTACT_EVERY: Duration = Duration::from_secs(600);
 /// later warning can say since when a trigger has been missing. It keeps one
 /// connection of its own (reopened after an error); the relay is not
 /// involved.
-pub struct Watch {
+pub(crate) struct Watch {
     db: PathBuf,
     conn: Option<Connection>,
     /// The config's captures, by table (lower case).
@@ -330,7 +330,7 @@ pub struct Watch {
 
 impl Watch {
     /// A watch of `db` with the config's captures; checks once at once.
-    pub fn start(db: &Path, captures: &[CaptureSpec], interval: Duration) -> Watch {
+    pub(crate) fn start(db: &Path, captures: &[CaptureSpec], interval: Duration) -> Watch {
         let mut w = Watch::new(db, captures, interval);
         w.compare_config();
         w.tick();
@@ -354,7 +354,7 @@ impl Watch {
     }
 
     /// Checks when an interval has passed since the last check.
-    pub fn tick(&mut self) {
+    pub(crate) fn tick(&mut self) {
         if self.last.is_some_and(|t| t.elapsed() < self.interval) {
             return;
         }

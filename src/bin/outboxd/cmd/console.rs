@@ -1,9 +1,9 @@
 //! `outboxd console`: the web console alone, for a database a relay
-//! elsewhere is working on; and [`Plan`], how `outboxd run` serves the
+//! elsewhere is working on; and [`HttpServers`], how `outboxd run` serves the
 //! console, `/metrics` and `/healthz` beside its relay.
 
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -11,13 +11,14 @@ use outboxd::relay::Metrics;
 use outboxd::router::Subscriptions;
 use outboxd::status::Thresholds;
 
+use super::config_arg::ConfigArg;
 use super::Global;
 use crate::config::{alerts, resolve_listen, Config, HttpServe, HttpSettings};
 use crate::console::{self, Console, ConsoleSetup, Listeners};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd console --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 Serves the web console (overview with the last hour's chart, events, dead
 letters with requeue and discard, replay, publish intents), /metrics and
 /healthz for an existing database, without running a relay: use it beside a
@@ -42,11 +43,14 @@ Examples:
       outboxd console --http 0.0.0.0:9464 --http-token-env OUTBOXD_HTTP_TOKEN";
 
 /// The address `outboxd console` serves on when none is given.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 
 /// Options of `outboxd console`.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+#[command(mut_arg("config", |a| a.help(
+    "A config file: its [http], [alerts] and consumers' types are used; nothing is delivered"
+)))]
+pub(crate) struct Args {
     /// Serve on this address (such as 127.0.0.1:9464); wins over the
     /// config's http.listen [default: 127.0.0.1:9464].
     #[arg(long, value_name = "ADDR")]
@@ -55,28 +59,20 @@ pub struct Args {
     /// other than loopback); wins over the config's http.token_env.
     #[arg(long, value_name = "VAR")]
     http_token_env: Option<String>,
-    /// A config file: its [http], [alerts] and consumers' types are used;
-    /// nothing is delivered.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: ConfigArg,
     /// Hide every action (requeue, discard, replay).
     #[arg(long)]
     read_only: bool,
 }
 
 /// Serves the console until SIGINT or SIGTERM.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     // The config's settings, not its sinks: the console delivers nothing,
     // so no secret needs to be set.
-    let config = match &args.config {
-        Some(file) => {
-            Some(Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?)
-        }
-        None => None,
-    };
+    let (db, config) = args.config.summary(global)?;
     let log = config.as_ref().map(|c| c.log.clone()).unwrap_or_default();
     crate::init_logging(&global.log, &log, "info");
-    let db = global.db_with_config(config.as_ref().and_then(|c| c.database.as_deref()));
     let mut http = config.as_ref().map(|c| c.http.clone()).unwrap_or_default();
     http.read_only |= args.read_only;
     http = with_token_env(http, args.http_token_env.as_deref())?;
@@ -92,7 +88,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     // The address bound (the port given may be 0).
     let addr = listener.local_addr().unwrap_or(serve.listen);
     super::database::for_reading(&db)?;
-    let signals = super::run::install_signal_handler()?;
+    let signals = super::signals::install_handler()?;
     let started = console::start(
         Listeners {
             console: Some((listener, serve)),
@@ -124,22 +120,22 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
 /// The HTTP servers of `outboxd run`, their addresses bound before the
 /// relay starts (so a taken port is a config error, not a half-started
 /// relay), started beside it.
-pub struct Plan {
+pub(crate) struct HttpServers {
     console: Option<(TcpListener, HttpServe)>,
     metrics: Option<TcpListener>,
     thresholds: Thresholds,
     consumers: Subscriptions,
 }
 
-impl Plan {
+impl HttpServers {
     /// Binds `[http]` (or `--http`) for the console and the legacy
     /// `[metrics]` (or `--metrics`) address for /metrics and /healthz.
-    pub fn bind(
+    pub(crate) fn bind(
         config: &Config,
         http: Option<&str>,
         token_env: Option<&str>,
         metrics: Option<SocketAddr>,
-    ) -> Result<Plan> {
+    ) -> Result<HttpServers> {
         let listen = match http {
             Some(a) => {
                 Some(resolve_listen(a).map_err(|m| Failure::config(format!("--http: {m}")))?)
@@ -159,7 +155,7 @@ impl Plan {
             Some(addr) => Some(bind(addr, "metrics", "--metrics or metrics.listen")?),
             None => None,
         };
-        Ok(Plan {
+        Ok(HttpServers {
             console,
             metrics,
             thresholds: config.alerts,
@@ -170,7 +166,7 @@ impl Plan {
     /// Starts the servers for the relay whose counters are `relay`: one
     /// console app (one read pool, one set of measures and threads)
     /// answering both addresses; None when neither is configured.
-    pub fn start(self, db: &Path, relay: Arc<Metrics>) -> Result<Option<Console>> {
+    pub(crate) fn start(self, db: &Path, relay: Arc<Metrics>) -> Result<Option<Console>> {
         if self.console.is_none() && self.metrics.is_none() {
             return Ok(None);
         }

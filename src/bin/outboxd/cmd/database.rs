@@ -28,14 +28,14 @@ use crate::exit::Failure;
 /// path, never by opening the file (closing any descriptor of a database
 /// would drop the locks SQLite holds on it in this process).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileIdentity {
+pub(crate) struct FileIdentity {
     dev: u64,
     ino: u64,
 }
 
 impl FileIdentity {
     /// The identity of the file `path` names now.
-    pub fn of(path: &Path) -> std::io::Result<FileIdentity> {
+    pub(crate) fn of(path: &Path) -> std::io::Result<FileIdentity> {
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path)?;
         Ok(FileIdentity {
@@ -48,7 +48,7 @@ impl FileIdentity {
     /// deleted, or another file was moved into its place), or None while it
     /// still does. Another failure to look (a permission taken away) is
     /// none: the file may well be there.
-    pub fn gone_from(&self, path: &Path) -> Option<&'static str> {
+    pub(crate) fn gone_from(&self, path: &Path) -> Option<&'static str> {
         match FileIdentity::of(path) {
             Ok(now) if now == *self => None,
             Ok(_) => Some("was replaced by another file"),
@@ -71,7 +71,7 @@ const NEARLY_FULL: u64 = 1 << 20;
 /// less than [`NEARLY_FULL`] free: what to say about it. SQLite's own text
 /// ("disk I/O error") does not name the cause, and its OS error number is
 /// gone with the connection; the file system says it instead.
-pub fn no_space(err: &anyhow::Error) -> Option<String> {
+pub(crate) fn no_space(err: &anyhow::Error) -> Option<String> {
     use rusqlite::ErrorCode as C;
     let write_failed = err.chain().any(|c| {
         c.downcast_ref::<rusqlite::Error>().is_some_and(|e| {
@@ -108,7 +108,7 @@ pub fn no_space(err: &anyhow::Error) -> Option<String> {
 }
 
 /// Creates or upgrades the schema (the file too, if missing).
-pub fn migrate(path: &Path) -> Result<MigrationReport> {
+pub(crate) fn migrate(path: &Path) -> Result<MigrationReport> {
     let _ = OPENED.set(path.to_path_buf());
     if let Some(dir) = missing_directory(path) {
         return Err(Failure::database(format!(
@@ -124,27 +124,27 @@ pub fn migrate(path: &Path) -> Result<MigrationReport> {
 }
 
 /// An existing, migrated database, for writing.
-pub fn for_writing(path: &Path) -> Result<Connection> {
+pub(crate) fn for_writing(path: &Path) -> Result<Connection> {
     for_reading(path)?;
     open_writable(path)
 }
 
 /// An existing, migrated database, read-only.
-pub fn for_reading(path: &Path) -> Result<Connection> {
+pub(crate) fn for_reading(path: &Path) -> Result<Connection> {
     let (conn, _) = for_inspection(path)?;
     outboxd::schema::ensure_current(&conn)?;
     Ok(conn)
 }
 
 /// An existing database, read-only, whatever its schema; and how it is read.
-pub fn for_inspection(path: &Path) -> Result<(Connection, ReadMode)> {
+pub(crate) fn for_inspection(path: &Path) -> Result<(Connection, ReadMode)> {
     require_existing(path)?;
     Ok(outboxd::connection::open_read_only_with_mode(path)?)
 }
 
 /// A note for the operator when the database is read as an immutable
 /// file (`ReadMode::Immutable`); None otherwise.
-pub fn read_mode_note(mode: ReadMode) -> Option<&'static str> {
+pub(crate) fn read_mode_note(mode: ReadMode) -> Option<&'static str> {
     match mode {
         ReadMode::Shared => None,
         ReadMode::Immutable => Some(

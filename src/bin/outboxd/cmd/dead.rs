@@ -15,7 +15,7 @@ use super::{database, Global};
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd dead --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 A dead letter is an event a consumer refused (poison), that ran out of
 retries, or that the relay could not read (a row a producer wrote with a bad
 event type, payload or id: `dead edit` repairs it). It stays until you
@@ -34,7 +34,7 @@ const NOT_FOUND_HINT: &str = "see the dead letters with `outboxd dead list`";
 
 /// The `dead` subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub enum Args {
+pub(crate) enum Args {
     /// List dead letters, newest first: row id, event id, type, attempts, and
     /// the reason's start (`dead show` has it whole).
     #[command(after_help = LIST_HELP)]
@@ -109,7 +109,7 @@ Examples:
 
 /// Options of `dead list`.
 #[derive(Debug, clap::Args)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     /// Show at most this many (the newest).
     #[arg(long, value_name = "N", default_value_t = 50)]
     limit: usize,
@@ -120,7 +120,7 @@ pub struct ListArgs {
 
 /// Options of `dead show`.
 #[derive(Debug, clap::Args)]
-pub struct ShowArgs {
+pub(crate) struct ShowArgs {
     /// The row id or the event id.
     #[arg(value_name = "ID")]
     id: String,
@@ -133,7 +133,7 @@ pub struct ShowArgs {
 /// id, a type pattern, or all.
 #[derive(Debug, clap::Args)]
 #[group(required = true, multiple = false)]
-pub struct Which {
+pub(crate) struct Which {
     /// One dead letter: its row id or event id.
     #[arg(value_name = "ID")]
     id: Option<String>,
@@ -168,7 +168,7 @@ impl Which {
             "occurred_at",
         ])
 ))]
-pub struct EditArgs {
+pub(crate) struct EditArgs {
     /// The row id or the event id.
     #[arg(value_name = "ID")]
     id: String,
@@ -236,14 +236,14 @@ impl EditArgs {
 
 /// Options of `dead requeue`.
 #[derive(Debug, clap::Args)]
-pub struct ChangeArgs {
+pub(crate) struct ChangeArgs {
     #[command(flatten)]
     which: Which,
 }
 
 /// Options of `dead discard`.
 #[derive(Debug, clap::Args)]
-pub struct DiscardArgs {
+pub(crate) struct DiscardArgs {
     #[command(flatten)]
     which: Which,
     /// Confirm a discard of more than one dead letter.
@@ -252,7 +252,7 @@ pub struct DiscardArgs {
 }
 
 /// Runs one `dead` subcommand.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     match args {
         Args::List(a) => list(global, a),
         Args::Show(a) => show(global, a),

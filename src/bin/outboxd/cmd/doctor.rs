@@ -53,6 +53,10 @@ const WAL_WARN_BYTES: u64 = outboxd::connection::DEFAULT_JOURNAL_SIZE_LIMIT as u
 
 /// Options of `outboxd doctor`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("config", |a| a.help(
+    "Take the database and alerts.stale_after from this config file, and check its sinks that \
+     can be asked (a nats sink: its stream, and its duplicate window against the retry schedule)"
+)))]
 pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -65,11 +69,8 @@ pub struct Args {
     /// [default: the config's alerts.stale_after, else 5m].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     stale_after: Option<Duration>,
-    /// Take the database and alerts.stale_after from this config file, and
-    /// check its sinks that can be asked (a nats sink: its stream, and its
-    /// duplicate window against the retry schedule).
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    config: super::config_arg::ConfigArg,
 }
 
 /// How bad a finding is.
@@ -142,7 +143,7 @@ impl Finding {
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     // The database and the thresholds are resolved as `status` resolves them.
     let mut unreadable = None;
-    let (db, mut alerts) = match args.config.as_deref().map(Config::load_without_sinks) {
+    let (db, mut alerts) = match args.config.file().map(Config::load_without_sinks) {
         None => (global.db.clone(), alerts::without_config()),
         Some(Ok(c)) => (global.db_with_config(c.database.as_deref()), c.alerts),
         // Unreadable, the config cannot name the database: only --db can.
@@ -150,7 +151,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             unreadable = Some(Finding::new(CONFIG, Severity::Error, e.to_string()));
             (global.db.clone(), alerts::without_config())
         }
-        Some(Err(e)) => return Err(Failure::config(e.to_string()).into()),
+        Some(Err(e)) => return Err(Failure::from(e).into()),
     };
     if let Some(d) = args.stale_after {
         alerts.stale_after = d;
@@ -161,7 +162,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     if let Some(note) = database::read_mode_note(mode) {
         findings.push(Finding::new("read-mode", Severity::Note, note));
     }
-    match (unreadable, &args.config) {
+    match (unreadable, args.config.file()) {
         (Some(finding), _) => findings.push(finding),
         (None, Some(file)) => findings.extend(sinks(file)),
         (None, None) => {}

@@ -14,7 +14,7 @@ use crate::args::parse_duration;
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd enqueue --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 Prints the new event's id. Without --payload or --payload-file the payload
 is null. With --key, a second enqueue with the same key
 (and tenant) writes nothing and prints `duplicate of <id>`, naming the first
@@ -28,7 +28,7 @@ Examples:
 
 /// Options of `outboxd enqueue`.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Event type, `<domain>.<verb>.v<N>` (such as article.created.v1).
     #[arg(long = "type", value_name = "TYPE")]
     event_type: String,
@@ -60,7 +60,7 @@ pub struct Args {
 
 /// Validates the event, then writes it in one `BEGIN IMMEDIATE` transaction.
 /// Nothing touches the database until the input is known to be good.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let event = build_event(args)?;
 
     let mut conn = database::for_writing(&global.db)?;

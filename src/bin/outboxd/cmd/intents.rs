@@ -15,7 +15,7 @@ use crate::args::parse_duration;
 use crate::exit::Exit;
 
 /// Shown under `outboxd intents --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 A publish intent records an outside write (a comment, an e-mail, a ticket)
 before a consumer sends it, so a retry never sends it twice. `list` shows the
 ones that need a look: pending (recorded or being sent) and failed.
@@ -44,7 +44,7 @@ Example:
 
 /// The `intents` subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub enum Args {
+pub(crate) enum Args {
     /// List pending and failed publish intents, least recently changed first.
     #[command(after_help = LIST_HELP)]
     List(ListArgs),
@@ -55,7 +55,7 @@ pub enum Args {
 
 /// Options of `intents list`.
 #[derive(Debug, clap::Args)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     /// Print a JSON array instead of text.
     #[arg(long)]
     json: bool,
@@ -63,7 +63,7 @@ pub struct ListArgs {
 
 /// Options of `intents purge`.
 #[derive(Debug, clap::Args)]
-pub struct PurgeArgs {
+pub(crate) struct PurgeArgs {
     /// Delete intents completed longer ago than this: 30s, 5m, 2h or 30d.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     older_than: Duration,
@@ -73,7 +73,7 @@ pub struct PurgeArgs {
 const PURGE_BATCH: usize = 500;
 
 /// Runs one `intents` subcommand.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     match args {
         Args::List(a) => list(global, a),
         Args::Purge(a) => purge(global, a),

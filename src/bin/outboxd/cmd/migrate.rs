@@ -7,7 +7,7 @@ use crate::exit::Exit;
 use anyhow::Result;
 
 /// Shown under `outboxd migrate --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 Adds outboxd's tables beside the application's own; never touches the
 application's tables or PRAGMA user_version. Safe to run twice, and from two
 processes at once. Creates the database file if it does not exist.
@@ -17,10 +17,10 @@ Example:
 
 /// `outboxd migrate` takes no options of its own.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub(crate) struct Args {}
 
 /// Migrates the database to the newest schema this binary knows.
-pub fn exec(global: &Global, _args: &Args) -> Result<Exit> {
+pub(crate) fn exec(global: &Global, _args: &Args) -> Result<Exit> {
     let report = database::migrate(&global.db)?;
     let mut out = std::io::stdout().lock();
     if report.was_current() {

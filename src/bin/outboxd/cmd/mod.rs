@@ -8,38 +8,40 @@ use std::path::PathBuf;
 use crate::exit::Exit;
 use anyhow::Result;
 
-pub mod capture;
-pub mod check_config;
-pub mod console;
-pub mod database;
-pub mod dead;
-pub mod doctor;
-pub mod enqueue;
-pub mod intents;
-pub mod migrate;
-pub mod payload;
-pub mod purge;
-pub mod replay;
-pub mod run;
-pub mod status;
-pub mod support;
+pub(crate) mod capture;
+pub(crate) mod check_config;
+pub(crate) mod config_arg;
+pub(crate) mod console;
+pub(crate) mod database;
+pub(crate) mod dead;
+pub(crate) mod doctor;
+pub(crate) mod enqueue;
+pub(crate) mod intents;
+pub(crate) mod migrate;
+pub(crate) mod payload;
+pub(crate) mod purge;
+pub(crate) mod replay;
+pub(crate) mod run;
+pub(crate) mod signals;
+pub(crate) mod status;
+pub(crate) mod support;
 
 /// Options every command shares.
 #[derive(Debug, Clone)]
-pub struct Global {
+pub(crate) struct Global {
     /// The database file.
-    pub db: PathBuf,
+    pub(crate) db: PathBuf,
     /// True when the database was given with --db or OUTBOXD_DB rather than
     /// taken from the default; it then wins over a config file's `database`.
-    pub db_explicit: bool,
+    pub(crate) db_explicit: bool,
     /// The logging flags (`run` sets up logging itself, after its config).
-    pub log: crate::LogOptions,
+    pub(crate) log: crate::LogOptions,
 }
 
 impl Global {
     /// The database to use with a config file that names `configured`:
     /// --db or OUTBOXD_DB when given, else the config's, else the default.
-    pub fn db_with_config(&self, configured: Option<&std::path::Path>) -> PathBuf {
+    pub(crate) fn db_with_config(&self, configured: Option<&std::path::Path>) -> PathBuf {
         match configured {
             Some(path) if !self.db_explicit => path.to_path_buf(),
             _ => self.db.clone(),
@@ -49,7 +51,7 @@ impl Global {
 
 /// The subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Create or upgrade outboxd's tables in the database.
     #[command(after_help = migrate::EXAMPLES)]
     Migrate(migrate::Args),
@@ -95,7 +97,7 @@ pub enum Command {
 
 impl Command {
     /// Runs the command; the error's chain decides the exit code.
-    pub fn exec(&self, global: &Global) -> Result<Exit> {
+    pub(crate) fn exec(&self, global: &Global) -> Result<Exit> {
         match self {
             Command::Migrate(args) => migrate::exec(global, args),
             Command::Enqueue(args) => enqueue::exec(global, args),
@@ -109,7 +111,7 @@ impl Command {
                 let result = run::exec(global, args);
                 // However run ended (a clean stop, an error, the relay
                 // dropped): no command sink's program outlives it.
-                run::kill_programs_left_behind();
+                signals::kill_programs_left_behind();
                 result
             }
             Command::Console(args) => console::exec(global, args),

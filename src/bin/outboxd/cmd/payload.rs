@@ -11,22 +11,22 @@ use crate::exit::Failure;
 
 /// `--payload JSON | --payload-file FILE` and `--max-payload-bytes`.
 #[derive(Debug, clap::Args)]
-pub struct PayloadArgs {
+pub(crate) struct PayloadArgs {
     /// The payload as JSON text.
     #[arg(long, value_name = "JSON", conflicts_with = "payload_file")]
-    pub payload: Option<String>,
+    pub(crate) payload: Option<String>,
     /// Read the JSON payload from a file, or from stdin with `-`.
     #[arg(long, value_name = "FILE")]
-    pub payload_file: Option<PathBuf>,
+    pub(crate) payload_file: Option<PathBuf>,
     /// The largest payload accepted, in bytes of JSON.
     #[arg(long, value_name = "BYTES", default_value_t = outboxd::enqueue::DEFAULT_MAX_PAYLOAD_BYTES)]
-    pub max_payload_bytes: usize,
+    pub(crate) max_payload_bytes: usize,
 }
 
 impl PayloadArgs {
     /// The payload given, None when neither flag is; one larger than
     /// `--max-payload-bytes` is refused with its size (exit 5).
-    pub fn read(&self) -> Result<Option<String>> {
+    pub(crate) fn read(&self) -> Result<Option<String>> {
         let limit = self.max_payload_bytes;
         let payload = match (&self.payload, &self.payload_file) {
             (Some(json), _) => json.clone(),

@@ -1,7 +1,6 @@
 //! `outboxd purge`: delete finished rows past their retention.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -9,15 +8,15 @@ use outboxd::error::Setting;
 use outboxd::purge::{purge_dry_run, purge_with_progress, PurgePolicy, PurgeReport};
 use outboxd::Timestamp;
 
+use super::config_arg::ConfigArg;
 use super::support::{count, human, Progress};
 use super::{database, Global};
 use crate::args::parse_duration;
 use crate::config::purge::Retentions;
-use crate::config::Config;
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd purge --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 Deletes delivered events older than --delivered-retention, dedup entries
 older than --dedup-ttl, completed publish intents older than
 --intent-retention and, only with --dead-retention, dead letters older than
@@ -38,13 +37,15 @@ Examples:
 
 /// Options of `outboxd purge`.
 #[derive(Debug, clap::Args)]
-pub struct Args {
+#[command(mut_arg("config", |a| a.help(
+    "Take the database and the retentions ([purge]) from this config file"
+)))]
+pub(crate) struct Args {
     /// Count what would be deleted, delete nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Take the database and the retentions ([purge]) from this config file.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: ConfigArg,
     /// Delete delivered events finished longer ago than this [default: the
     /// config's purge.delivered_retention, else 7d].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -68,14 +69,9 @@ pub struct Args {
 }
 
 /// Purges (or counts) and prints what went.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    let (db, configured) = match &args.config {
-        Some(file) => {
-            let c = Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?;
-            (global.db_with_config(c.database.as_deref()), Some(c.purge))
-        }
-        None => (global.db.clone(), None),
-    };
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
+    let (db, config) = args.config.summary(global)?;
+    let configured = config.map(|c| c.purge);
     let policy = policy(args, configured.as_ref())?;
     let now = Timestamp::now();
     let report = if args.dry_run {

@@ -1,20 +1,20 @@
 //! `outboxd replay`: deliver events again to one consumer.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::Result;
 use outboxd::replay::{replay_with_progress, ReplayFilter};
 use outboxd::router::Pattern;
 use outboxd::{EventId, Timestamp};
 
+use super::config_arg::ConfigArg;
 use super::support::{bar, count, Progress};
 use super::{database, Global};
-use crate::config::Config;
+use crate::args::parse_time_now;
 use crate::exit::{Exit, Failure};
 
 /// Shown under `outboxd replay --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 Forgets that the consumer had the selected events and puts them back in the
 queue, due now; a running relay then delivers them to that consumer only,
 even where another consumer lacks the event (one added since, say), and a
@@ -29,6 +29,7 @@ knows, exit 5; with --config, the config's consumers are known too.
 Examples:
   outboxd --db app.db replay --consumer search-index --type 'article.*.v1' \\
       --since 2026-11-29T00:00:00Z --until 2026-11-30T00:00:00Z
+  outboxd --db app.db replay --consumer billing --type 'order.*.v1' --since '2h ago'
   outboxd --db app.db replay --consumer billing --id 01JDQ7X6ZB5N4Q2W8V1K3M9T0R
   outboxd --db app.db replay --consumer audit-log --all";
 
@@ -41,23 +42,26 @@ Examples:
         .multiple(true)
         .args(["event_type", "since", "until", "ids", "all"])
 ))]
-pub struct Args {
+#[command(mut_arg("config", |a| a.help(
+    "The config file: its consumers are the known names (one with no deliveries yet \
+     replays nothing rather than being unknown), and its database is used unless --db is given"
+)))]
+pub(crate) struct Args {
     /// The consumer to deliver to again (its name in the configuration).
     #[arg(long, value_name = "NAME")]
     consumer: String,
-    /// The config file: its consumers are the known names (one with no
-    /// deliveries yet replays nothing rather than being unknown), and its
-    /// database is used unless --db is given.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: ConfigArg,
     /// Only event types matching this pattern, such as article.*.v1.
     #[arg(long = "type", value_name = "PATTERN", value_parser = Pattern::parse)]
     event_type: Option<Pattern>,
-    /// Only events that occurred at or after this time (RFC 3339).
-    #[arg(long, value_name = "TIME")]
+    /// Only events that occurred at or after this time: RFC 3339, or how
+    /// long ago (2h ago).
+    #[arg(long, value_name = "TIME", value_parser = parse_time_now)]
     since: Option<Timestamp>,
-    /// Only events that occurred before this time (RFC 3339).
-    #[arg(long, value_name = "TIME")]
+    /// Only events that occurred before this time: RFC 3339, or how long
+    /// ago (30m ago).
+    #[arg(long, value_name = "TIME", value_parser = parse_time_now)]
     until: Option<Timestamp>,
     /// Only these event ids (repeat the flag for several).
     #[arg(long = "id", value_name = "ID", value_parser = parse_event_id)]
@@ -72,14 +76,9 @@ fn parse_event_id(s: &str) -> Result<EventId, outboxd::EnvelopeError> {
 }
 
 /// Replays the selected events and prints how many were put back.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    let (db, known) = match &args.config {
-        Some(file) => {
-            let c = Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?;
-            (global.db_with_config(c.database.as_deref()), c.consumers)
-        }
-        None => (global.db.clone(), Vec::new()),
-    };
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
+    let (db, config) = args.config.summary(global)?;
+    let known = config.map(|c| c.consumers).unwrap_or_default();
     let mut filter = ReplayFilter::new(args.consumer.clone())
         .ids(args.ids.clone())
         .known_consumers(known);
@@ -96,10 +95,12 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     })
     .map_err(|e| match e {
         // Without --config only the database's records name consumers.
-        e @ outboxd::Error::UnknownConsumer { .. } if args.config.is_none() => Failure::input(
-            format!("{e}; --config FILE makes the configured consumers known"),
-        )
-        .into(),
+        e @ outboxd::Error::UnknownConsumer { .. } if args.config.file().is_none() => {
+            Failure::input(format!(
+                "{e}; --config FILE makes the configured consumers known"
+            ))
+            .into()
+        }
         e => anyhow::Error::from(e),
     })?;
     progress.finish();

@@ -1,12 +1,12 @@
 //! `outboxd run`: the relay, until SIGINT or SIGTERM.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::RecvTimeoutError;
 
+use super::config_arg::ConfigArg;
 use super::database::{self, FileIdentity};
 use super::Global;
 use crate::args::parse_duration;
@@ -15,7 +15,7 @@ use crate::exit::{Exit, Failure};
 use outboxd::status::{Problem, Thresholds};
 
 /// Shown under `outboxd run --help`.
-pub const EXAMPLES: &str = "\
+pub(crate) const EXAMPLES: &str = "\
 Without --config, one consumer named `stdout` takes every event and writes it
 as one JSON line (the envelope) to stdout; logs go to stderr. The database
 (--db, OUTBOXD_DB, else ./outboxd.db) is created and migrated if needed.
@@ -49,10 +49,12 @@ const ALERT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Options of `outboxd run`.
 #[derive(Debug, clap::Args)]
-pub struct Args {
-    /// The config file (outboxd.toml); without it, every event goes to stdout.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
+#[command(mut_arg("config", |a| a.help(
+    "The config file (outboxd.toml); without it, every event goes to stdout"
+)))]
+pub(crate) struct Args {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Serve Prometheus metrics on this address (such as 127.0.0.1:9464);
     /// wins over the config's metrics.listen.
     #[arg(long, value_name = "ADDR")]
@@ -72,36 +74,26 @@ pub struct Args {
 }
 
 /// Validates everything, migrates, starts the relay and waits for a signal.
-pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    let config = match &args.config {
-        // The console's token variable from the command line holds a
-        // secret as much as the file's `*_env` keys do.
-        Some(file) => Config::load_with_secret_env(
-            file,
-            &args
-                .http_token_env
-                .as_deref()
-                .into_iter()
-                .collect::<Vec<_>>(),
-        )
-        .map_err(|e| Failure::config(e.to_string()))?,
-        None => Config::stdout_default(),
-    };
+pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
+    // The console's token variable from the command line holds a secret
+    // as much as the file's `*_env` keys do.
+    let token_env: Vec<&str> = args.http_token_env.as_deref().into_iter().collect();
+    let (db, config) = args.config.load(global, &token_env)?;
+    let config = config.unwrap_or_else(Config::stdout_default);
     crate::init_logging(&global.log, &config.log, "info");
 
-    let db = global.db_with_config(config.database.as_deref());
     let grace = args.shutdown_grace.unwrap_or(config.relay.shutdown_grace);
     let metrics_addr = match &args.metrics {
         Some(a) => Some(resolve_listen(a).map_err(|m| Failure::config(format!("--metrics: {m}")))?),
         None => config.metrics,
     };
-    let http = super::console::Plan::bind(
+    let http = super::console::HttpServers::bind(
         &config,
         args.http.as_deref(),
         args.http_token_env.as_deref(),
         metrics_addr,
     )?;
-    let signals = install_signal_handler()?;
+    let signals = super::signals::install_handler()?;
     // Sinks that connect somewhere (nats) do it now, before the database is
     // touched: refused credentials or a missing stream are config errors.
     for c in &config.consumers {
@@ -116,9 +108,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     // After the migration (a sql sink may write outboxd's tables too),
     // before anything is claimed.
-    config
-        .check_database(&db)
-        .map_err(|e| Failure::config(e.to_string()))?;
+    config.check_database(&db).map_err(Failure::from)?;
     let alerts = config.alerts;
     let captures = config.captures.clone();
     let config_file = config
@@ -209,49 +199,6 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     tracing::info!("outboxd stopped");
     Ok(Exit::Ok)
-}
-
-/// Kills the programs of command sinks still running (deliveries the relay
-/// left behind after its grace: their rows are released, and another run
-/// will deliver them again), and says how many at WARN.
-pub fn kill_programs_left_behind() {
-    let killed = outboxd::sinks::command::kill_running();
-    if killed > 0 {
-        tracing::warn!(
-            killed,
-            "killed command sink programs still running after the shutdown grace; their \
-             events will be delivered again"
-        );
-    }
-}
-
-/// The first SIGINT/SIGTERM/SIGHUP is sent on the channel; a second one
-/// exits the process at once with 130 (killing command sinks' programs
-/// first).
-pub fn install_signal_handler() -> Result<Receiver<()>> {
-    static SIGNALS: AtomicUsize = AtomicUsize::new(0);
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    ctrlc::set_handler(move || {
-        if SIGNALS.fetch_add(1, Ordering::SeqCst) == 0 {
-            let _ = tx.try_send(());
-        } else {
-            eprintln!("outboxd: second signal; exiting without waiting for deliveries in flight (their leases expire)");
-            outboxd::sinks::command::kill_running();
-            std::process::exit(130);
-        }
-    })
-    .map_err(|e| {
-        // ctrlc starts a thread to wait for signals; failing that is the
-        // system's limits, not the user's input.
-        let why = match &e {
-            ctrlc::Error::System(io) => io.to_string(),
-            other => other.to_string(),
-        };
-        Failure::internal(format!(
-            "cannot install the SIGINT/SIGTERM handler: {why}"
-        ))
-    })?;
-    Ok(rx)
 }
 
 /// Logs when the dead letters cross `[alerts] max_dead` (and when they fall

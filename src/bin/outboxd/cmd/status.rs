@@ -2,18 +2,18 @@
 //! crosses the thresholds a monitor alerts on.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
 use outboxd::status::{Status, Thresholds};
 use outboxd::Timestamp;
 
+use super::config_arg::ConfigArg;
 use super::support::human;
 use super::{database, Global};
 use crate::args::parse_duration;
-use crate::config::{alerts, Config};
-use crate::exit::{Exit, Failure};
+use crate::config::alerts;
+use crate::exit::Exit;
 
 /// Shown under `outboxd status --help`.
 pub const EXAMPLES: &str = "\
@@ -43,13 +43,15 @@ Examples:
 
 /// Options of `outboxd status`.
 #[derive(Debug, clap::Args)]
+#[command(mut_arg("config", |a| a.help(
+    "Take the thresholds ([alerts]) and the database from this config file"
+)))]
 pub struct Args {
     /// Print one JSON object instead of text (with "healthy" and "problems").
     #[arg(long)]
     json: bool,
-    /// Take the thresholds ([alerts]) and the database from this config file.
-    #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: ConfigArg,
     /// Unhealthy when the oldest due event has waited longer than this:
     /// 500ms, 30s, 5m, 2h or 1d [default: the config's alerts.stale_after,
     /// else 5m].
@@ -63,13 +65,8 @@ pub struct Args {
 
 /// Prints a snapshot of the outbox; exit 1 when a threshold is crossed.
 pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
-    let (db, mut alerts) = match &args.config {
-        Some(file) => {
-            let c = Config::load_without_sinks(file).map_err(|e| Failure::config(e.to_string()))?;
-            (global.db_with_config(c.database.as_deref()), c.alerts)
-        }
-        None => (global.db.clone(), alerts::without_config()),
-    };
+    let (db, config) = args.config.summary(global)?;
+    let mut alerts = config.map_or_else(alerts::without_config, |c| c.alerts);
     if let Some(d) = args.stale_after {
         alerts.stale_after = d;
     }

@@ -9,7 +9,7 @@ use crate::exit::Failure;
 
 /// Turns the library's "not found" into invalid input (exit 5) with a hint
 /// on where to look; other errors pass through unchanged.
-pub fn not_found(hint: &'static str) -> impl FnOnce(outboxd::Error) -> anyhow::Error {
+pub(crate) fn not_found(hint: &'static str) -> impl FnOnce(outboxd::Error) -> anyhow::Error {
     move |e| match e {
         outboxd::Error::NotFound { .. } => Failure::input(format!("{e}; {hint}")).into(),
         other => other.into(),
@@ -19,13 +19,13 @@ pub fn not_found(hint: &'static str) -> impl FnOnce(outboxd::Error) -> anyhow::E
 /// `n` and the noun that goes with it: "1 dead letter", "3 dead letters".
 /// The one pluraliser of the binary (with [`noun`], for a page that sets
 /// the number apart).
-pub fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+pub(crate) fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
     let n = n.into();
     format!("{n} {}", noun(n, one, many))
 }
 
 /// The noun that goes with `n`: `one` for 1, else `many`.
-pub fn noun<'a>(n: impl Into<u64>, one: &'a str, many: &'a str) -> &'a str {
+pub(crate) fn noun<'a>(n: impl Into<u64>, one: &'a str, many: &'a str) -> &'a str {
     if n.into() == 1 {
         one
     } else {
@@ -36,13 +36,13 @@ pub fn noun<'a>(n: impl Into<u64>, one: &'a str, many: &'a str) -> &'a str {
 /// A duration for people (`850ms`, `5m 3s`, `7d`): the library's one
 /// formatter, which its setting errors use too, so every message echoes a
 /// duration in the units a person writes.
-pub use outboxd::text::duration as human;
+pub(crate) use outboxd::clock::format_duration as human;
 
 /// A one-line progress display on stderr, redrawn in place with `\r`.
 /// Silent unless stderr is a terminal, so scripts, pipes, cron mail and
 /// journald never see it. Redraws at most every 100 ms and erases itself
 /// when done, leaving the command's own output as the only trace.
-pub struct Progress {
+pub(crate) struct Progress {
     out: Option<Box<dyn Write>>,
     last: Option<Instant>,
     drawn: bool,
@@ -50,7 +50,7 @@ pub struct Progress {
 
 impl Progress {
     /// A progress line on stderr, if stderr is a terminal.
-    pub fn stderr() -> Progress {
+    pub(crate) fn stderr() -> Progress {
         let err = std::io::stderr();
         let out: Option<Box<dyn Write>> =
             err.is_terminal().then(|| Box::new(err) as Box<dyn Write>);
@@ -67,7 +67,7 @@ impl Progress {
     }
 
     /// Shows `text` (unless the last redraw was under 100 ms ago).
-    pub fn show(&mut self, text: &str) {
+    pub(crate) fn show(&mut self, text: &str) {
         let Some(out) = self.out.as_mut() else {
             return;
         };
@@ -86,7 +86,7 @@ impl Progress {
     }
 
     /// Erases the line, if one was drawn.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if let (Some(out), true) = (self.out.as_mut(), self.drawn) {
             let _ = write!(out, "\r\x1b[K");
             let _ = out.flush();
@@ -102,7 +102,7 @@ impl Drop for Progress {
 }
 
 /// `done/total` as a bar: `[#####.....] 50% (500/1000)`.
-pub fn bar(done: u64, total: u64) -> String {
+pub(crate) fn bar(done: u64, total: u64) -> String {
     const WIDTH: u64 = 30;
     let filled = (done.min(total) * WIDTH)
         .checked_div(total)

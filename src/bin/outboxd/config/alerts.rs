@@ -7,7 +7,7 @@
 use outboxd::status::{self, Thresholds};
 use serde::{Deserialize, Serialize};
 
-use super::Dur;
+use super::values::Dur;
 use crate::cmd::support::{count, human};
 
 /// `[alerts]` as written.

@@ -9,21 +9,25 @@
 //! columns = ["id", "title", "status"]
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use outboxd::capture::{CaptureError, CaptureSpec};
 
-use super::{Checker, ConfigError};
+use super::checker::Checker;
+use super::error::ConfigError;
 
 /// One `[[capture]]` as written: the library's definition itself, which
 /// refuses unknown keys.
-pub type RawCapture = CaptureSpec;
+pub(crate) type RawCapture = CaptureSpec;
 
 /// Checks every `[[capture]]` for what needs no database: the event type
 /// of each operation, the templates, that lists are not empty, that no
 /// table is captured twice. Tables and columns are checked against the
 /// database by `capture apply`.
-pub fn check(c: &Checker<'_>, raw: Vec<RawCapture>) -> Result<Vec<CaptureSpec>, ConfigError> {
+pub(crate) fn check(
+    c: &Checker<'_>,
+    raw: Vec<RawCapture>,
+) -> Result<Vec<CaptureSpec>, ConfigError> {
     for (i, spec) in raw.iter().enumerate() {
         spec.validate().map_err(|e| {
             let field = match &e {
@@ -54,30 +58,18 @@ pub fn check(c: &Checker<'_>, raw: Vec<RawCapture>) -> Result<Vec<CaptureSpec>, 
 /// holding only `[[capture]]` entries works, and applying triggers needs no
 /// webhook secret.
 #[derive(Debug)]
-pub struct CaptureConfig {
+pub(crate) struct CaptureConfig {
     /// The config file.
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
     /// Its `database`, resolved against its directory.
-    pub database: Option<PathBuf>,
+    pub(crate) database: Option<PathBuf>,
     /// Its `[[capture]]` entries.
-    pub captures: Vec<CaptureSpec>,
-}
-
-/// Reads the captures of a config file.
-pub fn load(file: &Path) -> Result<CaptureConfig, ConfigError> {
-    let raw = super::parse_raw(&super::read(file)?, file)?;
-    let c = Checker::new(file);
-    Ok(CaptureConfig {
-        file: file.to_path_buf(),
-        database: super::database(&c, &raw.database)?,
-        captures: check(&c, raw.capture)?,
-    })
+    pub(crate) captures: Vec<CaptureSpec>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::tests::{parse, STDOUT};
-    use super::*;
 
     const PAGES: &str =
         "[[capture]]\ntable = \"pages\"\nevent_type = \"page.{op}.v1\"\ncolumns = [\"title\"]\n";
@@ -95,7 +87,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("capture.toml");
         std::fs::write(&file, format!("database = \"cms.db\"\n{PAGES}")).unwrap();
-        let c = load(&file).unwrap();
+        let c = super::super::Config::load_captures(&file).unwrap();
         assert_eq!(c.database, Some(dir.path().join("cms.db")));
         assert_eq!(c.captures.len(), 1);
     }

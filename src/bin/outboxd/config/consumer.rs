@@ -7,31 +7,33 @@
 use outboxd::RetryPolicy;
 use serde::Deserialize;
 
+use super::checker::Checker;
+use super::error::ConfigError;
+use super::retry;
 use super::sink::{self, RawSink, Sink};
-use super::{retry, Checker, ConfigError};
-use crate::cmd::support::human;
+use outboxd::clock::format_duration as human;
 
 /// One `[[consumer]]`, validated.
 #[derive(Debug)]
-pub struct ConsumerSpec {
+pub(crate) struct ConsumerSpec {
     /// Its unique name (the key of its progress in the database).
-    pub name: String,
+    pub(crate) name: String,
     /// The event types or patterns it takes.
-    pub types: Vec<String>,
+    pub(crate) types: Vec<String>,
     /// Its retry policy.
-    pub retry: RetryPolicy,
+    pub(crate) retry: RetryPolicy,
     /// Its sink.
-    pub sink: Sink,
+    pub(crate) sink: Sink,
 }
 
 /// One `[[consumer]]` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawConsumer {
+pub(crate) struct RawConsumer {
     /// Its name.
-    pub name: String,
+    pub(crate) name: String,
     /// Its event types or patterns.
-    pub types: Vec<String>,
+    pub(crate) types: Vec<String>,
     retry: Option<retry::RawRetry>,
     sink: RawSink,
 }
@@ -39,7 +41,7 @@ pub struct RawConsumer {
 impl RawConsumer {
     /// Its retry policy: its sink kind's own schedule (else `[retry]`, given
     /// as `default`), with its `[consumer.retry]` keys on top.
-    pub fn retry_policy(&self, default: &RetryPolicy) -> RetryPolicy {
+    pub(crate) fn retry_policy(&self, default: &RetryPolicy) -> RetryPolicy {
         let base = sink::default_retry(self.sink.kind).unwrap_or_else(|| default.clone());
         match &self.retry {
             Some(t) => retry::apply(t, base),
@@ -50,9 +52,9 @@ impl RawConsumer {
 
 /// Builds every consumer's sink; a sink whose longest delivery outlasts the
 /// `lease` is refused (the delivery could outlive its claim). Command sinks
-/// keep `secret_vars` (the config's [`super::secret_env_vars`]) from their
+/// keep `secret_vars` (the config's [`super::secrets::secret_env_vars`]) from their
 /// programs.
-pub fn build(
+pub(crate) fn build(
     c: &Checker<'_>,
     raw: Vec<RawConsumer>,
     lease: std::time::Duration,

@@ -16,17 +16,18 @@ use std::net::SocketAddr;
 
 use serde::Deserialize;
 
-use super::{
-    process_env, resolve_listen, secret_from_env, Checker, ConfigError, Env, SecretEnvError,
-};
+use super::checker::Checker;
+use super::error::ConfigError;
+use super::metrics::resolve_listen;
+use super::secrets::{process_env, secret_from_env, Env, SecretEnvError};
 
 /// The shortest token accepted: shorter ones can be guessed.
-pub const MIN_TOKEN_LEN: usize = 16;
+pub(crate) const MIN_TOKEN_LEN: usize = 16;
 
 /// `[http]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawHttp {
+pub(crate) struct RawHttp {
     listen: Option<String>,
     token_env: Option<String>,
     read_only: Option<bool>,
@@ -34,25 +35,25 @@ pub struct RawHttp {
 
 /// `[http]`, validated. The address may still come from `--http`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HttpSettings {
+pub(crate) struct HttpSettings {
     /// `listen`: where to serve.
-    pub listen: Option<SocketAddr>,
+    pub(crate) listen: Option<SocketAddr>,
     /// `token_env`: the environment variable holding the token.
-    pub token_env: Option<String>,
+    pub(crate) token_env: Option<String>,
     /// `read_only`: hide every action.
-    pub read_only: bool,
+    pub(crate) read_only: bool,
 }
 
 /// What a server needs to start: the address, the token (checked against
 /// the address) and the read-only switch.
 #[derive(Clone, PartialEq, Eq)]
-pub struct HttpServe {
+pub(crate) struct HttpServe {
     /// The address to bind.
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// The token a request must carry; None on loopback without one.
-    pub token: Option<String>,
+    pub(crate) token: Option<String>,
     /// Hide every action.
-    pub read_only: bool,
+    pub(crate) read_only: bool,
 }
 
 impl std::fmt::Debug for HttpServe {
@@ -69,7 +70,7 @@ impl std::fmt::Debug for HttpServe {
 /// Why the console cannot be served as configured. [`HttpError::field`]
 /// names the config key (the command-line flags map to the same keys).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HttpError {
+pub(crate) enum HttpError {
     /// `token_env` (or `--http-token-env`) is no variable's name.
     #[error(
         "{name:?} is not an environment variable name; name the variable that holds the \
@@ -116,7 +117,7 @@ pub enum HttpError {
 
 impl HttpError {
     /// The config key the error is about.
-    pub fn field(&self) -> &'static str {
+    pub(crate) fn field(&self) -> &'static str {
         match self {
             HttpError::TokenEnvName { .. }
             | HttpError::Token(_)
@@ -138,7 +139,7 @@ fn token_wanted() -> String {
 /// Checks `[http]`. The token is read and checked against the address here
 /// too (so `check-config` reports a missing one), and again by
 /// [`HttpSettings::serve`] once `--http` may have changed the address.
-pub fn check(c: &Checker<'_>, raw: &RawHttp) -> Result<HttpSettings, ConfigError> {
+pub(crate) fn check(c: &Checker<'_>, raw: &RawHttp) -> Result<HttpSettings, ConfigError> {
     let listen = match &raw.listen {
         None => None,
         Some(a) => Some(resolve_listen(a).map_err(|m| c.err("http.listen", m))?),
@@ -159,7 +160,7 @@ pub fn check(c: &Checker<'_>, raw: &RawHttp) -> Result<HttpSettings, ConfigError
 /// Refuses the console and the legacy `[metrics] listen` on one address:
 /// the console serves /metrics itself. The one check for `check-config`
 /// and `run` (whose flags may give either address).
-pub fn distinct_from_metrics(
+pub(crate) fn distinct_from_metrics(
     console: SocketAddr,
     metrics: Option<SocketAddr>,
 ) -> Result<(), HttpError> {
@@ -172,7 +173,7 @@ pub fn distinct_from_metrics(
 
 /// Refuses what cannot be an environment variable's name (`http.token_env`
 /// or `--http-token-env`).
-pub fn check_token_env_name(name: &str) -> Result<(), HttpError> {
+pub(crate) fn check_token_env_name(name: &str) -> Result<(), HttpError> {
     if name.is_empty() || name.contains('=') || name.contains('\0') {
         return Err(HttpError::TokenEnvName {
             name: name.to_string(),
@@ -186,14 +187,14 @@ impl HttpSettings {
     /// section's address; None when neither gives one. Refuses an address
     /// other than loopback without a token, and a token variable that is
     /// unset or holds too short a token (read from the process's
-    /// environment with [`secret_from_env`](crate::config::secret_from_env),
+    /// environment with [`secret_from_env`](crate::config::secrets::secret_from_env),
     /// like every secret).
-    pub fn serve(&self, listen: Option<SocketAddr>) -> Result<Option<HttpServe>, HttpError> {
+    pub(crate) fn serve(&self, listen: Option<SocketAddr>) -> Result<Option<HttpServe>, HttpError> {
         self.serve_with(listen, &process_env)
     }
 
     /// [`serve`](Self::serve), the token's variable looked up in `env`.
-    pub fn serve_with(
+    pub(crate) fn serve_with(
         &self,
         listen: Option<SocketAddr>,
         env: Env<'_>,

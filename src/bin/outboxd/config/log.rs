@@ -2,12 +2,14 @@
 
 use serde::Deserialize;
 
-use super::{Checker, ConfigError};
+use super::checker::Checker;
+
+use super::error::ConfigError;
 
 /// The log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// One human-readable line per event.
     Text,
     /// One JSON object per line.
@@ -16,17 +18,17 @@ pub enum LogFormat {
 
 /// Logging settings from the `[log]` table; command-line flags win.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LogSettings {
+pub(crate) struct LogSettings {
     /// A level or tracing filter directive, already checked to parse.
-    pub level: Option<String>,
+    pub(crate) level: Option<String>,
     /// The output format.
-    pub format: Option<LogFormat>,
+    pub(crate) format: Option<LogFormat>,
 }
 
 /// `[log]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawLog {
+pub(crate) struct RawLog {
     level: Option<String>,
     format: Option<LogFormat>,
 }
@@ -41,7 +43,7 @@ const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 ///
 /// The reason does not repeat the value (clap's message for `--log-level`
 /// shows it already): "not a log level or filter; allowed: …".
-pub fn check_level(level: &str) -> Result<(), String> {
+pub(crate) fn check_level(level: &str) -> Result<(), String> {
     let allowed = "allowed: error, warn, info, debug, trace, off, or directives such as \
                    info,outboxd=debug";
     let directives: Vec<&str> = level.split(',').map(str::trim).collect();
@@ -64,7 +66,7 @@ pub fn check_level(level: &str) -> Result<(), String> {
 }
 
 /// Checks `[log]`.
-pub fn check(c: &Checker<'_>, raw: &RawLog) -> Result<LogSettings, ConfigError> {
+pub(crate) fn check(c: &Checker<'_>, raw: &RawLog) -> Result<LogSettings, ConfigError> {
     if let Some(level) = &raw.level {
         check_level(level).map_err(|m| c.err("log.level", format!("{level:?} is {m}")))?;
     }

@@ -4,17 +4,19 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 use serde::Deserialize;
 
-use super::{Checker, ConfigError};
+use super::checker::Checker;
+
+use super::error::ConfigError;
 
 /// `[metrics]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawMetrics {
+pub(crate) struct RawMetrics {
     listen: Option<String>,
 }
 
 /// Checks `[metrics]`: the address to listen on, if any.
-pub fn check(c: &Checker<'_>, raw: &RawMetrics) -> Result<Option<SocketAddr>, ConfigError> {
+pub(crate) fn check(c: &Checker<'_>, raw: &RawMetrics) -> Result<Option<SocketAddr>, ConfigError> {
     match &raw.listen {
         None => Ok(None),
         Some(addr) => Ok(Some(
@@ -25,7 +27,7 @@ pub fn check(c: &Checker<'_>, raw: &RawMetrics) -> Result<Option<SocketAddr>, Co
 
 /// A listen address: `host:port` resolving to exactly one socket address
 /// is expected; the first is taken.
-pub fn resolve_listen(addr: &str) -> Result<SocketAddr, String> {
+pub(crate) fn resolve_listen(addr: &str) -> Result<SocketAddr, String> {
     let mut addrs = addr.to_socket_addrs().map_err(|e| {
         format!("{addr:?} is not an address to listen on ({e}); expected host:port such as 127.0.0.1:9464")
     })?;

@@ -4,12 +4,12 @@
 use outboxd::purge::PurgePolicy;
 use serde::Deserialize;
 
-use super::{Dur, Whole};
+use super::values::{Dur, Whole};
 
 /// `[purge]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawPurge {
+pub(crate) struct RawPurge {
     enabled: Option<bool>,
     delivered_retention: Option<Dur>,
     dedup_ttl: Option<Dur>,
@@ -20,14 +20,14 @@ pub struct RawPurge {
 
 /// The purge policy `[purge]` describes: the library's defaults with the
 /// keys set on top; None when it is turned off.
-pub fn policy(p: &RawPurge) -> Option<PurgePolicy> {
+pub(crate) fn policy(p: &RawPurge) -> Option<PurgePolicy> {
     (p.enabled != Some(false)).then(|| retentions(p).policy)
 }
 
 /// The keys of `[purge]` on the library's defaults, whether or not the
 /// relay's own purge is turned off: what `outboxd purge --config` starts
 /// from.
-pub fn retentions(p: &RawPurge) -> Retentions {
+pub(crate) fn retentions(p: &RawPurge) -> Retentions {
     let d = PurgePolicy::default();
     Retentions {
         policy: PurgePolicy::default()
@@ -45,8 +45,8 @@ pub fn retentions(p: &RawPurge) -> Retentions {
 /// itself (when it did not set `dedup_ttl`, a longer delivered retention
 /// raises the dedup window with it).
 #[derive(Debug, Clone)]
-pub struct Retentions {
-    pub policy: PurgePolicy,
-    pub delivered_retention_set: bool,
-    pub dedup_ttl_set: bool,
+pub(crate) struct Retentions {
+    pub(crate) policy: PurgePolicy,
+    pub(crate) delivered_retention_set: bool,
+    pub(crate) dedup_ttl_set: bool,
 }

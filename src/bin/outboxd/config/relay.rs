@@ -7,35 +7,39 @@ use std::time::Duration;
 use outboxd::relay::UnroutedPolicy;
 use serde::Deserialize;
 
-use super::{Checker, ConfigError, Dur, Whole};
-use crate::cmd::support::human;
+use super::checker::Checker;
+
+use super::error::ConfigError;
+
+use super::values::{Dur, Whole};
+use outboxd::clock::format_duration as human;
 
 /// How long in-flight deliveries may finish after SIGINT or SIGTERM, unless
 /// configured. Below the packaged systemd unit's `TimeoutStopSec=40`.
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// The longest shutdown grace accepted.
 const MAX_SHUTDOWN_GRACE: Duration = Duration::from_secs(3600);
 
 /// The `[relay]` settings (None: the library default).
 #[derive(Debug, Clone, PartialEq)]
-pub struct RelaySettings {
+pub(crate) struct RelaySettings {
     /// Worker threads.
-    pub workers: Option<usize>,
+    pub(crate) workers: Option<usize>,
     /// Rows claimed per transaction.
-    pub batch_size: Option<usize>,
+    pub(crate) batch_size: Option<usize>,
     /// The most payload bytes held by deliveries in flight.
-    pub batch_bytes: Option<u64>,
+    pub(crate) batch_bytes: Option<u64>,
     /// The largest payload loaded; larger ones are dead-lettered unread.
-    pub max_payload_bytes: Option<u64>,
+    pub(crate) max_payload_bytes: Option<u64>,
     /// The lease of a claim.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// How often an idle relay looks for other processes' commits.
-    pub poll_interval: Option<Duration>,
+    pub(crate) poll_interval: Option<Duration>,
     /// What to do with events no consumer takes.
-    pub unrouted: UnroutedPolicy,
+    pub(crate) unrouted: UnroutedPolicy,
     /// How long in-flight deliveries may finish on shutdown.
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
 }
 
 impl Default for RelaySettings {
@@ -56,7 +60,7 @@ impl Default for RelaySettings {
 /// `[relay]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRelay {
+pub(crate) struct RawRelay {
     workers: Option<Whole<1, { outboxd::relay::MAX_WORKERS as u64 }>>,
     batch_size: Option<Whole<1, { outboxd::relay::MAX_BATCH_SIZE as u64 }>>,
     batch_bytes: Option<u64>,
@@ -75,7 +79,7 @@ enum Unrouted {
 }
 
 /// Reads `[relay]`; checks the shutdown grace.
-pub fn check(c: &Checker<'_>, r: &RawRelay) -> Result<RelaySettings, ConfigError> {
+pub(crate) fn check(c: &Checker<'_>, r: &RawRelay) -> Result<RelaySettings, ConfigError> {
     let shutdown_grace = r.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0);
     if shutdown_grace > MAX_SHUTDOWN_GRACE {
         return Err(c.err(

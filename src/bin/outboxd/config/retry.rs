@@ -5,12 +5,12 @@
 use outboxd::RetryPolicy;
 use serde::Deserialize;
 
-use super::{Dur, Whole};
+use super::values::{Dur, Whole};
 
 /// A retry table as written.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRetry {
+pub(crate) struct RawRetry {
     initial: Option<Dur>,
     max_delay: Option<Dur>,
     max_attempts: Option<Whole<1, { outboxd::relay::MAX_RETRY_ATTEMPTS as u64 }>>,
@@ -18,7 +18,7 @@ pub struct RawRetry {
 }
 
 /// The keys a retry table sets, on top of `base`.
-pub fn apply(raw: &RawRetry, base: RetryPolicy) -> RetryPolicy {
+pub(crate) fn apply(raw: &RawRetry, base: RetryPolicy) -> RetryPolicy {
     let mut p = base;
     if let Some(Dur(d)) = raw.initial {
         p = p.initial(d);

@@ -5,11 +5,12 @@ use std::path::Path;
 use outboxd::sinks::CommandSink;
 
 use super::{positive, RawSink, Sink};
-use crate::cmd::support::human;
-use crate::config::{Checker, ConfigError};
+use crate::config::checker::Checker;
+use crate::config::error::ConfigError;
+use outboxd::clock::format_duration as human;
 
 /// The keys a command sink takes.
-pub const KEYS: &[&str] = &[
+pub(crate) const KEYS: &[&str] = &[
     "kind",
     "program",
     "args",
@@ -22,7 +23,7 @@ pub const KEYS: &[&str] = &[
 /// Builds a command sink; a program that cannot be found or run is an
 /// error at `program`. The program does not inherit `secret_vars`, the
 /// variables the config reads secrets from.
-pub fn build(
+pub(crate) fn build(
     c: &Checker<'_>,
     at: &str,
     s: &RawSink,

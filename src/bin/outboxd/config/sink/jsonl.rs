@@ -3,14 +3,15 @@
 use outboxd::sinks::JsonlSink;
 
 use super::{RawSink, Sink};
-use crate::config::{Checker, ConfigError};
+use crate::config::checker::Checker;
+use crate::config::error::ConfigError;
 
 /// The keys a jsonl sink takes.
-pub const KEYS: &[&str] = &["kind", "path", "fsync", "delivery_fields"];
+pub(crate) const KEYS: &[&str] = &["kind", "path", "fsync", "delivery_fields"];
 
 /// JSON lines on stdout: the sink of `outboxd run` without a config (no
 /// delivery fields), and of `path = "-"`.
-pub fn stdout(delivery_fields: bool) -> Sink {
+pub(crate) fn stdout(delivery_fields: bool) -> Sink {
     Sink::new(
         JsonlSink::stdout().delivery_fields(delivery_fields),
         describe("stdout", delivery_fields),
@@ -28,7 +29,7 @@ fn describe(target: &str, delivery_fields: bool) -> String {
 }
 
 /// Builds a jsonl sink.
-pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
+pub(crate) fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
     let delivery_fields = s.delivery_fields == Some(true);
     let path = s.path.as_ref().ok_or_else(|| {
         c.err(

@@ -21,39 +21,41 @@ use outboxd::sinks::SqlSink;
 use outboxd::RetryPolicy;
 use serde::Deserialize;
 
-use super::{Checker, ConfigError, Dur, Whole};
+use super::checker::Checker;
+use super::error::ConfigError;
+use super::values::{Dur, Whole};
 
-pub mod command;
-pub mod jsonl;
-pub mod nats;
-pub mod sql;
-pub mod webhook;
+pub(crate) mod command;
+pub(crate) mod jsonl;
+pub(crate) mod nats;
+pub(crate) mod sql;
+pub(crate) mod webhook;
 
 /// A kind's connection step, run by `outboxd run` before the relay starts,
 /// with the consumer's name, its retry policy and the lease: an error stops
 /// the start-up.
-pub type StartHook =
+pub(crate) type StartHook =
     Box<dyn Fn(&str, &RetryPolicy, Duration) -> Result<(), ConfigError> + Send + Sync>;
 
 /// A kind's look at its destination (reachable, set up to take the events),
 /// for check-config and doctor, with the same arguments: an error is a
 /// config error; the findings are notes and warnings.
-pub type ProbeHook = Box<
+pub(crate) type ProbeHook = Box<
     dyn Fn(&str, &RetryPolicy, Duration) -> Result<Vec<SinkFinding>, ConfigError> + Send + Sync,
 >;
 
 /// What a [`ProbeHook`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SinkFinding {
+pub(crate) struct SinkFinding {
     /// A warning (something to change), or else a note.
-    pub warning: bool,
+    pub(crate) warning: bool,
     /// What was found, with the numbers, and what to do.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// A constructed sink: the library consumer, and what the rest of the
 /// binary needs to know about it.
-pub struct Sink {
+pub(crate) struct Sink {
     consumer: Run,
     description: String,
     time_limit: Option<Duration>,
@@ -74,12 +76,12 @@ enum Run {
 impl Sink {
     /// A sink delivering through `consumer`, described (without secrets) by
     /// `description`.
-    pub fn new(consumer: impl Consumer, description: impl Into<String>) -> Sink {
+    pub(crate) fn new(consumer: impl Consumer, description: impl Into<String>) -> Sink {
         Sink::of(Run::Plain(Box::new(consumer)), description.into())
     }
 
     /// A `sql` sink: its statements run as a transactional consumer.
-    pub fn sql(sink: SqlSink, description: impl Into<String>) -> Sink {
+    pub(crate) fn sql(sink: SqlSink, description: impl Into<String>) -> Sink {
         Sink::of(Run::Sql(sink), description.into())
     }
 
@@ -95,7 +97,7 @@ impl Sink {
     }
 
     /// Registers the sink on `b` as the consumer `name` of `types`.
-    pub fn register(self, b: RelayBuilder, name: &str, types: &[String]) -> RelayBuilder {
+    pub(crate) fn register(self, b: RelayBuilder, name: &str, types: &[String]) -> RelayBuilder {
         match self.consumer {
             Run::Plain(c) => b.consumer(name, types, BoxedConsumer(c)),
             Run::Sql(s) => b.transactional_consumer(name, types, s),
@@ -103,7 +105,7 @@ impl Sink {
     }
 
     /// The statements of a `sql` sink, to check against the database.
-    pub fn sql_statements(&self) -> Option<&SqlSink> {
+    pub(crate) fn sql_statements(&self) -> Option<&SqlSink> {
         match &self.consumer {
             Run::Sql(s) => Some(s),
             Run::Plain(_) => None,
@@ -112,32 +114,32 @@ impl Sink {
 
     /// The key that sets the time limit, when it is not `timeout`.
     #[cfg_attr(not(feature = "nats"), allow(dead_code))] // only nats uses it so far
-    pub fn with_time_limit_key(mut self, key: &'static str) -> Sink {
+    pub(crate) fn with_time_limit_key(mut self, key: &'static str) -> Sink {
         self.time_limit_key = key;
         self
     }
 
     /// A connection step for `outboxd run` (see [`StartHook`]).
     #[cfg_attr(not(feature = "nats"), allow(dead_code))] // only nats uses it so far
-    pub fn with_start(mut self, hook: StartHook) -> Sink {
+    pub(crate) fn with_start(mut self, hook: StartHook) -> Sink {
         self.start = Some(hook);
         self
     }
 
     /// A look at the destination for check-config and doctor.
     #[cfg_attr(not(feature = "nats"), allow(dead_code))] // only nats uses it so far
-    pub fn with_probe(mut self, hook: ProbeHook) -> Sink {
+    pub(crate) fn with_probe(mut self, hook: ProbeHook) -> Sink {
         self.probe = Some(hook);
         self
     }
 
     /// The key that sets the time limit (`timeout`, `ack_timeout`).
-    pub fn time_limit_key(&self) -> &'static str {
+    pub(crate) fn time_limit_key(&self) -> &'static str {
         self.time_limit_key
     }
 
     /// Runs the kind's connection step for `consumer`, if it has one.
-    pub fn start(
+    pub(crate) fn start(
         &self,
         consumer: &str,
         retry: &RetryPolicy,
@@ -150,7 +152,7 @@ impl Sink {
 
     /// Looks at the destination of `consumer`, if the kind can (nothing
     /// otherwise).
-    pub fn probe(
+    pub(crate) fn probe(
         &self,
         consumer: &str,
         retry: &RetryPolicy,
@@ -162,18 +164,18 @@ impl Sink {
     }
 
     /// The longest one delivery may take; the lease must cover it.
-    pub fn with_time_limit(mut self, limit: Duration) -> Sink {
+    pub(crate) fn with_time_limit(mut self, limit: Duration) -> Sink {
         self.time_limit = Some(limit);
         self
     }
 
     /// The longest one delivery may take, if the sink bounds it.
-    pub fn time_limit(&self) -> Option<Duration> {
+    pub(crate) fn time_limit(&self) -> Option<Duration> {
         self.time_limit
     }
 
     /// A one-line description without secrets, for logs and check-config.
-    pub fn describe(&self) -> &str {
+    pub(crate) fn describe(&self) -> &str {
         &self.description
     }
 }
@@ -198,7 +200,7 @@ impl Consumer for BoxedConsumer {
 /// The sink kinds, as written in `kind = "…"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum SinkKind {
+pub(crate) enum SinkKind {
     /// JSON lines to stdout or a file.
     Jsonl,
     /// A child program per event.
@@ -220,9 +222,9 @@ macro_rules! raw_sink {
         /// chosen kind does not use.
         #[derive(Debug, Deserialize)]
         #[serde(deny_unknown_fields)]
-        pub struct RawSink {
+        pub(crate) struct RawSink {
             /// The kind.
-            pub kind: SinkKind,
+            pub(crate) kind: SinkKind,
             $($(#[$doc])* pub $key: Option<$ty>,)*
         }
 
@@ -309,7 +311,7 @@ raw_sink! {
 /// A kind's own retry schedule, used instead of `[retry]` (a consumer's
 /// `[consumer.retry]` still applies on top): receivers behind a webhook may
 /// be down for a day.
-pub fn default_retry(kind: SinkKind) -> Option<RetryPolicy> {
+pub(crate) fn default_retry(kind: SinkKind) -> Option<RetryPolicy> {
     match kind {
         SinkKind::Webhook => Some(RetryPolicy::webhook()),
         SinkKind::Jsonl | SinkKind::Command | SinkKind::Nats | SinkKind::Sql => None,
@@ -317,8 +319,8 @@ pub fn default_retry(kind: SinkKind) -> Option<RetryPolicy> {
 }
 
 /// Builds the sink at `at` (`consumer[0].sink`); `secret_vars` are the
-/// config's [`super::secret_env_vars`].
-pub fn build(
+/// config's [`super::super::secrets::secret_env_vars`].
+pub(crate) fn build(
     c: &Checker<'_>,
     at: &str,
     s: &RawSink,
@@ -350,9 +352,10 @@ pub fn build(
 }
 
 /// A secret from the environment variable `var`, which the key at `field`
-/// names ([`crate::config::secret_from_env`], its error at `field`).
+/// names ([`crate::config::secrets::secret_from_env`], its error at `field`).
 fn env_secret(c: &Checker<'_>, field: &str, var: &str, what: &str) -> Result<String, ConfigError> {
-    super::secret_from_env(c.env_lookup(), var, what).map_err(|e| c.err(field, e.to_string()))
+    super::secrets::secret_from_env(c.env_lookup(), var, what)
+        .map_err(|e| c.err(field, e.to_string()))
 }
 
 /// At most one of `keys` (each with whether it is set): the second one set

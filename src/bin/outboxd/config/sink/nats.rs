@@ -9,10 +9,10 @@
 
 use serde::Deserialize;
 
-use crate::config::Dur;
+use crate::config::values::Dur;
 
 /// The keys a nats sink takes.
-pub const KEYS: &[&str] = &[
+pub(crate) const KEYS: &[&str] = &[
     "kind",
     "servers",
     "subject",
@@ -33,7 +33,7 @@ pub const KEYS: &[&str] = &[
 #[derive(Debug, Deserialize)]
 #[cfg_attr(not(feature = "nats"), allow(dead_code))]
 #[serde(deny_unknown_fields)]
-pub struct RawCreateStream {
+pub(crate) struct RawCreateStream {
     replicas: Option<usize>,
     duplicate_window: Option<Dur>,
     max_age: Option<Dur>,
@@ -49,7 +49,7 @@ enum RawStorage {
 
 /// Without the `nats` feature, a nats sink is refused by name.
 #[cfg(not(feature = "nats"))]
-pub fn build(
+pub(crate) fn build(
     c: &crate::config::Checker<'_>,
     at: &str,
     _s: &super::RawSink,
@@ -61,7 +61,7 @@ pub fn build(
 }
 
 #[cfg(feature = "nats")]
-pub use with_nats::build;
+pub(crate) use with_nats::build;
 
 #[cfg(feature = "nats")]
 mod with_nats {
@@ -76,12 +76,13 @@ mod with_nats {
     use outboxd::RetryPolicy;
 
     use super::{RawCreateStream, RawStorage};
+    use crate::config::checker::Checker;
+    use crate::config::error::ConfigError;
     use crate::config::sink::{at_most_one, env_secret, positive, RawSink, Sink, SinkFinding};
-    use crate::config::{Checker, ConfigError};
 
     /// Builds a nats sink: every key checked, credentials read, nothing
     /// connected yet.
-    pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
+    pub(crate) fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
         let servers = match &s.servers {
             Some(list) if !list.is_empty() => list.clone(),
             _ => {
@@ -133,7 +134,7 @@ mod with_nats {
             s.subject
                 .as_deref()
                 .unwrap_or(outboxd::sinks::nats::DEFAULT_SUBJECT),
-            outboxd::text::duration(ack_timeout),
+            outboxd::clock::format_duration(ack_timeout),
             if create.is_some() {
                 ", creates the stream if missing"
             } else {

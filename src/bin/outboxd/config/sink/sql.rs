@@ -14,14 +14,16 @@ use outboxd::sinks::{SqlSink, SqlSinkError};
 
 use super::{RawSink, Sink};
 use crate::cmd::support::count;
-use crate::config::{Checker, Config, ConfigError};
+use crate::config::checker::Checker;
+use crate::config::error::ConfigError;
+use crate::config::Config;
 
 /// The keys a sql sink takes.
-pub const KEYS: &[&str] = &["kind", "statements"];
+pub(crate) const KEYS: &[&str] = &["kind", "statements"];
 
 /// Builds a sql sink from its statements (not yet checked against a
 /// database).
-pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
+pub(crate) fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
     let statements = s.statements.as_ref().ok_or_else(|| {
         c.err(
             format!("{at}.statements"),
@@ -49,7 +51,7 @@ fn field(at: &str, e: &SqlSinkError) -> String {
 /// (read-only; nothing runs). The first that does not prepare is an error
 /// at its field, such as `consumer[2].sink.statements[1]`. A config
 /// without sql sinks does not open the database.
-pub fn check(config: &Config, db: &Path) -> Result<(), ConfigError> {
+pub(crate) fn check(config: &Config, db: &Path) -> Result<(), ConfigError> {
     let file = config.file.as_deref().unwrap_or(Path::new("(none)"));
     let err = |field: String, message: String| ConfigError {
         file: file.to_path_buf(),

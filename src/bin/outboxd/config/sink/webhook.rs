@@ -3,11 +3,12 @@
 use outboxd::sinks::WebhookSink;
 
 use super::{at_most_one, env_secret, positive, RawSink, Sink};
-use crate::cmd::support::human;
-use crate::config::{Checker, ConfigError};
+use crate::config::checker::Checker;
+use crate::config::error::ConfigError;
+use outboxd::clock::format_duration as human;
 
 /// The keys a webhook sink takes.
-pub const KEYS: &[&str] = &[
+pub(crate) const KEYS: &[&str] = &[
     "kind",
     "url",
     "secret_env",
@@ -22,7 +23,7 @@ pub const KEYS: &[&str] = &[
 
 /// Builds a webhook sink, reading its secrets; a malformed secret is
 /// reported by where it came from, never by its value.
-pub fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
+pub(crate) fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, ConfigError> {
     let url = s.url.as_ref().ok_or_else(|| {
         c.err(
             format!("{at}.url"),

@@ -1,4 +1,6 @@
-//! Time as an input: the wall clock in production, a hand-set clock in tests.
+//! Time as an input: the wall clock in production, a hand-set clock in tests;
+//! and durations and times as people write them ([`format_duration`],
+//! [`parse_duration`], [`parse_time`]).
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -8,6 +10,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
+
+mod text;
+
+pub use text::{
+    format_duration, format_duration_at_least, parse_duration, parse_time, DurationError, TimeError,
+};
 
 /// A point in time as milliseconds since the Unix epoch, UTC: the unit of
 /// every timestamp column in the schema. Serializes as RFC 3339 UTC
