@@ -32,7 +32,6 @@ use super::auth::Refusal;
 use super::form::Params;
 use super::pages::{self, CaptureView, Ctx, IntentsView, Nav};
 use super::server::{Method, Request, Response};
-use crate::args::parse_duration;
 
 /// A measure this recent is reused rather than asked for again.
 const FRESH: Duration = Duration::from_secs(1);
@@ -189,28 +188,15 @@ fn nothing_done(app: &App, nav: Nav, why: &str) -> Response {
 
 // Events.
 
-/// A time filter: RFC 3339, a date-time without zone (UTC), or a duration
-/// meaning that long ago (`1h`, `1h ago`). The one parser of the console's
-/// time fields (the events filter and the replay form).
+/// A time filter, read by the product's one time parser
+/// ([`outboxd::clock::parse_time`], as `replay --since` is), its field named
+/// in the error.
 pub(crate) fn parse_time(
     field: &str,
     s: &str,
     now: Timestamp,
 ) -> std::result::Result<Timestamp, String> {
-    if let Ok(t) = s.parse::<Timestamp>() {
-        return Ok(t);
-    }
-    for suffix in ["Z", ":00Z"] {
-        if let Ok(t) = format!("{s}{suffix}").parse::<Timestamp>() {
-            return Ok(t);
-        }
-    }
-    if let Ok(d) = parse_duration(s.strip_suffix(" ago").unwrap_or(s)) {
-        return Ok(now.minus(d));
-    }
-    Err(format!(
-        "{field}: {s:?} is not a time; use RFC 3339 (2026-11-30T07:18:00Z) or how long ago (30m, 2h, 1d)"
-    ))
+    outboxd::clock::parse_time(s, now).map_err(|e| format!("{field}: {e}"))
 }
 
 fn parse_pattern(s: &str) -> std::result::Result<Pattern, String> {
@@ -315,6 +301,6 @@ mod tests {
             assert_eq!(at(given).as_deref(), Ok(seven), "{given}");
         }
         let e = at("yesterday").unwrap_err();
-        assert!(e.starts_with("since: \"yesterday\" is not a time"), "{e}");
+        assert!(e.starts_with("since: invalid time \"yesterday\""), "{e}");
     }
 }
