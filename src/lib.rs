@@ -36,6 +36,7 @@
 //! - [`clock`]: time as an input.
 //! - [`limits`]: the bounds and defaults of the relay's settings.
 //! - [`status`]: a read-only snapshot of the outbox for operators.
+//! - [`health`]: the thresholds, the problems and the one health verdict.
 //! - [`integrity`]: whether the database file is damaged, and what to do.
 //! - [`intents`]: publish intents, outside writes that are never posted twice.
 //! - [`repair`]: fixing a malformed dead letter's columns, checked as the relay would.
@@ -54,6 +55,7 @@ pub mod dedup;
 pub mod enqueue;
 pub mod envelope;
 pub mod error;
+pub mod health;
 pub mod integrity;
 pub mod intents;
 pub mod limits;

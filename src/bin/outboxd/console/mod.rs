@@ -40,7 +40,7 @@ use outboxd::router::Subscriptions;
 use outboxd::status::Status;
 use outboxd::Timestamp;
 
-use crate::config::alerts::Problem;
+use crate::config::alerts::Verdict;
 use crate::config::HttpServe;
 use cache::Cached;
 use chart::{Counts, History};
@@ -92,7 +92,7 @@ pub enum MeasureError {
 }
 
 /// The status and its health verdict, or why it could not be read.
-pub type StatusView = std::result::Result<(Status, Vec<Problem>), MeasureError>;
+pub type StatusView = std::result::Result<(Status, Verdict), MeasureError>;
 
 /// What the overview adds to the status, measured in the background.
 #[derive(Debug, Default)]
@@ -276,12 +276,12 @@ pub fn start(listeners: Listeners, settings: Settings) -> Result<Console> {
     })
 }
 
-/// The status now and its verdict against `thresholds`.
+/// The status now and the health verdict against `thresholds`.
 fn measure_status(pool: &Pool, thresholds: &Thresholds) -> StatusView {
     let conn = pool.get()?;
     let status = outboxd::status::status(&conn, Timestamp::now())?;
-    let problems = crate::cmd::status::problems(&status, thresholds);
-    Ok((status, problems))
+    let verdict = crate::config::alerts::verdict(&conn, thresholds, status.now)?;
+    Ok((status, verdict))
 }
 
 /// Starts the thread that records the relay's totals at the start of each

@@ -57,6 +57,7 @@ pub fn handle_probes(app: &App, req: &Request) -> Response {
     match (req.method, req.path.as_str()) {
         (Method::Get, "/metrics") => metrics(app),
         (Method::Get, "/healthz") => healthz(app),
+        (Method::Get, "/livez") => livez(app),
         (Method::Get, _) => Response::text(
             404,
             "not found; this address serves /metrics and /healthz ([http] listen serves the console)\n",
@@ -68,6 +69,10 @@ pub fn handle_probes(app: &App, req: &Request) -> Response {
 /// Answers one request on the console's address.
 pub fn handle(app: &App, req: &Request) -> Response {
     let path = req.path.as_str();
+    // Liveness says nothing about the data: no token, any Host.
+    if (req.method, path) == (Method::Get, "/livez") {
+        return livez(app);
+    }
     match app.auth.admit(req, Timestamp::now()) {
         Ok(()) => {}
         Err(Refusal::Forbidden(m)) => return Response::text(403, format!("{m}\n")),
@@ -184,6 +189,15 @@ fn refused(app: &App, refusal: Refusal) -> Response {
 // ---------------------------------------------------------------------------
 // Health and metrics.
 
+/// 200 while the process's threads run (this answer is one of them), 503
+/// once it is stopping on a failure: what a liveness probe calls.
+fn livez(app: &App) -> Response {
+    match app.failure.get() {
+        Some(why) => Response::text(503, format!("stopping: {why}\n")),
+        None => Response::text(200, "alive\n"),
+    }
+}
+
 fn healthz(app: &App) -> Response {
     let problem = |threshold: &str, message: String| {
         serde_json::json!({
@@ -221,9 +235,12 @@ fn metrics(app: &App) -> Response {
     if let Err(e) = status {
         tracing::warn!(error = %e, "cannot read the outbox status for metrics");
     }
+    let health = measured.as_deref().and_then(|m| m.value.as_ref().ok());
     let text = crate::metrics::render(&crate::metrics::Inputs {
         status,
         relay: relay.as_ref(),
+        health: health.map(|(_, v)| &v.health),
+        db: &app.db,
     });
     let mut r = Response::text(200, text);
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
