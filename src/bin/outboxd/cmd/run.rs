@@ -275,6 +275,8 @@ impl AlertLog {
         if self.last.is_some_and(|t| t.elapsed() < ALERT_INTERVAL) {
             return;
         }
+        // The first check says "ok" too, so a log shows the verdict.
+        let first = self.last.is_none();
         self.last = Some(Instant::now());
         let verdict = outboxd::connection::open_read_only(&self.db)
             .and_then(|conn| alerts::verdict(&conn, &self.thresholds, outboxd::Timestamp::now()));
@@ -285,6 +287,9 @@ impl AlertLog {
                 return;
             }
         };
+        if first && verdict.is_empty() {
+            tracing::info!("health: ok (no threshold crossed)");
+        }
         for p in verdict.iter() {
             if !self.crossed.contains(&p.kind) {
                 tracing::warn!(problem = p.kind, "health: {} ({})", p.message, p.threshold);
