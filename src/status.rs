@@ -109,14 +109,7 @@ pub struct StatusCounts {
 pub fn status(conn: &Connection, now: Timestamp) -> Result<Status> {
     schema::ensure_current(conn)?;
     // A read transaction makes the numbers one consistent snapshot.
-    let tx = if conn.is_autocommit() {
-        Some(
-            conn.unchecked_transaction()
-                .map_err(Error::db("start a read transaction"))?,
-        )
-    } else {
-        None
-    };
+    let tx = crate::health::read_transaction(conn)?;
     let schema_version = schema::version(conn)?.unwrap_or(0);
     let now_ms = now.as_millis();
 
