@@ -2,7 +2,8 @@
 //! table of metric definitions.
 //!
 //! Each row names a metric, its type and help, and says how to read its
-//! samples from the outbox's status (read on the console's read-only pool)
+//! samples from the outbox's status (read on the console's read-only pool),
+//! the health verdict (a gauge per problem kind and per captured table),
 //! and the relay's counters ([`MetricsSnapshot`], absent under
 //! `outboxd console`, which runs no relay). A row whose source is missing
 //! is left out whole. The names are an interface: dashboards and alerts

@@ -36,11 +36,11 @@ Opens the database read-only and changes nothing, so it is safe on a file
 that is in use, damaged, or not yours to write. Exits 0 when no finding is
 an error (warnings and notes allowed), 1 otherwise.
 
-With --config (or OUTBOXD_CONFIG), the database and --stale-after are the
-config's (`database`, [alerts] stale_after); --db, OUTBOXD_DB and
---stale-after win over it. The sinks that can be asked are checked too: a
-nats sink's stream, and its duplicate window against the consumer's retry
-schedule.
+With --config (or OUTBOXD_CONFIG), the database and the health thresholds
+are the config's (`database`, [alerts]); --db, OUTBOXD_DB and --stale-after
+win over it. The health verdict (\"health\" in --json) is `outboxd
+status`'s. The sinks that can be asked are checked too: a nats sink's
+stream, and its duplicate window against the consumer's retry schedule.
 
 Examples:
   outboxd --db app.db doctor
