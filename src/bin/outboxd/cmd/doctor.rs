@@ -2,6 +2,7 @@
 //! wrong with it.
 
 mod file;
+mod finding;
 
 use std::io::Write;
 use std::path::Path;
@@ -13,7 +14,6 @@ use outboxd::health::{Problem, Thresholds};
 use outboxd::intents::{self, IntentStatus};
 use outboxd::Timestamp;
 use rusqlite::Connection;
-use serde::Serialize;
 
 use super::support::{count, human};
 use super::{database, Global};
@@ -21,6 +21,7 @@ use crate::args::parse_duration;
 use crate::config::alerts::{self, Verdict};
 use crate::config::Config;
 use crate::exit::{Exit, Failure};
+use finding::{Finding, Severity};
 
 /// Shown under `outboxd doctor --help`.
 pub const EXAMPLES: &str = "\
@@ -66,72 +67,6 @@ pub struct Args {
     /// duplicate window against the retry schedule).
     #[arg(long, env = "OUTBOXD_CONFIG", value_name = "FILE")]
     config: Option<std::path::PathBuf>,
-}
-
-/// How bad a finding is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-enum Severity {
-    /// The check passed.
-    Ok,
-    /// Worth knowing; nothing to fix.
-    Note,
-    /// Needs a look, but outboxd works.
-    Warning,
-    /// outboxd cannot work correctly until it is fixed.
-    Error,
-}
-
-impl Severity {
-    fn label(self) -> &'static str {
-        match self {
-            Severity::Ok => "ok",
-            Severity::Note => "note",
-            Severity::Warning => "warning",
-            Severity::Error => "ERROR",
-        }
-    }
-}
-
-/// The result of one check.
-#[derive(Debug, Clone, Serialize)]
-struct Finding {
-    /// Which check ("integrity", "journal-mode"…).
-    check: &'static str,
-    severity: Severity,
-    /// What was found.
-    message: String,
-    /// What to do about it, if anything.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    action: Option<String>,
-}
-
-impl Finding {
-    fn new(check: &'static str, severity: Severity, message: impl Into<String>) -> Finding {
-        Finding {
-            check,
-            severity,
-            message: message.into(),
-            action: None,
-        }
-    }
-
-    fn action(mut self, action: impl Into<String>) -> Finding {
-        self.action = Some(action.into());
-        self
-    }
-
-    fn ok(check: &'static str, message: impl Into<String>) -> Finding {
-        Finding::new(check, Severity::Ok, message)
-    }
-
-    /// A check that could not run: an error, since nothing is known.
-    fn failed(check: &'static str, what: &str, e: impl std::fmt::Display) -> Finding {
-        Finding::new(check, Severity::Error, format!("cannot {what}: {e}")).action(
-            "run `outboxd doctor` again; if this persists, the file may be damaged \
-             (see the integrity finding)",
-        )
-    }
 }
 
 /// Runs every check and prints the findings.

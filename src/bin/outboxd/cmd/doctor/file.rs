@@ -8,7 +8,7 @@ use outboxd::integrity::{self, Depth};
 use outboxd::schema::LATEST_VERSION;
 use rusqlite::Connection;
 
-use super::{Finding, Severity};
+use crate::cmd::doctor::finding::{Finding, Severity};
 
 /// Above this the WAL file is reported: a reader holding a snapshot keeps
 /// checkpoints from resetting it. The same bound outboxd's connections set
