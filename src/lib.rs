@@ -38,6 +38,7 @@
 //! - [`status`]: a read-only snapshot of the outbox for operators.
 //! - [`inspect`]: operators' bounded views: pages of events and dead letters, one event,
 //!   each consumer's backlog, per-minute counts (what the web console shows).
+//! - [`health`]: the thresholds, the problems and the one health verdict.
 //! - [`integrity`]: whether the database file is damaged, and what to do.
 //! - [`intents`]: publish intents, outside writes that are never posted twice.
 //! - [`repair`]: fixing a malformed dead letter's columns, checked as the relay would.
@@ -57,6 +58,7 @@ pub mod enqueue;
 pub mod envelope;
 pub mod error;
 pub mod inspect;
+pub mod health;
 pub mod integrity;
 pub mod intents;
 pub mod limits;

@@ -33,8 +33,12 @@ use serde::{Serialize, Serializer};
 
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
+use crate::health::{ahead, count_column as count};
 use crate::schema;
-// The 0.1 path of the slack, which lives in `crate::limits`.
+// The 0.1 paths of what moved to `crate::health` and `crate::limits`.
+pub use crate::health::{
+    dead_count, oldest_due, stale_count, Problem, Thresholds, IMPLAUSIBLE_DELAY, STALE_COUNT_BOUND,
+};
 pub use crate::limits::CLOCK_STEP_SLACK;
 
 /// The state of the outbox at one moment. Serializes to JSON with
@@ -77,9 +81,6 @@ pub struct Status {
     pub implausible_delays: u64,
 }
 
-/// A delay longer than this (a year) is reported as implausible.
-pub const IMPLAUSIBLE_DELAY: Duration = Duration::from_secs(365 * 86_400);
-
 /// How many `event_outbox` rows are in each state. The pending rows are split
 /// three ways without overlap: `pending_due + pending_delayed + leased`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -108,14 +109,7 @@ pub struct StatusCounts {
 pub fn status(conn: &Connection, now: Timestamp) -> Result<Status> {
     schema::ensure_current(conn)?;
     // A read transaction makes the numbers one consistent snapshot.
-    let tx = if conn.is_autocommit() {
-        Some(
-            conn.unchecked_transaction()
-                .map_err(Error::db("start a read transaction"))?,
-        )
-    } else {
-        None
-    };
+    let tx = crate::health::read_transaction(conn)?;
     let schema_version = schema::version(conn)?.unwrap_or(0);
     let now_ms = now.as_millis();
 
@@ -206,175 +200,10 @@ struct Pending {
     implausible_delays: u64,
 }
 
-/// How far ahead of `now` a time column's value is: None for NULL or a time
-/// not ahead (the schema keeps these columns integers).
-fn ahead(r: &rusqlite::Row<'_>, i: usize, now: Timestamp) -> rusqlite::Result<Option<Duration>> {
-    Ok(r.get::<_, Option<i64>>(i)?
-        .map(Timestamp::from_millis)
-        .filter(|t| *t > now)
-        .map(|t| t.since(now)))
-}
-
-/// The due time of the oldest due event (pending, `available_at <= now`),
-/// None when nothing is due: the measure of a stuck relay, since events
-/// delayed on purpose are not due. A row whose lease expired counts, since
-/// it is due to be claimed again. One seek on the due index, however long
-/// the queue. [`status`], the relay's stale check and `outboxd doctor` all
-/// measure staleness with it.
-pub fn oldest_due(conn: &Connection, now: Timestamp) -> Result<Option<Timestamp>> {
-    conn.prepare_cached(
-        "SELECT min(available_at) FROM event_outbox
-         WHERE status = 'pending' AND available_at <= ?1",
-    )
-    .and_then(|mut s| s.query_row([now.as_millis()], |r| r.get::<_, Option<i64>>(0)))
-    .map(|t| t.map(Timestamp::from_millis))
-    .map_err(Error::db("find the oldest due event"))
-}
-
-/// The most stale events [`stale_count`] counts: beyond it the exact number
-/// does not matter, and counting a huge backlog would hold a read open.
-pub const STALE_COUNT_BOUND: u64 = 1_000_000;
-
-/// How many due events have waited longer than `after` (up to
-/// [`STALE_COUNT_BOUND`]).
-pub fn stale_count(conn: &Connection, now: Timestamp, after: Duration) -> Result<u64> {
-    conn.prepare_cached(
-        "SELECT count(*) FROM (SELECT 1 FROM event_outbox
-          WHERE status = 'pending' AND available_at <= ?1 LIMIT ?2)",
-    )
-    .and_then(|mut s| {
-        s.query_row(
-            params![now.minus(after).as_millis(), STALE_COUNT_BOUND as i64],
-            |r| r.get::<_, i64>(0),
-        )
-    })
-    .map(|n| n.max(0) as u64)
-    .map_err(Error::db("count stale events"))
-}
-
-const DEAD_COUNT: &str =
-    "SELECT count(*) FROM event_outbox WHERE status <> 'pending' AND status = 'dead'";
-
-/// How many events are dead-lettered: a range of the finished-rows index,
-/// so it costs the dead letters, not the table (the `status <> 'pending'`
-/// term lets SQLite use that partial index). What `outboxd run`'s
-/// dead-letter alert reads every 30 s, where [`status`] would count every
-/// row of a large file.
-pub fn dead_count(conn: &Connection) -> Result<u64> {
-    conn.prepare_cached(DEAD_COUNT)
-        .and_then(|mut s| s.query_row([], |r| count(r, 0)))
-        .map_err(Error::db("count dead letters"))
-}
-
-/// The limits a monitor alerts on: `outboxd status` exits 1 when one is
-/// crossed, and the relay logs a stale alert.
-///
-/// ```
-/// use outboxd::status::Thresholds;
-/// use std::time::Duration;
-/// let t = Thresholds::new(Duration::from_secs(60), Some(10));
-/// assert_eq!(t.max_dead, Some(10));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Thresholds {
-    /// Unhealthy when the oldest due event has waited longer than this.
-    pub stale_after: Duration,
-    /// Unhealthy when there are more dead letters than this; None: no limit.
-    pub max_dead: Option<u64>,
-    /// The longest lease a relay may have set: a lease ending further
-    /// ahead is a clock step. Default [`MAX_LEASE`](crate::limits::MAX_LEASE);
-    /// a config's own lease is tighter.
-    pub max_lease: Duration,
-    /// The longest wait a retry may have been given: a retry due further
-    /// ahead is a clock step. Default twice
-    /// [`MAX_RETRY_DELAY`](crate::limits::MAX_RETRY_DELAY) (the longest delay
-    /// with full jitter); a config's own policies are tighter
-    /// ([`RetryPolicy::longest_wait`](crate::RetryPolicy::longest_wait)).
-    pub max_retry_wait: Duration,
-}
-
-impl Thresholds {
-    /// Thresholds with these limits, and the clock-step bounds of any
-    /// relay setting.
-    pub fn new(stale_after: Duration, max_dead: Option<u64>) -> Thresholds {
-        Thresholds {
-            stale_after,
-            max_dead,
-            max_lease: crate::limits::MAX_LEASE,
-            max_retry_wait: crate::limits::MAX_RETRY_DELAY * 2,
-        }
-    }
-
-    /// The same, with the clock-step bounds of the relays' own settings:
-    /// their lease and their retry policies' longest wait.
-    ///
-    /// ```
-    /// use outboxd::status::Thresholds;
-    /// use std::time::Duration;
-    /// let t = Thresholds::default().relay_settings(Duration::from_secs(30), Duration::from_secs(3960));
-    /// assert_eq!(t.max_lease, Duration::from_secs(30));
-    /// ```
-    #[must_use]
-    pub fn relay_settings(mut self, lease: Duration, longest_retry_wait: Duration) -> Thresholds {
-        self.max_lease = lease;
-        self.max_retry_wait = longest_retry_wait;
-        self
-    }
-}
-
-impl Default for Thresholds {
-    /// The relay's stale threshold ([`DEFAULT_STALE_AFTER`](crate::limits::DEFAULT_STALE_AFTER)), no dead-letter limit.
-    fn default() -> Self {
-        Thresholds::new(crate::limits::DEFAULT_STALE_AFTER, None)
-    }
-}
-
-/// A threshold a [`Status`] crosses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Problem {
-    /// The oldest due event has waited longer than `stale_after`.
-    Stale {
-        /// How long it has waited.
-        oldest_due_age: Duration,
-        /// The threshold.
-        stale_after: Duration,
-    },
-    /// More dead letters than `max_dead`.
-    TooManyDead {
-        /// How many there are.
-        dead: u64,
-        /// The threshold.
-        max_dead: u64,
-    },
-    /// A lease ends, or a retry is due, further ahead than any setting could
-    /// have put it: the system clock stepped back since. Until a relay
-    /// renews the lease (every half lease of its own monotonic clock) or
-    /// takes the retry (it makes such retries due when it notices the step),
-    /// those events wait for the wall clock to catch up.
-    ClockStep {
-        /// How far ahead the furthest lease ends, when that is too far.
-        lease: Option<Duration>,
-        /// How far ahead the furthest retry is due, when that is too far.
-        retry: Option<Duration>,
-        /// The longest lease allowed.
-        max_lease: Duration,
-        /// The longest retry wait allowed.
-        max_retry_wait: Duration,
-    },
-    /// Events delayed by more than [`IMPLAUSIBLE_DELAY`]: an `available_at`
-    /// written in microseconds, say. They are never delivered before then,
-    /// and hold back every later event of their ordering key.
-    ImplausibleDelay {
-        /// How many.
-        count: u64,
-    },
-}
-
 impl Status {
     /// The thresholds this snapshot crosses (stale, dead letters, a clock
-    /// step, implausible delays, in that order); empty when healthy.
+    /// step, implausible delays, in that order); empty when healthy. The
+    /// whole verdict, captures included, is [`crate::health::check`]'s.
     ///
     /// ```
     /// # fn main() -> outboxd::Result<()> {
@@ -387,44 +216,17 @@ impl Status {
     /// # Ok(()) }
     /// ```
     pub fn problems(&self, t: &Thresholds) -> Vec<Problem> {
-        let mut found = Vec::new();
-        if let Some(age) = self.oldest_due_age.filter(|age| *age > t.stale_after) {
-            found.push(Problem::Stale {
-                oldest_due_age: age,
-                stale_after: t.stale_after,
-            });
-        }
-        if let Some(max) = t.max_dead.filter(|max| self.counts.dead > *max) {
-            found.push(Problem::TooManyDead {
+        crate::health::problems(
+            &crate::health::Measures {
+                oldest_due_age: self.oldest_due_age,
                 dead: self.counts.dead,
-                max_dead: max,
-            });
-        }
-        let too_far = |ahead: Option<Duration>, max: Duration| {
-            ahead.filter(|a| *a > max.saturating_add(CLOCK_STEP_SLACK))
-        };
-        let lease = too_far(self.furthest_lease, t.max_lease);
-        let retry = too_far(self.furthest_retry, t.max_retry_wait);
-        if lease.is_some() || retry.is_some() {
-            found.push(Problem::ClockStep {
-                lease,
-                retry,
-                max_lease: t.max_lease,
-                max_retry_wait: t.max_retry_wait,
-            });
-        }
-        if self.implausible_delays > 0 {
-            found.push(Problem::ImplausibleDelay {
-                count: self.implausible_delays,
-            });
-        }
-        found
+                furthest_lease: self.furthest_lease,
+                furthest_retry: self.furthest_retry,
+                implausible_delays: self.implausible_delays,
+            },
+            t,
+        )
     }
-}
-
-/// Reads a count(*) or sum() column; SQLite never returns a negative one.
-fn count(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<u64> {
-    Ok(u64::try_from(r.get::<_, i64>(i)?).unwrap_or(0))
 }
 
 fn millis<S: Serializer>(d: &Option<Duration>, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -516,9 +318,11 @@ mod tests {
     fn the_dead_count_reads_an_index_range_not_the_table() {
         let (_dir, conn) = migrated();
         let plan: String = conn
-            .query_row(&format!("EXPLAIN QUERY PLAN {DEAD_COUNT}"), [], |r| {
-                r.get(3)
-            })
+            .query_row(
+                &format!("EXPLAIN QUERY PLAN {}", crate::health::DEAD_COUNT),
+                [],
+                |r| r.get(3),
+            )
             .unwrap();
         assert!(
             plan.contains("USING COVERING INDEX event_outbox_finished"),

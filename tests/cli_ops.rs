@@ -227,9 +227,12 @@ fn status_takes_its_thresholds_from_the_config() {
         .map(|p| p["threshold"].as_str().unwrap())
         .collect();
     assert_eq!(problems, ["stale-after", "max-dead"], "{s}");
-    // No max_dead in the config: dead letters alone are no problem there.
-    let text = status(&config("stale_after = \"1h\""), &[], OK);
-    assert!(!text.contains("max-dead"), "{text}");
+    // No max_dead in the config: the default, any dead letter, as without one.
+    let text = status(&config("stale_after = \"1h\""), &[], PROBLEMS);
+    assert!(
+        text.contains("max-dead: 2 dead letters (more than 0)"),
+        "{text}"
+    );
     // One dead letter, in the singular.
     kill(&db, "1 = 1");
     db.conn()

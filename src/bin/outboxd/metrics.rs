@@ -2,7 +2,8 @@
 //! table of metric definitions.
 //!
 //! Each row names a metric, its type and help, and says how to read its
-//! samples from the outbox's status (read on the console's read-only pool)
+//! samples from the outbox's status (read on the console's read-only pool),
+//! the health verdict (a gauge per problem kind and per captured table),
 //! and the relay's counters ([`MetricsSnapshot`], absent under
 //! `outboxd console`, which runs no relay). A row whose source is missing
 //! is left out whole. The names are an interface: dashboards and alerts
@@ -12,7 +13,9 @@
 //! ([`crate::console`]).
 
 use std::fmt::Write as _;
+use std::path::Path;
 
+use outboxd::health::{Verdict, KINDS};
 use outboxd::relay::MetricsSnapshot;
 use outboxd::status::Status;
 
@@ -22,6 +25,10 @@ pub struct Inputs<'a> {
     pub status: Result<&'a Status, &'a dyn std::fmt::Display>,
     /// The relay's counters since start; None without a relay.
     pub relay: Option<&'a MetricsSnapshot>,
+    /// The health verdict (`outboxd::health::check`), when it could be read.
+    pub health: Option<&'a Verdict>,
+    /// The database file: its stem is the `database` label.
+    pub db: &'a Path,
 }
 
 /// One sample: its labels (`{a="b"}` or empty) and value.
@@ -37,6 +44,8 @@ enum Read {
     Relay(fn(&MetricsSnapshot) -> f64),
     /// Labelled values of the relay's counters.
     RelayLabelled(fn(&MetricsSnapshot) -> Vec<Sample>),
+    /// The health verdict, with the database's name, when it could be read.
+    Health(fn(&Verdict, &str) -> Vec<Sample>),
 }
 
 /// One metric of the exposition.
@@ -147,6 +156,16 @@ const METRICS: &[Metric] = &[
         "Due events older than alerts.stale_after at the relay's last check.",
         Read::Relay(|m| m.stale_events as f64),
     ),
+    gauge(
+        "outboxd_health_problem",
+        "1 when a problem of this kind crosses its threshold (the verdict of /healthz and `outboxd status`).",
+        Read::Health(problem_kinds),
+    ),
+    gauge(
+        "outboxd_capture_intact",
+        "1 when every trigger of the table's capture is installed as recorded.",
+        Read::Health(capture_intact),
+    ),
 ];
 
 fn one(v: f64) -> Vec<Sample> {
@@ -165,6 +184,39 @@ fn by_status(s: &Status) -> Vec<Sample> {
     .iter()
     .map(|(st, n)| (format!("{{status=\"{st}\"}}"), *n as f64))
     .collect()
+}
+
+/// Every kind, crossed or not.
+fn problem_kinds(v: &Verdict, _database: &str) -> Vec<Sample> {
+    KINDS
+        .iter()
+        .map(|k| (format!("{{kind=\"{k}\"}}"), f64::from(u8::from(v.has(k)))))
+        .collect()
+}
+
+fn capture_intact(v: &Verdict, database: &str) -> Vec<Sample> {
+    let database = escape(database);
+    v.captures
+        .iter()
+        .map(|c| {
+            (
+                format!(
+                    "{{database=\"{database}\",table=\"{}\",capture=\"{}\"}}",
+                    escape(&c.table),
+                    escape(&c.capture)
+                ),
+                f64::from(u8::from(c.intact)),
+            )
+        })
+        .collect()
+}
+
+/// The `database` label: the database file's stem (`app` for /x/app.db).
+fn database_name(db: &Path) -> String {
+    db.file_stem().map_or_else(
+        || db.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    )
 }
 
 fn per_consumer(m: &MetricsSnapshot) -> Vec<Sample> {
@@ -193,6 +245,7 @@ impl Read {
             Read::Status(f) => i.status.ok().map(f),
             Read::Relay(f) => i.relay.map(|m| one(f(m))),
             Read::RelayLabelled(f) => i.relay.map(f),
+            Read::Health(f) => i.health.map(|v| f(v, &database_name(i.db))),
         }
     }
 }
@@ -240,6 +293,8 @@ mod tests {
         let text = render(&Inputs {
             status: Err(&"no such table"),
             relay: Some(&m),
+            health: None,
+            db: Path::new("app.db"),
         });
         assert!(text.contains("outboxd_status_up 0\n"), "{text}");
         assert!(!text.contains("outboxd_events{"), "{text}");
@@ -264,10 +319,20 @@ mod tests {
         let mut conn = outboxd::connection::open(dir.path().join("m.db")).unwrap();
         outboxd::schema::migrate(&mut conn).unwrap();
         let status = outboxd::status::status(&conn, outboxd::Timestamp::now()).unwrap();
+        let thresholds = outboxd::health::Thresholds::default();
+        let health = outboxd::health::check(&conn, &thresholds, status.now).unwrap();
         let text = render(&Inputs {
             status: Ok(&status),
             relay: None,
+            health: Some(&health),
+            db: Path::new("/srv/app.db"),
         });
+        for kind in KINDS {
+            assert!(
+                text.contains(&format!("outboxd_health_problem{{kind=\"{kind}\"}} 0\n")),
+                "{text}"
+            );
+        }
         assert!(
             text.contains("outboxd_events{status=\"dead\"} 0\n"),
             "{text}"
@@ -286,6 +351,8 @@ mod tests {
         let text = render(&Inputs {
             status: Err(&"x"),
             relay: Some(&m),
+            health: None,
+            db: Path::new("app.db"),
         });
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();

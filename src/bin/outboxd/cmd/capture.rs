@@ -281,16 +281,6 @@ fn drop_captures(global: &Global, args: &DropArgs) -> Result<Exit> {
     Ok(Exit::Ok)
 }
 
-/// The capture problems of a database, one line each, for `status` and
-/// `doctor`: missing or changed triggers. Empty when nothing is captured.
-pub(crate) fn problems(conn: &Connection, now: Timestamp) -> Result<Vec<String>> {
-    Ok(capture::inspect(conn)?
-        .iter()
-        .filter_map(|s| s.problem(now))
-        .map(|p| format!("{p}; reinstall with `outboxd capture apply`"))
-        .collect())
-}
-
 /// How often `run` repeats a warning about a problem that has not changed.
 const REMIND_EVERY: Duration = Duration::from_secs(600);
 

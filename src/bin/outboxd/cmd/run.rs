@@ -1,6 +1,6 @@
 //! `outboxd run`: the relay, until SIGINT or SIGTERM.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -12,7 +12,7 @@ use super::Global;
 use crate::args::parse_duration;
 use crate::config::{alerts, resolve_listen, Config};
 use crate::exit::{Exit, Failure};
-use outboxd::status::{Problem, Thresholds};
+use outboxd::health::Thresholds;
 
 /// Shown under `outboxd run --help`.
 pub(crate) const EXAMPLES: &str = "\
@@ -44,7 +44,7 @@ Examples:
 /// How often the main thread checks that the relay is alive.
 const LIVENESS_INTERVAL: Duration = Duration::from_millis(500);
 
-/// How often the dead-letter threshold is checked.
+/// How often the health verdict is checked for the alert log.
 const ALERT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Options of `outboxd run`.
@@ -146,9 +146,8 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
         &captures,
         outboxd::relay::DEFAULT_HOUSEKEEPING_INTERVAL,
     );
-    // The dead-letter alert is checked at once, then every ALERT_INTERVAL.
-    let mut last_alert_check: Option<Instant> = None;
-    let mut dead_alert = false;
+    // The health verdict is checked at once, then every ALERT_INTERVAL.
+    let mut alert_log = AlertLog::new(&db, alerts);
     // The file the relay opened: a path that names another file, or none,
     // leaves the relay writing where nobody will read.
     let db_file = FileIdentity::of(&db)
@@ -178,12 +177,7 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
             break;
         }
         captures.tick();
-        if alerts.max_dead.is_some()
-            && last_alert_check.is_none_or(|t| t.elapsed() >= ALERT_INTERVAL)
-        {
-            last_alert_check = Some(Instant::now());
-            dead_alert = check_dead_letters(&db, &alerts, dead_alert);
-        }
+        alert_log.tick();
     }
     if failure.is_none() {
         tracing::info!(
@@ -201,34 +195,58 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     Ok(Exit::Ok)
 }
 
-/// Logs when the dead letters cross `[alerts] max_dead` (and when they fall
-/// back); returns whether they are over it now. (Stale events: the relay
-/// logs them itself, against the same `[alerts] stale_after`.) It counts
-/// only the dead letters (an index range), never the whole status: on a
-/// file of millions of delivered rows a full count is a fraction of a
-/// second of CPU at start-up and every 30 s after.
-fn check_dead_letters(db: &Path, thresholds: &Thresholds, was_over: bool) -> bool {
-    let Some(max_dead) = thresholds.max_dead else {
-        return false;
-    };
-    let dead =
-        outboxd::connection::open_read_only(db).and_then(|conn| outboxd::status::dead_count(&conn));
-    match dead {
-        Ok(dead) => {
-            let over = (dead > max_dead)
-                .then(|| alerts::describe(&Problem::TooManyDead { dead, max_dead }));
-            match &over {
-                Some(p) if !was_over => tracing::warn!("{} (alerts.max_dead)", p.message),
-                None if was_over => {
-                    tracing::info!(dead, "dead letters back under alerts.max_dead")
-                }
-                _ => {}
+/// `run`'s alert log: the health verdict (`status`'s, `/healthz`'s),
+/// checked every [`ALERT_INTERVAL`]; a WARN line when a kind of problem
+/// appears, an INFO line when it clears. The verdict's reads are bounded
+/// (index seeks and ranges, the pending rows, the capture triggers), never a
+/// count of the whole table.
+struct AlertLog {
+    db: PathBuf,
+    thresholds: Thresholds,
+    last: Option<Instant>,
+    /// The kinds crossed at the last check.
+    crossed: Vec<&'static str>,
+}
+
+impl AlertLog {
+    fn new(db: &Path, thresholds: Thresholds) -> AlertLog {
+        AlertLog {
+            db: db.to_path_buf(),
+            thresholds,
+            last: None,
+            crossed: Vec::new(),
+        }
+    }
+
+    fn tick(&mut self) {
+        if self.last.is_some_and(|t| t.elapsed() < ALERT_INTERVAL) {
+            return;
+        }
+        // The first check says "ok" too, so a log shows the verdict.
+        let first = self.last.is_none();
+        self.last = Some(Instant::now());
+        let verdict = outboxd::connection::open_read_only(&self.db)
+            .and_then(|conn| alerts::verdict(&conn, &self.thresholds, outboxd::Timestamp::now()));
+        let verdict = match verdict {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the health thresholds for the alert log");
+                return;
             }
-            over.is_some()
+        };
+        if first && verdict.is_empty() {
+            tracing::info!("health: ok (no threshold crossed)");
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot count the dead letters for the dead-letter alert");
-            was_over
+        for p in verdict.iter() {
+            if !self.crossed.contains(&p.kind) {
+                tracing::warn!(problem = p.kind, "health: {} ({})", p.message, p.threshold);
+            }
         }
+        for kind in &self.crossed {
+            if !verdict.iter().any(|p| p.kind == *kind) {
+                tracing::info!(problem = kind, "health: no longer a problem");
+            }
+        }
+        self.crossed = verdict.iter().map(|p| p.kind).collect();
     }
 }

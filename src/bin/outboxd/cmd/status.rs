@@ -5,7 +5,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Result;
-use outboxd::status::{Status, Thresholds};
+use outboxd::status::Status;
 use outboxd::Timestamp;
 
 use super::config_arg::ConfigArg;
@@ -27,13 +27,14 @@ during the read could then show a mix of old and new.)
 purpose) has waited: the measure of a stuck relay.
 
 Exits 0 when healthy and 1 when a threshold is crossed: the oldest due event
-has waited longer than --stale-after, or there are more dead letters than
---max-dead; or when a capture trigger is missing or changed (`outboxd capture
-list` says more). With --config (or OUTBOXD_CONFIG), the thresholds and the
-database are the config's ([alerts] stale_after and max_dead; no max_dead
-there: dead letters alone are no problem); the flags win over it. The output
-names the threshold crossed, so the command fits cron jobs and monitoring
-checks as it is.
+has waited longer than --stale-after (default 5m), or there are more dead
+letters than --max-dead (default 0: any dead letter); or when a capture
+trigger is missing or changed (`outboxd capture list` says more). With
+--config (or OUTBOXD_CONFIG), the thresholds and the database are the
+config's ([alerts] stale_after and max_dead, the same defaults when unset);
+the flags win over it. The verdict is the one /healthz, the console, `doctor`,
+`run`'s log and /metrics give. The output names the threshold crossed, so the
+command fits cron jobs and monitoring checks as it is.
 
 Examples:
   outboxd --db app.db status
@@ -75,13 +76,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     let (conn, mode) = database::for_inspection(&db)?;
     let status = outboxd::status::status(&conn, Timestamp::now())?;
-    let mut problems = problems(&status, &alerts);
-    for message in super::capture::problems(&conn, status.now)? {
-        problems.push(alerts::Problem {
-            threshold: "capture",
-            message,
-        });
-    }
+    let problems = alerts::verdict(&conn, &alerts, status.now)?;
     let note = database::read_mode_note(mode);
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -100,7 +95,7 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
             writeln!(out, "health:           ok")?;
         } else {
             writeln!(out, "health:           PROBLEMS")?;
-            for p in &problems {
+            for p in problems.iter() {
                 writeln!(out, "  {}: {}", p.threshold, p.message)?;
             }
         }
@@ -110,16 +105,6 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     } else {
         Exit::Problems
     })
-}
-
-/// The thresholds `status` crosses, described: the health verdict of
-/// `outboxd status` (and of the console's overview and /healthz).
-pub fn problems(status: &Status, thresholds: &Thresholds) -> Vec<alerts::Problem> {
-    status
-        .problems(thresholds)
-        .iter()
-        .map(alerts::describe)
-        .collect()
 }
 
 /// `status --json`: the status with "healthy" and "problems" (also the body

@@ -1,14 +1,16 @@
 //! `[alerts]`: the thresholds a monitor alerts on, as the library's
-//! [`Thresholds`]; the library decides which are crossed
-//! (`Status::problems`), and [`describe`] says it the same way for `status`
-//! (exit 1) and `run` (a log line). The library checks `stale_after`
-//! (through `RelayBuilder::build`), and the relay logs stale events itself.
+//! [`Thresholds`]. The library owns the defaults (the same without a config
+//! or without `[alerts]`) and the verdict ([`outboxd::health::check`]);
+//! [`verdict`] gives it in the form every surface of the binary shows.
 
-use outboxd::status::{self, Thresholds};
+use std::ops::Deref;
+
+use outboxd::health::{self, Thresholds};
+use outboxd::Timestamp;
+use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
 use super::values::Dur;
-use crate::cmd::support::{count, human};
 
 /// `[alerts]` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -18,103 +20,74 @@ pub struct RawAlerts {
     max_dead: Option<u64>,
 }
 
-/// The thresholds without a config file, for every command (`status`,
-/// `console`, and `run`'s /healthz and dead-letter log): the relay's stale
-/// threshold, and any dead letter is a problem. With a config, its
-/// `[alerts]` decide ([`thresholds`]).
+/// The thresholds without a config file: the library's defaults.
 pub fn without_config() -> Thresholds {
-    Thresholds::new(outboxd::relay::DEFAULT_STALE_AFTER, Some(0))
+    Thresholds::default()
 }
 
-/// The thresholds `[alerts]` describes, defaults filled in (no `max_dead`:
-/// dead letters alone are no problem).
+/// The thresholds `[alerts]` describes, the library's defaults filled in
+/// (stale after 5m, any dead letter).
 pub fn thresholds(raw: &RawAlerts) -> Thresholds {
+    let d = Thresholds::default();
     Thresholds::new(
-        raw.stale_after
-            .map_or(outboxd::relay::DEFAULT_STALE_AFTER, |d| d.0),
-        raw.max_dead,
+        raw.stale_after.map_or(d.stale_after, |s| s.0),
+        raw.max_dead.or(d.max_dead),
     )
 }
 
-/// A crossed threshold, as `status` prints it (and `--json` shows it).
+/// A crossed threshold, as `status` prints it (and `--json`, `/healthz`
+/// and the console's overview show it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
+    /// The problem's kind ([`health::KINDS`]): the `kind` label of the
+    /// `outboxd_health_problem` gauge.
+    pub kind: &'static str,
     /// Which threshold: "stale-after" or "max-dead" (the flags' names),
-    /// "clock-step" (a lease or retry further ahead than the settings
-    /// allow) or "implausible-delay" (events delayed by more than a year).
+    /// "clock-step", "implausible-delay" or "capture".
     pub threshold: &'static str,
     /// What was found and what to do.
     pub message: String,
 }
 
 /// What a crossed threshold means and what to do about it.
-pub fn describe(p: &status::Problem) -> Problem {
-    match p {
-        status::Problem::Stale {
-            oldest_due_age,
-            stale_after,
-        } => Problem {
-            threshold: "stale-after",
-            message: format!(
-                "the oldest due event has waited {} (more than {}); is `outboxd run` \
-                 running and able to deliver? `outboxd doctor` checks for expired leases",
-                human(*oldest_due_age),
-                human(*stale_after)
-            ),
-        },
-        status::Problem::TooManyDead { dead, max_dead } => Problem {
-            threshold: "max-dead",
-            message: format!(
-                "{} (more than {max_dead}); see them with `outboxd dead list`, then \
-                 `outboxd dead requeue` or `outboxd dead discard`",
-                count(*dead, "dead letter", "dead letters")
-            ),
-        },
-        status::Problem::ClockStep {
-            lease,
-            retry,
-            max_lease,
-            max_retry_wait,
-        } => {
-            let mut found = Vec::new();
-            if let Some(a) = lease {
-                found.push(format!(
-                    "a lease ends {} from now (leases are {} at most)",
-                    human(*a),
-                    human(*max_lease)
-                ));
-            }
-            if let Some(a) = retry {
-                found.push(format!(
-                    "a retry is due {} from now (retries wait {} at most)",
-                    human(*a),
-                    human(*max_retry_wait)
-                ));
-            }
-            Problem {
-                threshold: "clock-step",
-                message: format!(
-                    "{}: the system clock stepped back since they were set; a running relay \
-                     renews its leases within half a lease and makes such retries due, but the \
-                     events of a stopped relay wait until the clock catches up; check the \
-                     clock (timedatectl) and that `outboxd run` is running",
-                    found.join(", and ")
-                ),
-            }
-        }
-        status::Problem::ImplausibleDelay { count: n } => Problem {
-            threshold: "implausible-delay",
-            message: format!(
-                "{} delayed by more than a year: was available_at written in microseconds \
-                 or nanoseconds? outboxd times are milliseconds since the Unix epoch. They \
-                 are not delivered before then, and hold back every later event of their \
-                 ordering key; set their available_at in milliseconds with an UPDATE",
-                count(*n, "event is", "events are")
-            ),
-        },
-        other => Problem {
-            threshold: "other",
-            message: format!("{other:?}"),
-        },
+pub fn describe(p: &health::Problem) -> Problem {
+    Problem {
+        kind: p.kind(),
+        threshold: p.threshold(),
+        message: p.message(),
     }
+}
+
+/// The library's verdict with its problems described: a slice of
+/// [`Problem`]s to the surfaces that list them, and the capture states for
+/// `/metrics`.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// The library's verdict.
+    pub health: health::Verdict,
+    problems: Vec<Problem>,
+}
+
+impl Deref for Verdict {
+    type Target = [Problem];
+
+    fn deref(&self) -> &[Problem] {
+        &self.problems
+    }
+}
+
+impl From<health::Verdict> for Verdict {
+    fn from(health: health::Verdict) -> Verdict {
+        let problems = health.problems.iter().map(describe).collect();
+        Verdict { health, problems }
+    }
+}
+
+/// The health verdict of the database at `now`, for every surface.
+pub fn verdict(
+    conn: &Connection,
+    thresholds: &Thresholds,
+    now: Timestamp,
+) -> outboxd::Result<Verdict> {
+    health::check(conn, thresholds, now).map(Verdict::from)
 }

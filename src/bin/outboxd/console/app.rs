@@ -12,7 +12,7 @@ use outboxd::status::Status;
 use super::auth;
 use super::cache::Cached;
 use super::chart::{Counts, History};
-use crate::config::alerts::Problem;
+use crate::config::alerts::Verdict;
 
 /// The read-only pool.
 pub(crate) type Pool = r2d2::Pool<ConnectionManager>;
@@ -30,7 +30,7 @@ pub(crate) enum MeasureError {
 }
 
 /// The status and its health verdict, or why it could not be read.
-pub(crate) type StatusView = std::result::Result<(Status, Vec<Problem>), MeasureError>;
+pub(crate) type StatusView = std::result::Result<(Status, Verdict), MeasureError>;
 
 /// What the overview adds to the status, measured in the background.
 #[derive(Debug, Default)]

@@ -19,8 +19,8 @@ use super::chart::{self, Counts, History};
 pub(super) fn measure_status(pool: &Pool, thresholds: &Thresholds) -> StatusView {
     let conn = pool.get()?;
     let status = outboxd::status::status(&conn, Timestamp::now())?;
-    let problems = crate::cmd::status::problems(&status, thresholds);
-    Ok((status, problems))
+    let verdict = crate::config::alerts::verdict(&conn, thresholds, status.now)?;
+    Ok((status, verdict))
 }
 
 /// The overview's extras now: each configured consumer's backlog (when

@@ -51,6 +51,7 @@ pub(crate) fn handle_probes(app: &App, req: &Request) -> Response {
     match (req.method, req.path.as_str()) {
         (Method::Get, "/metrics") => probes::metrics(app),
         (Method::Get, "/healthz") => probes::healthz(app),
+        (Method::Get, "/livez") => probes::livez(app),
         (Method::Get, _) => Response::text(
             404,
             "not found; this address serves /metrics and /healthz ([http] listen serves the console)\n",
@@ -62,6 +63,10 @@ pub(crate) fn handle_probes(app: &App, req: &Request) -> Response {
 /// Answers one request on the console's address.
 pub(crate) fn handle(app: &App, req: &Request) -> Response {
     let path = req.path.as_str();
+    // Liveness says nothing about the data: no token, any Host.
+    if (req.method, path) == (Method::Get, "/livez") {
+        return probes::livez(app);
+    }
     match app.auth.admit(req, Timestamp::now()) {
         Ok(()) => {}
         Err(Refusal::Forbidden(m)) => return Response::text(403, format!("{m}\n")),

@@ -1,4 +1,4 @@
-//! `/metrics` and `/healthz`, on the console's address and on the
+//! `/metrics`, `/healthz` and `/livez`, on the console's address and on the
 //! `[metrics] listen` one.
 
 use std::sync::Arc;
@@ -15,6 +15,15 @@ fn probe_status(app: &App) -> Option<Arc<Measured<StatusView>>> {
     app.status
         .get(FRESH, PAGE_WAIT)
         .or_else(|| app.status.get(FRESH, PROBE_WAIT))
+}
+
+/// 200 while the process's threads run (this answer is one of them), 503
+/// once it is stopping on a failure: what a liveness probe calls.
+pub(super) fn livez(app: &App) -> Response {
+    match app.failure.get() {
+        Some(why) => Response::text(503, format!("stopping: {why}\n")),
+        None => Response::text(200, "alive\n"),
+    }
 }
 
 pub(super) fn healthz(app: &App) -> Response {
@@ -54,9 +63,12 @@ pub(super) fn metrics(app: &App) -> Response {
     if let Err(e) = status {
         tracing::warn!(error = %e, "cannot read the outbox status for metrics");
     }
+    let health = measured.as_deref().and_then(|m| m.value.as_ref().ok());
     let text = crate::metrics::render(&crate::metrics::Inputs {
         status,
         relay: relay.as_ref(),
+        health: health.map(|(_, v)| &v.health),
+        db: &app.db,
     });
     let mut r = Response::text(200, text);
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
