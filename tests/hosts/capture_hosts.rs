@@ -7,7 +7,7 @@
 //! python3 and php (php-sqlite3) must be installed; `.ci/run` installs php.
 //! Outside CI a missing interpreter skips its test.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -11,9 +11,8 @@
 //! and more power-cut seeds. The VFS state is process-global, so every loop
 //! runs under one lock.
 
-mod common;
-#[path = "support/faultvfs.rs"]
-mod faultvfs;
+use crate::common;
+use crate::common::faultvfs;
 
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -22,9 +22,9 @@
 //! scenario's length, not a wait for something).
 #![cfg(feature = "nats")]
 
-mod common;
-#[path = "support/nats_server.rs"]
-mod nats_server;
+use crate::common;
+use crate::common::nats_server;
+use crate::skip_without_nats_server;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -17,7 +17,7 @@
 //! `status --json` counting them delivered, and SIGTERM exiting 0.
 //! Synchronisation is by bounded polling of the outputs, never fixed sleeps.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;

@@ -9,7 +9,7 @@
 //! (`common::missing`). Synchronisation is by
 //! bounded polling of the database; `OUTBOXD_FULL=1` selects the long forms.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -5,7 +5,7 @@
 //! ManualClock takes a lease over. The kill -9 loops are in
 //! tests/exactly_once.rs.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

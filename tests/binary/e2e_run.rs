@@ -9,7 +9,7 @@
 // The library's sinks (webhook signatures) are checked directly too.
 #![cfg(feature = "sinks")]
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::path::Path;
