@@ -3,7 +3,7 @@
 //! token, a non-loopback address without one, a foreign Host), what
 //! `outboxd run --http` serves beside its relay, and pages over rows that
 //! foreign producers wrote badly. The browser tests are in
-//! tests/console_browser.rs.
+//! tests/binary/console_browser.rs.
 
 // The console is part of the binary (the `cli` feature).
 #![cfg(feature = "cli")]

@@ -5,7 +5,7 @@
 //! build needs, then runs it on this machine, under qemu-user when the
 //! target's architecture is not this machine's:
 //!
-//!   cargo test --test release -- --ignored aarch64    # re-check arm64
+//!   cargo test --test binary -- --ignored release::smoke_aarch64    # re-check arm64
 //!
 //! `scripts/release.sh` runs both before packaging; `scripts/soak.sh` runs
 //! them as its `release` suite.

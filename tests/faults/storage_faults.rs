@@ -1,6 +1,6 @@
 //! Storage faults, SQLite-style: a workload of enqueue, claim, finish,
 //! retry, dead-letter and purge runs against a fault-injecting VFS
-//! (tests/support/faultvfs.rs) that fails the N-th write or fsync, once or
+//! (tests/common/faultvfs.rs) that fails the N-th write or fsync, once or
 //! from then on, for every N of the workload; and takes power-cut snapshots
 //! with un-fsynced writes dropped. Checked after each run: integrity_check
 //! is ok, no acknowledged event is lost, every error that reached the

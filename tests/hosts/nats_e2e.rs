@@ -1,5 +1,5 @@
 //! `kind = "nats"` through the real binary, against real `nats-server`s
-//! (tests/support/nats_server.rs), each on free loopback ports with
+//! (tests/common/nats_server.rs), each on free loopback ports with
 //! JetStream on a temp dir:
 //!
 //! - N events become exactly N messages: unique Nats-Msg-Id, bodies equal to

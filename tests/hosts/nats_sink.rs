@@ -1,5 +1,5 @@
 //! The NATS sink as a library consumer, against a real `nats-server`
-//! (tests/support/nats_server.rs): what is published, what counts as
+//! (tests/common/nats_server.rs): what is published, what counts as
 //! delivered, what is poison, and every start-up error.
 #![cfg(feature = "nats")]
 
