@@ -106,7 +106,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn consumer(&self) -> impl Fn(&Delivery) -> Outcome + Send + Sync + 'static {
+    pub fn consumer(&self) -> impl Fn(&Delivery) -> Outcome + Send + Sync + 'static + use<> {
         let seen = self.seen.clone();
         move |d: &Delivery| {
             seen.lock().unwrap().push((d.envelope.event_id, d.attempt));

@@ -418,7 +418,7 @@ fn check(db: &Path, run: &Run, acked_before: u64, finished: bool) -> Verdict {
         }
         v.duplicates = seen
             .iter()
-            .filter(|(_, &n)| n > 1)
+            .filter(|&(_, &n)| n > 1)
             .map(|((c, id), n)| format!("{c} ran {n} times for {id}"))
             .collect();
         v.leased = conn

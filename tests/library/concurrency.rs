@@ -160,6 +160,6 @@ fn six_relay_processes_on_one_file_deliver_each_pair_exactly_once() {
         }
     }
     assert_eq!(counts.len(), 2 * EVENTS, "every pair delivered");
-    let doubles: Vec<_> = counts.iter().filter(|(_, &n)| n > 1).collect();
+    let doubles: Vec<_> = counts.iter().filter(|&(_, &n)| n > 1).collect();
     assert!(doubles.is_empty(), "pairs delivered twice: {doubles:?}");
 }
