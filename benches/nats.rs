@@ -18,7 +18,7 @@
 //! (SQLite claims and group commits) at that moment.
 
 mod common;
-#[path = "../tests/support/nats_server.rs"]
+#[path = "../tests/common/nats_server.rs"]
 mod nats_server;
 
 use std::path::{Path, PathBuf};

@@ -12,6 +12,7 @@
 //! memory. It stops after `max-messages`, or when none came for 5 s.
 
 use std::collections::HashSet;
+use std::io::Write;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull, AckKind};
@@ -27,13 +28,20 @@ fn main() -> Result<(), Error> {
         .unwrap_or_else(|| "nats://127.0.0.1:4222".into());
     let stream = args.next().unwrap_or_else(|| "EVENTS".into());
     let max: usize = args.next().map_or(Ok(usize::MAX), |n| n.parse())?;
+    run(&url, &stream, max, &mut std::io::stdout())
+}
+
+/// Handles up to `max` messages of `stream`, printing one line per event to
+/// `out`. A function of its own so the test of the NATS sink runs it
+/// (tests/hosts/nats_sink.rs includes this file as a module).
+pub fn run(url: &str, stream: &str, max: usize, out: &mut impl Write) -> Result<(), Error> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(consume(&url, &stream, max))
+        .block_on(consume(url, stream, max, out))
 }
 
-async fn consume(url: &str, stream: &str, max: usize) -> Result<(), Error> {
+async fn consume(url: &str, stream: &str, max: usize, out: &mut impl Write) -> Result<(), Error> {
     let js = jetstream::new(async_nats::connect(url).await?);
     let consumer = js
         .get_stream(stream)
@@ -70,12 +78,13 @@ async fn consume(url: &str, stream: &str, max: usize) -> Result<(), Error> {
         if seen.insert(id.clone()) {
             // The effect: here, print the event. Make it idempotent on `id`.
             let envelope: Envelope = serde_json::from_slice(&message.payload)?;
-            println!(
+            writeln!(
+                out,
                 "{} {} {}",
                 envelope.event_id,
                 envelope.event_type,
                 envelope.payload.get()
-            );
+            )?;
         } else {
             eprintln!("{id}: seen already, skipped");
         }

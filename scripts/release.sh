@@ -2,7 +2,7 @@
 # outboxd's release, built and checked on this machine (x86_64 Debian, root):
 # fully static, stripped binaries for x86_64 and arm64 Linux (musl), each
 # checked static (no interpreter, no NEEDED entries), at most 10 MB and run
-# (the smoke of tests/release.rs; arm64 under qemu-user), then a .deb of
+# (the smoke of tests/binary/release.rs; arm64 under qemu-user), then a .deb of
 # each, checked and installed into a fresh Debian root and removed again,
 # and SHA256SUMS, all in one folder; prints a table of sizes and times.
 #
@@ -10,7 +10,7 @@
 #                                        # (default: <target dir>/outboxd-<version>)
 #   scripts/release.sh binary TARGET     # one static binary, built and checked;
 #                                        # prints its path, then the qemu-user that
-#                                        # runs it here if foreign (tests/release.rs)
+#                                        # runs it here if foreign (tests/binary/release.rs)
 #
 # TARGET: x86_64-unknown-linux-musl or aarch64-unknown-linux-musl.
 #
@@ -26,7 +26,7 @@
 # ($RELEASE_NICE). A build that is up to date costs seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Run from a test (tests/release.rs), cargo's variables for that test are in
+# Run from a test (tests/binary/release.rs), cargo's variables for that test are in
 # the environment; build scripts that watch them (ring's) would make every
 # such run rebuild. The release is built the same from a shell or a test.
 unset OUT_DIR CARGO_MANIFEST_DIR CARGO_MANIFEST_PATH CARGO_CRATE_NAME CARGO_PRIMARY_PACKAGE \
@@ -384,8 +384,8 @@ release() {
         say "warning: RELEASE_SMOKE=0: the binaries are not run (for iterating on the packaging only)"
         smoke="not run"
     else
-        say "smoke of each binary (tests/release.rs)"
-        cargo test --locked --test release -- --ignored --nocapture --test-threads=1 >&2 ||
+        say "smoke of each binary (tests/binary/release.rs)"
+        cargo test --locked --test binary -- --ignored --nocapture --test-threads=1 release:: >&2 ||
             die "the smoke failed"
         smoke="$((SECONDS - smoke_start)) s"
     fi

@@ -5,12 +5,13 @@
 # payloads under prlimit (11.3); then the fuzz targets when a nightly
 # toolchain and cargo-fuzz are installed, then the arm64 smoke of the
 # static release binary (`release`:
-# tests/release.rs cross-builds it with scripts/release.sh and runs it under
+# tests/binary/release.rs cross-builds it with scripts/release.sh and runs it under
 # qemu-user). Prints each suite's figures and a summary; exits non-zero if
 # any suite failed. Takes about an hour on a 2-core machine.
 #
 #   scripts/soak.sh                 # everything
-#   scripts/soak.sh model           # only the named suites
+#   scripts/soak.sh model           # only the named suites (a test binary, or a
+#                                   # file of a grouped one: tests/README.md)
 #   FUZZ_SECONDS=120 scripts/soak.sh  # seconds per fuzz target (default 60; 0 skips fuzzing)
 #   SOAK_RELEASE=0 scripts/soak.sh    # debug build (the figures in RELIABILITY.md are from one)
 #
@@ -60,6 +61,21 @@ run_suite() {
     summary+=("$(printf '%-16s %-7s %5ss  %s' "$name" "$status" "$took" "$log")")
 }
 
+# The arguments of `cargo test` for a suite: a file of a grouped test binary
+# (tests/GROUP/SUITE.rs) is that binary's tests under `SUITE::`; anything
+# else is a test binary of its own (process_faults, exactly_once, library).
+suite_args() { # SUITE
+    local f group
+    for f in tests/*/"$1".rs; do
+        if [ -e "$f" ] && [ "${f#tests/common/}" = "$f" ]; then
+            group=${f#tests/}
+            echo "--test ${group%%/*} -- $1::"
+            return
+        fi
+    done
+    echo "--test $1 --"
+}
+
 build_ok=1
 if printf '%s\n' "${suites[@]}" | grep -qvE '^(fuzz|release)$'; then
     echo "== building the test binaries (${profile[*]:-debug})"
@@ -84,11 +100,12 @@ for s in "${suites[@]}"; do
             ;;
         release)
             # Its own build: the static arm64 binary (dist profile, cross).
-            run_suite release cargo test --test release -- --ignored --nocapture smoke_aarch64
+            run_suite release cargo test --test binary -- --ignored --nocapture release::smoke_aarch64
             ;;
         *)
             if [ "$build_ok" = 1 ]; then
-                run_suite "$s" cargo test "${profile[@]}" --test "$s" -- --nocapture --test-threads=1
+                # shellcheck disable=SC2046 # suite_args's words are separate arguments
+                run_suite "$s" cargo test "${profile[@]}" $(suite_args "$s") --nocapture --test-threads=1
             else
                 summary+=("$(printf '%-16s %-7s' "$s" 'not run') (build failed)")
             fi

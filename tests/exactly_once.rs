@@ -243,12 +243,10 @@ fn counts(sb: &Sandbox, table: &str) -> BTreeMap<String, i64> {
     let mut stmt = conn
         .prepare(&format!("SELECT k, n FROM {table} ORDER BY k"))
         .unwrap();
-    let rows = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
         .unwrap()
         .map(Result::unwrap)
-        .collect();
-    rows
+        .collect()
 }
 
 /// The checks both tests share: every exact count is the number of

@@ -82,12 +82,10 @@ fn full() -> bool {
 fn ids_in_db(sb: &Sandbox) -> HashSet<String> {
     let conn = sb.conn();
     let mut stmt = conn.prepare("SELECT event_id FROM event_outbox").unwrap();
-    let ids = stmt
-        .query_map([], |r| r.get::<_, String>(0))
+    stmt.query_map([], |r| r.get::<_, String>(0))
         .unwrap()
         .map(Result::unwrap)
-        .collect();
-    ids
+        .collect()
 }
 
 fn integrity(sb: &Sandbox) -> String {

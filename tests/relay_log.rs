@@ -4,13 +4,12 @@
 //! which tell their lines apart by event or row id.
 
 mod common;
-#[path = "support/faultvfs.rs"]
-mod faultvfs;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use common::faultvfs;
 use common::relay::{Gate, StartRelay, LONG};
 use common::{event, wait_until, TestDb};
 use outboxd::relay::RetryPolicy;

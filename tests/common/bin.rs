@@ -1,4 +1,4 @@
-//! One harness for running the real `outboxd` binary (tests/cli.rs,
+//! One harness for running the real `outboxd` binary (tests/binary/cli.rs,
 //! cli_ops.rs, e2e_run.rs, process_faults.rs): a [`Sandbox`] directory with
 //! its database, [`Outboxd`] to run a command and check its exit code and
 //! error line, [`Running`] for a long-lived `outboxd run`, and the exit

@@ -1,8 +1,15 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: the one helper folder of every
+//! test target (tests/README.md).
 #![allow(dead_code)]
 
 pub mod bin;
+#[cfg(feature = "cli")]
+pub mod console;
+pub mod faultvfs;
 pub mod http;
+#[cfg(feature = "nats")]
+pub mod nats_server;
+pub mod venv;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -99,7 +106,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn consumer(&self) -> impl Fn(&Delivery) -> Outcome + Send + Sync + 'static {
+    pub fn consumer(&self) -> impl Fn(&Delivery) -> Outcome + Send + Sync + 'static + use<> {
         let seen = self.seen.clone();
         move |d: &Delivery| {
             seen.lock().unwrap().push((d.envelope.event_id, d.attempt));
@@ -221,6 +228,41 @@ pub fn mount_tmpfs(dir: &std::path::Path, size: &str, remount: bool) -> bool {
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// The name libtest gives test `name` of the module at `module_path` (pass
+/// `module_path!()`), as `--exact` needs it to run that one test in a child
+/// process: the module path without the crate's name (`relay::name`).
+pub fn test_name(module_path: &str, name: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_crate, path)) => format!("{path}::{name}"),
+        None => name.to_string(),
+    }
+}
+
+/// For a test that needs environment variables of its own, which it must
+/// not set in the test binary's process (its other tests run in threads
+/// beside it): there, runs test `name` of `module_path` again, alone, in a
+/// child process with `vars` set, asserts that it passed and returns false;
+/// in that child (where the first variable is set) returns true: go on.
+pub fn in_child_with_env(module_path: &str, name: &str, vars: &[(&str, &str)]) -> bool {
+    let (first, value) = vars[0];
+    if std::env::var_os(first).is_some_and(|v| v == value) {
+        return true;
+    }
+    let name = test_name(module_path, name);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name.as_str(), "--nocapture", "--test-threads=1"])
+        .envs(vars.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(" 1 passed"),
+        "{name} in a child process:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    false
 }
 
 /// Unmounts on drop, so a failing test leaves no mount behind.

@@ -2,7 +2,7 @@
 // A PHP host that knows nothing of outboxd, writing with PDO (php-sqlite3,
 // the system's SQLite): one transaction it rolls back, one it commits. The
 // capture triggers must leave no event for the first and one for the
-// second. Used by tests/capture_hosts.rs.
+// second. Used by tests/hosts/capture_hosts.rs.
 //
 //     php capture_host.php DB
 //

@@ -1,7 +1,7 @@
 """A host that knows nothing of outboxd: it writes to its own tables with
 Python's sqlite3 (the system's SQLite, 3.40 on Debian 12), and the capture
 triggers outboxd installed turn its writes into events. Used by
-tests/capture_hosts.rs.
+tests/hosts/capture_hosts.rs.
 
     capture_host.py DB values          every kind of value, every statement shape
     capture_host.py DB writer N COUNT  one of several concurrent writers

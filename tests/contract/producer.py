@@ -13,7 +13,7 @@ the test) together with an event:
      nothing, and the existing event id is looked up;
   5. a business row and an event in a transaction that is rolled back.
 
-Prints one JSON object describing what it wrote, for tests/sql_contract.rs.
+Prints one JSON object describing what it wrote, for tests/hosts/sql_contract.rs.
 Standard library only (sqlite3, os, time, json).
 """
 

@@ -84,8 +84,9 @@ fn main() -> ExitCode {
         .filter(|(var, _, _)| std::env::var_os(var).is_some_and(|v| v.is_empty()))
         .collect();
     for (var, _, _) in &empty {
-        // Edition 2021, and no other thread runs yet.
-        std::env::remove_var(var);
+        // SAFETY: the first thing `main` does: no other thread runs yet to
+        // read the environment while it changes.
+        unsafe { std::env::remove_var(var) };
     }
     let command = Cli::command();
     // The hidden generator is only in builds with the `assets` feature (not

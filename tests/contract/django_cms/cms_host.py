@@ -1,6 +1,6 @@
 """A Django CMS that knows nothing of outboxd: its models, its migrations,
 its ORM, its default SQLite database (db.sqlite3 beside this file). Used by
-tests/capture_django.rs, which copies this folder to a temporary one.
+tests/hosts/capture_django.rs, which copies this folder to a temporary one.
 
     python cms_host.py migrate   makemigrations + migrate (CMS_WITH_SUMMARY=1
                                  adds Page.summary: a table rebuild)

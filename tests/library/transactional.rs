@@ -5,7 +5,7 @@
 //! ManualClock takes a lease over. The kill -9 loops are in
 //! tests/exactly_once.rs.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -82,12 +82,10 @@ fn effects(db: &TestDb) -> Vec<(String, u32, String)> {
     let mut stmt = conn
         .prepare("SELECT event_id, attempt, coalesce(by, '') FROM effects ORDER BY rowid")
         .unwrap();
-    let rows = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .unwrap()
         .map(Result::unwrap)
-        .collect();
-    rows
+        .collect()
 }
 
 fn ledger(db: &TestDb, consumer: &str) -> i64 {

@@ -11,7 +11,7 @@
 //!
 //! OUTBOXD_CAPTURE_CASES sets the number of cases (default 48).
 
-mod common;
+use crate::common;
 
 use common::stored_events;
 use outboxd::capture::{self, CaptureSpec, Columns};

@@ -15,8 +15,8 @@
 // The console is part of the binary (the `cli` feature).
 #![cfg(feature = "cli")]
 
-mod common;
-mod console_support;
+use crate::common;
+use crate::common::console as console_support;
 
 use std::path::PathBuf;
 use std::time::Duration;

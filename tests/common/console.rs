@@ -32,6 +32,8 @@ pub fn spawn(db: &Path, args: &[&str], env: &[(&str, &str)]) -> Running {
 // ---------------------------------------------------------------------------
 // HTTP.
 
+// Not every test binary that holds this module calls all of them.
+#[allow(unused_imports)]
 pub use crate::common::http::{get, request, Reply};
 
 /// A form POSTed as the console's own page sends it (its Origin).

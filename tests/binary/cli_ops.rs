@@ -2,7 +2,7 @@
 //! dead, replay, purge, doctor, intents) against states made with the
 //! library, and checks their output, exit codes and effect on the database.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

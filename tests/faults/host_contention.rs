@@ -5,7 +5,7 @@
 //! transactions short, so producers never see SQLITE_BUSY, and every event
 //! is delivered exactly once.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
@@ -129,7 +129,7 @@ fn three_producer_processes_see_no_busy_while_the_relay_drains() {
                 .args([
                     "--ignored",
                     "--exact",
-                    "child_producer_process",
+                    common::test_name(module_path!(), "child_producer_process").as_str(),
                     "--nocapture",
                     "--test-threads=1",
                 ])

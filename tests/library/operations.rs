@@ -1,6 +1,6 @@
 //! Operator operations: dead letters, replay, purge.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

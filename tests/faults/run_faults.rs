@@ -9,7 +9,7 @@
 //! (`common::missing`). Synchronisation is by
 //! bounded polling of the database; `OUTBOXD_FULL=1` selects the long forms.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;
@@ -285,12 +285,10 @@ fn leaf_pages(conn: &rusqlite::Connection, table: &str) -> Vec<i64> {
     let mut stmt = conn
         .prepare("SELECT pageno FROM dbstat WHERE name = ?1 AND pagetype = 'leaf' ORDER BY pageno")
         .unwrap();
-    let pages = stmt
-        .query_map([table], |r| r.get(0))
+    stmt.query_map([table], |r| r.get(0))
         .unwrap()
         .map(Result::unwrap)
-        .collect();
-    pages
+        .collect()
 }
 
 /// Issue 11.6: on a database with corrupt pages `outboxd run` retried

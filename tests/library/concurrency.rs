@@ -2,7 +2,7 @@
 //! every (event, consumer) pair is delivered exactly once, and SQLITE_BUSY
 //! never shows as a failure.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -135,7 +135,7 @@ fn six_relay_processes_on_one_file_deliver_each_pair_exactly_once() {
                 .args([
                     "--ignored",
                     "--exact",
-                    "child_relay_process",
+                    common::test_name(module_path!(), "child_relay_process").as_str(),
                     "--nocapture",
                     "--test-threads=1",
                 ])
@@ -160,6 +160,6 @@ fn six_relay_processes_on_one_file_deliver_each_pair_exactly_once() {
         }
     }
     assert_eq!(counts.len(), 2 * EVENTS, "every pair delivered");
-    let doubles: Vec<_> = counts.iter().filter(|(_, &n)| n > 1).collect();
+    let doubles: Vec<_> = counts.iter().filter(|&(_, &n)| n > 1).collect();
     assert!(doubles.is_empty(), "pairs delivered twice: {doubles:?}");
 }

@@ -2,7 +2,7 @@
 //! work, and every bad input gets a one-line error, the documented exit code,
 //! and leaves the database as it was.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

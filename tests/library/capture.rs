@@ -3,7 +3,7 @@
 //! host would, and reads every outbox row back validated as the relay
 //! validates a claimed row (`common::stored_events`).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! build needs, then runs it on this machine, under qemu-user when the
 //! target's architecture is not this machine's:
 //!
-//!   cargo test --test release -- --ignored aarch64    # re-check arm64
+//!   cargo test --test binary -- --ignored release::smoke_aarch64    # re-check arm64
 //!
 //! `scripts/release.sh` runs both before packaging; `scripts/soak.sh` runs
 //! them as its `release` suite.
@@ -17,7 +17,7 @@
 //! `status --json` counting them delivered, and SIGTERM exiting 0.
 //! Synchronisation is by bounded polling of the outputs, never fixed sleeps.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;

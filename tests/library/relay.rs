@@ -1,6 +1,6 @@
 //! Black-box tests of the relay: each fails without the feature it names.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

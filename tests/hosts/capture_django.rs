@@ -5,9 +5,8 @@
 //! table drops the triggers, which outboxd reports (`capture list` and
 //! `status` exit 1) until `capture apply` restores them.
 
-mod common;
-#[path = "support/venv.rs"]
-mod venv;
+use crate::common;
+use crate::common::venv;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,5 +1,5 @@
 //! `kind = "nats"` through the real binary, against real `nats-server`s
-//! (tests/support/nats_server.rs), each on free loopback ports with
+//! (tests/common/nats_server.rs), each on free loopback ports with
 //! JetStream on a temp dir:
 //!
 //! - N events become exactly N messages: unique Nats-Msg-Id, bodies equal to
@@ -22,9 +22,9 @@
 //! scenario's length, not a wait for something).
 #![cfg(feature = "nats")]
 
-mod common;
-#[path = "support/nats_server.rs"]
-mod nats_server;
+use crate::common;
+use crate::common::nats_server;
+use crate::skip_without_nats_server;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

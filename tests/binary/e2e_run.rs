@@ -9,7 +9,7 @@
 // The library's sinks (webhook signatures) are checked directly too.
 #![cfg(feature = "sinks")]
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -835,7 +835,7 @@ fn every_config_mistake_names_its_field_and_claims_nothing() {
         ("response bound", hook("max_response_bytes = 0"), "consumer[0].sink.max_response_bytes"),
         ("deny private type", hook("deny_private_addresses = \"yes\""), "consumer[0].sink.deny_private_addresses"),
         // A loopback URL under deny_private_addresses would be refused on every
-        // delivery; it is refused at start-up instead (tests/sinks_e2e.rs has more).
+        // delivery; it is refused at start-up instead (tests/binary/sinks_e2e.rs has more).
         ("deny private loopback", sink("kind = \"webhook\"\nurl = \"http://127.0.0.1:9/h\"\nsecret_env = \"E2E_SECRET\"\ndeny_private_addresses = true"), "consumer[0].sink.url"),
         // A sql sink's statements are prepared against the database.
         ("sql without statements", sink("kind = \"sql\""), "consumer[0].sink.statements"),

@@ -2,7 +2,7 @@
 //! server on 127.0.0.1.
 #![cfg(feature = "sinks")]
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -343,9 +343,16 @@ echo "${OUTBOXD_CAUSATION_ID-unset}" > "$OUT/causation""#,
 
 #[test]
 fn command_environment_can_drop_inherited_variables() {
-    // The test process's own environment is what the child inherits.
-    std::env::set_var("SINKS_TEST_HIDDEN_SECRET", "hidden-value-1");
-    std::env::set_var("SINKS_TEST_PLAIN", "plain-value");
+    // The test process's own environment is what the child inherits: this
+    // test runs again in a process of its own with these variables set.
+    let vars = [
+        ("SINKS_TEST_HIDDEN_SECRET", "hidden-value-1"),
+        ("SINKS_TEST_PLAIN", "plain-value"),
+    ];
+    let name = "command_environment_can_drop_inherited_variables";
+    if !common::in_child_with_env(module_path!(), name, &vars) {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let sink = sh_sink(dir.path(), "env.sh", r#"env > "$OUT/env""#)
         .env_remove(["SINKS_TEST_HIDDEN_SECRET", "SINKS_TEST_NOT_SET"])
@@ -810,10 +817,10 @@ fn webhook_schedule_in_the_docs_is_the_codes() {
     let days = |d: Duration| format!("{:.1}", d.as_secs_f64() / 86_400.0);
     assert_eq!((days(total).as_str(), days(most).as_str()), ("5.2", "5.7"));
     for (doc, text) in [
-        ("README.md", include_str!("../README.md")),
+        ("README.md", include_str!("../../README.md")),
         (
             "packaging/outboxd.example.toml",
-            include_str!("../packaging/outboxd.example.toml"),
+            include_str!("../../packaging/outboxd.example.toml"),
         ),
     ] {
         let text = text.split_whitespace().collect::<Vec<_>>().join(" ");

@@ -7,7 +7,7 @@
 //! php. Outside CI (CI != "true") a missing interpreter skips its test with
 //! a message; in CI it fails.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

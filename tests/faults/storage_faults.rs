@@ -1,6 +1,6 @@
 //! Storage faults, SQLite-style: a workload of enqueue, claim, finish,
 //! retry, dead-letter and purge runs against a fault-injecting VFS
-//! (tests/support/faultvfs.rs) that fails the N-th write or fsync, once or
+//! (tests/common/faultvfs.rs) that fails the N-th write or fsync, once or
 //! from then on, for every N of the workload; and takes power-cut snapshots
 //! with un-fsynced writes dropped. Checked after each run: integrity_check
 //! is ok, no acknowledged event is lost, every error that reached the
@@ -11,9 +11,8 @@
 //! and more power-cut seeds. The VFS state is process-global, so every loop
 //! runs under one lock.
 
-mod common;
-#[path = "support/faultvfs.rs"]
-mod faultvfs;
+use crate::common;
+use crate::common::faultvfs;
 
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -419,7 +418,7 @@ fn check(db: &Path, run: &Run, acked_before: u64, finished: bool) -> Verdict {
         }
         v.duplicates = seen
             .iter()
-            .filter(|(_, &n)| n > 1)
+            .filter(|&(_, &n)| n > 1)
             .map(|((c, id), n)| format!("{c} ran {n} times for {id}"))
             .collect();
         v.leased = conn

@@ -15,7 +15,7 @@
 //! Synchronisation is by bounded polling of the database; never by fixed
 //! sleeps.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

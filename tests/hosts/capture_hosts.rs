@@ -2,12 +2,12 @@
 //! and PHP's PDO write to their own tables with the system's SQLite (3.40
 //! on Debian 12, not the SQLite outboxd embeds), and the triggers turn the
 //! writes into events; three writer processes at once while `outboxd run`
-//! delivers. (Django: tests/capture_django.rs.)
+//! delivers. (Django: tests/hosts/capture_django.rs.)
 //!
 //! python3 and php (php-sqlite3) must be installed; `.ci/run` installs php.
 //! Outside CI a missing interpreter skips its test.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

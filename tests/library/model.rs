@@ -14,7 +14,7 @@
 //!
 //! CI runs 32 cases; `OUTBOXD_FULL=1` runs 512.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! `doctor`, run as the real binary through the tests' one harness
 //! (tests/common/bin.rs): outputs, exit codes, one-line errors.
 
-mod common;
+use crate::common;
 
 use common::bin::{code, Outboxd};
 use common::TestDb;

@@ -3,13 +3,13 @@
 //! token, a non-loopback address without one, a foreign Host), what
 //! `outboxd run --http` serves beside its relay, and pages over rows that
 //! foreign producers wrote badly. The browser tests are in
-//! tests/console_browser.rs.
+//! tests/binary/console_browser.rs.
 
 // The console is part of the binary (the `cli` feature).
 #![cfg(feature = "cli")]
 
-mod common;
-mod console_support;
+use crate::common;
+use crate::common::console as console_support;
 
 use std::time::Duration;
 
