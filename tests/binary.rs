@@ -19,6 +19,8 @@ mod console;
 mod console_browser;
 #[path = "binary/e2e_run.rs"]
 mod e2e_run;
+#[path = "binary/health_surfaces.rs"]
+mod health_surfaces;
 #[path = "binary/release.rs"]
 mod release;
 #[path = "binary/sinks_e2e.rs"]

@@ -7,17 +7,15 @@
 //! Every surface is read from the real binary, with the same config file
 //! (no `[alerts]`: the defaults, stale after 5m and any dead letter).
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use outboxd::capture::{CaptureSpec, Columns};
 use outboxd::Timestamp;
 
-use common::bin::{code, Running, Sandbox};
-use common::http::get;
-use common::{event, wait_until};
+use crate::common::bin::{code, Running, Sandbox};
+use crate::common::http::get;
+use crate::common::{event, wait_until};
 
 /// Every problem kind, as `/metrics` labels them.
 const KINDS: [&str; 5] = [
