@@ -23,7 +23,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use hmac::{KeyInit, Mac};
+use hmac::Mac;
 use outboxd::Timestamp;
 use subtle::ConstantTimeEq;
 
@@ -255,7 +255,7 @@ fn sealed_text(purpose: &str, secs: i64, payload: &str) -> String {
 }
 
 fn hmac(key: &[u8], msg: &[u8]) -> Vec<u8> {
-    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key)
+    let mut mac = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(key)
         .expect("HMAC accepts keys of any length");
     mac.update(msg);
     mac.finalize().into_bytes().to_vec()
