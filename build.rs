@@ -8,7 +8,7 @@
 //!
 //! The outputs are named apart from the input on purpose: cargo also puts
 //! them in the environment of `cargo test` and `cargo run`, and a nested
-//! build (tests/release.rs runs scripts/release.sh) must not take them for
+//! build (tests/binary/release.rs runs scripts/release.sh) must not take them for
 //! a packager's OUTBOXD_BUILD_COMMIT, which would rebuild the crate.
 
 use std::path::{Path, PathBuf};

@@ -91,7 +91,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<Connection> {
 /// their ledger entries with one statement per group this way. Per row it
 /// costs less than a JSON array through `json_each`, which SQLite parses
 /// from text, and much less than one execution of a statement per row
-/// (BENCHMARKS.md, section 2, "seventh round").
+/// (BENCHMARKS.md).
 pub(crate) type IdList = Rc<Vec<Value>>;
 
 /// The [`IdList`] of `ids`.

@@ -109,9 +109,9 @@ const RECORD: &str =
 
 /// Records many successes, each as [`record`] does: (consumer, row id) of
 /// rows still in the table, each entry under its row's key as
-/// [`event_key_sql!`] makes it. One [`RECORD_ROWS`] per consumer: ~4 k
-/// instructions per entry less than one execution per entry
-/// (BENCHMARKS.md, section 2, "seventh round").
+/// [`event_key_sql!`] makes it. One [`RECORD_ROWS`] per consumer, since
+/// one statement over a list costs much less than one execution per entry
+/// (BENCHMARKS.md).
 pub(crate) fn record_many(
     conn: &Connection,
     entries: &[(&str, i64)],

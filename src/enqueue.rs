@@ -366,13 +366,9 @@ impl Enqueuer {
 
 /// Events per multi-row INSERT in [`Enqueuer::enqueue_many`], largest
 /// first: a batch is written in statements of 32 rows, its remainder in
-/// statements of 4, the last 0–3 one at a time. Measured with callgrind
-/// (BENCHMARKS.md, section 1), instructions per event of a 100-event
-/// batch on schema version 7 (no statement journal): 8 rows a statement
-/// 13.4 k, 16 rows 12.7 k, 32 rows 12.5 k, 50 rows 12.3 k; on version 5,
-/// whose CHECKs called functions and so journalled every multi-row
-/// statement, more than 8 rows gained nothing. Two sizes keep the
-/// connection's statement cache to three enqueue entries.
+/// statements of 4, the last 0–3 one at a time. Past 32 rows a statement
+/// the cost per event hardly falls (BENCHMARKS.md, enqueue), and two sizes
+/// keep the connection's statement cache to three enqueue entries.
 const ROWS_PER_INSERT: [usize; 2] = [32, 4];
 
 /// The latest `available_at` the schema accepts for a pending row (the
@@ -404,8 +400,7 @@ const INSERT_ONE: &str = concat!(
 /// `OR FAIL` rather than the default `ABORT`: with no function call in the
 /// table's CHECKs (schema version 7), SQLite then writes the rows without a
 /// statement journal (a copy of every page the statement touches, kept to
-/// undo its earlier rows if a later one fails: 0.9 k instructions per
-/// event). No row in it can fail: [`Event::batchable`] keeps out every row
+/// undo its earlier rows if a later one fails). No row in it can fail: [`Event::batchable`] keeps out every row
 /// a CHECK would refuse, no unique index covers a row without a key, and
 /// the rowid comes from AUTOINCREMENT. (An I/O error or a full disk in the
 /// middle rolls back the host's whole transaction, as it does for a

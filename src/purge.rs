@@ -276,7 +276,7 @@ pub fn purge_dry_run(
 mod tests {
     use super::*;
 
-    /// Regression (found by tests/model.rs): a purge deleted the ledger
+    /// Regression (found by tests/library/model.rs): a purge deleted the ledger
     /// entry of a consumer that had succeeded for a row still waiting for
     /// another consumer's retry, so the retry ran that consumer again.
     #[test]

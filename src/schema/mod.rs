@@ -370,9 +370,9 @@ mod tests {
 
     /// No trigger on event_outbox. Any INSERT trigger, whatever its WHEN
     /// clause, makes SQLite run a program per row, journal every statement
-    /// and buffer multi-row INSERTs in a temporary table: a fifth of each
-    /// INSERT's instructions when version 4 had one (BENCHMARKS.md,
-    /// section 1). A rule about a row belongs in a CHECK.
+    /// and buffer multi-row INSERTs in a temporary table, which costs every
+    /// enqueue (BENCHMARKS.md has the figure). A rule about a row belongs in
+    /// a CHECK.
     #[test]
     fn the_outbox_table_has_no_trigger() {
         let (_dir, conn) = migrated_to(LATEST_VERSION);
