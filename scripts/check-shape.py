@@ -10,6 +10,7 @@ paths into its own descendants do not count: a parent declares and calls its
 children, so only a child reaching back up (or a sibling) can close a loop.
 
 Usage: scripts/check-shape.py [SRC_DIR]   (default: src)
+It first checks itself on a small made-up crate.
 """
 import os
 import re
@@ -232,8 +233,8 @@ def cycles(graph):
             strong(v)
     return out
 
-def main():
-    src = sys.argv[1] if len(sys.argv) > 1 else "src"
+def check(src):
+    """The failures of one source tree, as lines for people."""
     failures = []
     for root in crate_roots(src):
         modules = module_map(root)
@@ -247,6 +248,36 @@ def main():
         for comp in cycles(graph):
             files = sorted(modules[p] for p in comp)
             failures.append("import cycle between " + ", ".join(files))
+    return failures
+
+def self_test():
+    """The checker finds what it should on a small made-up crate."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        def write(name, text):
+            path = os.path.join(d, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w", encoding="utf-8").write(text)
+        write("lib.rs", "mod a;\nmod b;\nmod p;\nmod big;\n")
+        write("a.rs", "use crate::b::B;\npub struct A;\n")
+        write("b.rs", "pub struct B;\nfn f() { let _ = crate::a::A; }\n")
+        # a parent calling its child and the child reaching back is no cycle
+        write("p/mod.rs", "mod c;\npub use c::C;\npub struct P;\n")
+        write("p/c.rs", "use super::P;\npub struct C;\n// crate::a::A in a comment\n")
+        write("big.rs", "// x\n" * (MAX_LINES + 1) + "#[cfg(test)]\nmod tests {}\n")
+        got = check(d)
+        assert any("cycle" in f and "a.rs" in f and "b.rs" in f for f in got), got
+        assert not any(os.path.join(d, "p") in f for f in got), got
+        assert any("big.rs" in f for f in got), got
+        assert len(got) == 2, got
+        write("big.rs", "// x\n" * 10 + "#[cfg(test)]\nmod tests {\n" + "// y\n" * MAX_LINES + "}\n")
+        write("b.rs", "pub struct B;\n#[cfg(test)]\nfn helper() { let _ = crate::a::A; }\n")
+        assert check(d) == [], check(d)
+
+def main():
+    self_test()
+    src = sys.argv[1] if len(sys.argv) > 1 else "src"
+    failures = check(src)
     for f in failures:
         print("check-shape: " + f, file=sys.stderr)
     if failures:
