@@ -195,7 +195,7 @@ impl Error {
             | Error::Unwritten {
                 source: Some(source),
                 ..
-            } => crate::integrity::is_damage(source),
+            } => is_damage(source),
             _ => false,
         }
     }
@@ -204,7 +204,7 @@ impl Error {
     /// otherwise.
     pub(crate) fn into_damage(self) -> std::result::Result<rusqlite::Error, Error> {
         match self {
-            Error::Database { source, .. } if crate::integrity::is_damage(&source) => Ok(source),
+            Error::Database { source, .. } if is_damage(&source) => Ok(source),
             other => Err(other),
         }
     }
@@ -224,6 +224,15 @@ fn known_list(known: &[String]) -> String {
     } else {
         format!("known consumers: {}", known.join(", "))
     }
+}
+
+/// True when SQLite says the file is damaged or not a database
+/// (SQLITE_CORRUPT, SQLITE_NOTADB): trying again cannot help.
+pub fn is_damage(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+    )
 }
 
 /// True when a rusqlite error is SQLITE_BUSY or SQLITE_LOCKED.

@@ -19,6 +19,10 @@ use rusqlite::Connection;
 
 use crate::error::{Error, Result};
 
+// Whether a SQLite error says the file is damaged: it lives with the error
+// type, which asks it too, and keeps its path here.
+pub use crate::error::is_damage;
+
 /// How thoroughly to look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Depth {
@@ -120,15 +124,6 @@ pub fn advice(db: &Path) -> String {
         "stop the application and outboxd, keep a copy of the file, then restore the latest \
          backup, or salvage what is readable with `sqlite3 {} .recover | sqlite3 recovered.db`",
         db.display()
-    )
-}
-
-/// True when SQLite says the file is damaged or not a database
-/// (SQLITE_CORRUPT, SQLITE_NOTADB): trying again cannot help.
-pub fn is_damage(e: &rusqlite::Error) -> bool {
-    matches!(
-        e.sqlite_error_code(),
-        Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
     )
 }
 

@@ -1,0 +1,495 @@
+//! The one check of a stored `event_outbox` row ([`check_row`]), and the
+//! row as SQLite holds it ([`RawRow`], [`OwnedRow`]).
+
+use rusqlite::types::ValueRef;
+use serde_json::value::RawValue;
+
+use super::{Envelope, EnvelopeError, EventId, EventType};
+use crate::clock::Timestamp;
+
+/// The columns of `event_outbox` that [`RawRow::read`] reads, in order:
+/// everything [`check_row`] validates.
+macro_rules! row_columns {
+    () => {
+        "id, event_id, event_type, event_version, causation_id, correlation_id, payload, \
+         occurred_at, created_at, tenant_id"
+    };
+}
+pub(crate) use row_columns;
+
+/// [`RawRow::read`]'s columns, as text for a query of one's own:
+/// `format!("SELECT {ROW_COLUMNS} FROM event_outbox")`.
+#[doc(hidden)]
+pub const ROW_COLUMNS: &str = row_columns!();
+
+/// A row of `event_outbox` the relay can deliver: its envelope and tenant
+/// ([`check_row`]'s answer; public with it, for the tests and fuzz targets).
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckedRow {
+    /// The envelope every consumer receives.
+    pub envelope: Envelope,
+    /// The tenant, text as stored.
+    pub tenant_id: Option<String>,
+}
+
+/// The one check of an `event_outbox` row, however it was written: the
+/// relay applies it to every row it delivers (and dead-letters a row it
+/// refuses, with the error as the reason), a repair applies it before
+/// keeping a change, and the console and the SQL-contract tests show or
+/// assert what it says. Public for them and the fuzz targets, not as part
+/// of the supported API.
+///
+/// The checks, in order (the first failure is the reason): the two times
+/// are INTEGER milliseconds in the years 1 to 9999; the event type; the
+/// event id (a legacy row without one gets an id derived from the row);
+/// the version against the type; the payload is JSON; causation and
+/// correlation ids and the tenant are text (or NULL) in UTF-8.
+#[doc(hidden)]
+pub fn check_row(row: &RawRow<'_>) -> Result<CheckedRow, EnvelopeError> {
+    let occurred_at = row_time(row.occurred_at, "occurred_at")?;
+    row_time(row.created_at, "created_at")?;
+    let (event_type, event_id) = check_head(row)?;
+    let event_version = match row.event_version {
+        ValueRef::Null => event_type.version(),
+        ValueRef::Integer(v) if v == i64::from(event_type.version()) => event_type.version(),
+        ValueRef::Integer(v) => {
+            return Err(EnvelopeError::VersionMismatch {
+                event_type: event_type.to_string(),
+                version: v,
+                expected: event_type.version(),
+            })
+        }
+        // Some drivers bind numbers as text; accept "2" for 2.
+        ValueRef::Text(t) => {
+            let s = std::str::from_utf8(t).map_err(|_| EnvelopeError::NotUtf8 {
+                column: "event_version",
+            })?;
+            match s.trim().parse::<i64>() {
+                Ok(v) if v == i64::from(event_type.version()) => event_type.version(),
+                Ok(v) => {
+                    return Err(EnvelopeError::VersionMismatch {
+                        event_type: event_type.to_string(),
+                        version: v,
+                        expected: event_type.version(),
+                    })
+                }
+                Err(_) => {
+                    return Err(EnvelopeError::ColumnType {
+                        column: "event_version",
+                        found: "non-numeric text",
+                        expected: "an integer or NULL",
+                    })
+                }
+            }
+        }
+        other => {
+            return Err(EnvelopeError::ColumnType {
+                column: "event_version",
+                found: type_name(other),
+                expected: "an integer or NULL",
+            })
+        }
+    };
+    let payload_text = text(row.payload, "payload")?.unwrap_or("null");
+    let payload = serde_json::from_str::<Box<RawValue>>(payload_text).map_err(|e| {
+        EnvelopeError::PayloadJson {
+            reason: e.to_string(),
+        }
+    })?;
+    let envelope = Envelope {
+        event_id,
+        event_type,
+        event_version,
+        causation_id: text(row.causation_id, "causation_id")?.map(str::to_string),
+        correlation_id: text(row.correlation_id, "correlation_id")?.map(str::to_string),
+        occurred_at,
+        payload,
+    };
+    let tenant_id = text(row.tenant_id, "tenant_id")?.map(str::to_string);
+    Ok(CheckedRow {
+        envelope,
+        tenant_id,
+    })
+}
+
+/// The first part of [`check_row`] after the times, which routing needs:
+/// the event type and id. The relay's writer routes a claimed row with it
+/// and leaves the rest of the check (the payload above all) to the worker
+/// that delivers the row; whenever this fails, `check_row` fails too.
+pub(crate) fn check_head(row: &RawRow<'_>) -> Result<(EventType, EventId), EnvelopeError> {
+    let event_type = EventType::parse(text(row.event_type, "event_type")?.unwrap_or(""))?;
+    let event_id = match text(row.event_id, "event_id")? {
+        Some(id) => EventId::parse(id)?,
+        None => EventId::for_legacy_row(row_time(row.created_at, "created_at")?, row.row_id),
+    };
+    Ok((event_type, event_id))
+}
+
+/// A time column: INTEGER milliseconds (the schema's CHECK keeps them so;
+/// anything else is reported rather than trusted) that an envelope can
+/// carry ([`check_time`]).
+fn row_time(v: ValueRef<'_>, column: &'static str) -> Result<Timestamp, EnvelopeError> {
+    match v {
+        ValueRef::Integer(ms) => check_time(ms, column),
+        _ => Err(EnvelopeError::ColumnType {
+            column,
+            found: "a value that is not an integer",
+            expected: "INTEGER milliseconds since the Unix epoch",
+        }),
+    }
+}
+
+/// A time in milliseconds an envelope can carry: RFC 3339 text holds the
+/// years 1 to 9999 only, and a time outside them would be delivered as a
+/// wrong time (Timestamp's text falls back to 1970), not refused.
+pub(crate) fn check_time(ms: i64, column: &'static str) -> Result<Timestamp, EnvelopeError> {
+    const EARLIEST: i64 = -62_135_596_800_000; // 0001-01-01T00:00:00Z
+    const LATEST: i64 = 253_402_300_799_999; // 9999-12-31T23:59:59.999Z
+    if (EARLIEST..=LATEST).contains(&ms) {
+        Ok(Timestamp::from_millis(ms))
+    } else {
+        Err(EnvelopeError::ColumnType {
+            column,
+            found: "a time outside the years 1 to 9999",
+            expected: "INTEGER milliseconds since the Unix epoch",
+        })
+    }
+}
+
+/// The columns of one `event_outbox` row that [`check_row`] validates, as
+/// SQLite holds them: untyped, because a foreign producer may have written
+/// anything into them. Public for the SQL-contract tests and the fuzz
+/// targets only.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct RawRow<'a> {
+    /// The row id.
+    pub row_id: i64,
+    /// event_id column.
+    pub event_id: ValueRef<'a>,
+    /// event_type column.
+    pub event_type: ValueRef<'a>,
+    /// event_version column.
+    pub event_version: ValueRef<'a>,
+    /// causation_id column.
+    pub causation_id: ValueRef<'a>,
+    /// correlation_id column.
+    pub correlation_id: ValueRef<'a>,
+    /// payload column.
+    pub payload: ValueRef<'a>,
+    /// occurred_at column.
+    pub occurred_at: ValueRef<'a>,
+    /// created_at column.
+    pub created_at: ValueRef<'a>,
+    /// tenant_id column.
+    pub tenant_id: ValueRef<'a>,
+}
+
+impl<'a> RawRow<'a> {
+    /// Reads [`ROW_COLUMNS`] from a result row, starting at column `first`.
+    pub fn read(r: &'a rusqlite::Row<'_>, first: usize) -> rusqlite::Result<RawRow<'a>> {
+        Ok(RawRow {
+            row_id: r.get(first)?,
+            event_id: r.get_ref(first + 1)?,
+            event_type: r.get_ref(first + 2)?,
+            event_version: r.get_ref(first + 3)?,
+            causation_id: r.get_ref(first + 4)?,
+            correlation_id: r.get_ref(first + 5)?,
+            payload: r.get_ref(first + 6)?,
+            occurred_at: r.get_ref(first + 7)?,
+            created_at: r.get_ref(first + 8)?,
+            tenant_id: r.get_ref(first + 9)?,
+        })
+    }
+}
+
+/// A [`RawRow`] that owns its values, to check on another thread. Text is
+/// kept as the bytes stored, so a column that is not UTF-8 reaches
+/// [`check_row`] as it is. The text and blob columns share one allocation
+/// (the writer copies every claimed row; one allocation instead of one per
+/// column, freed on the worker's thread).
+#[derive(Debug, Clone)]
+pub(crate) struct OwnedRow {
+    row_id: i64,
+    /// The text and blob columns' bytes, one after another.
+    bytes: Box<[u8]>,
+    values: [Owned; 9],
+}
+
+/// A column of an [`OwnedRow`]: text and blobs as a range of its bytes.
+#[derive(Debug, Clone, Copy)]
+enum Owned {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(usize, usize),
+    Blob(usize, usize),
+}
+
+impl OwnedRow {
+    pub(crate) fn new(raw: &RawRow<'_>) -> OwnedRow {
+        let columns = [
+            raw.event_id,
+            raw.event_type,
+            raw.event_version,
+            raw.causation_id,
+            raw.correlation_id,
+            raw.payload,
+            raw.occurred_at,
+            raw.created_at,
+            raw.tenant_id,
+        ];
+        let len = columns
+            .iter()
+            .map(|v| match v {
+                ValueRef::Text(b) | ValueRef::Blob(b) => b.len(),
+                _ => 0,
+            })
+            .sum();
+        let mut bytes = Vec::with_capacity(len);
+        let values = columns.map(|v| {
+            let mut span = |b: &[u8]| {
+                let at = bytes.len();
+                bytes.extend_from_slice(b);
+                (at, bytes.len())
+            };
+            match v {
+                ValueRef::Null => Owned::Null,
+                ValueRef::Integer(i) => Owned::Integer(i),
+                ValueRef::Real(f) => Owned::Real(f),
+                ValueRef::Text(t) => {
+                    let (a, b) = span(t);
+                    Owned::Text(a, b)
+                }
+                ValueRef::Blob(t) => {
+                    let (a, b) = span(t);
+                    Owned::Blob(a, b)
+                }
+            }
+        });
+        OwnedRow {
+            row_id: raw.row_id,
+            bytes: bytes.into_boxed_slice(),
+            values,
+        }
+    }
+
+    pub(crate) fn as_raw(&self) -> RawRow<'_> {
+        let v = |i: usize| match self.values[i] {
+            Owned::Null => ValueRef::Null,
+            Owned::Integer(n) => ValueRef::Integer(n),
+            Owned::Real(f) => ValueRef::Real(f),
+            Owned::Text(a, b) => ValueRef::Text(&self.bytes[a..b]),
+            Owned::Blob(a, b) => ValueRef::Blob(&self.bytes[a..b]),
+        };
+        RawRow {
+            row_id: self.row_id,
+            event_id: v(0),
+            event_type: v(1),
+            event_version: v(2),
+            causation_id: v(3),
+            correlation_id: v(4),
+            payload: v(5),
+            occurred_at: v(6),
+            created_at: v(7),
+            tenant_id: v(8),
+        }
+    }
+}
+
+/// Reads a text column that may be NULL. A BLOB is accepted when it is UTF-8
+/// (some drivers bind strings as blobs); numbers are refused.
+fn text<'a>(v: ValueRef<'a>, column: &'static str) -> Result<Option<&'a str>, EnvelopeError> {
+    match v {
+        ValueRef::Null => Ok(None),
+        ValueRef::Text(b) | ValueRef::Blob(b) => std::str::from_utf8(b)
+            .map(Some)
+            .map_err(|_| EnvelopeError::NotUtf8 { column }),
+        other => Err(EnvelopeError::ColumnType {
+            column,
+            found: type_name(other),
+            expected: "text or NULL",
+        }),
+    }
+}
+
+fn type_name(v: ValueRef<'_>) -> &'static str {
+    match v {
+        ValueRef::Null => "NULL",
+        ValueRef::Integer(_) => "an integer",
+        ValueRef::Real(_) => "a real number",
+        ValueRef::Text(_) => "text",
+        ValueRef::Blob(_) => "a BLOB",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row<'a>(event_type: &'a str, version: ValueRef<'a>, payload: &'a [u8]) -> RawRow<'a> {
+        RawRow {
+            row_id: 7,
+            event_id: ValueRef::Null,
+            event_type: ValueRef::Text(event_type.as_bytes()),
+            event_version: version,
+            causation_id: ValueRef::Null,
+            correlation_id: ValueRef::Text(b"req-1"),
+            payload: ValueRef::Text(payload),
+            occurred_at: ValueRef::Integer(1_000),
+            created_at: ValueRef::Integer(2_000),
+            tenant_id: ValueRef::Null,
+        }
+    }
+
+    fn from_row(r: RawRow<'_>) -> Result<Envelope, EnvelopeError> {
+        check_row(&r).map(|c| c.envelope)
+    }
+
+    /// Regression (found by fuzz/foreign_row): from_row took any
+    /// occurred_at, and one past year 9999 came out of to_json as 1970.
+    #[test]
+    fn from_row_refuses_a_time_an_envelope_cannot_carry() {
+        let mut r = row("a.b.v1", ValueRef::Null, b"{}");
+        r.occurred_at = ValueRef::Integer(i64::MAX);
+        let e = from_row(r).unwrap_err();
+        assert!(e.to_string().contains("occurred_at"), "{e}");
+        r.occurred_at = ValueRef::Integer(253_402_300_799_999);
+        let env = from_row(r).unwrap();
+        let back: Envelope = serde_json::from_str(&env.to_json()).unwrap();
+        assert_eq!(back, env);
+    }
+
+    #[test]
+    fn from_row_accepts_legacy_rows_with_a_stable_id() {
+        let a = from_row(row("a.b.v1", ValueRef::Null, b"{}")).unwrap();
+        let b = from_row(row("a.b.v1", ValueRef::Null, b"{}")).unwrap();
+        assert_eq!(a.event_id, b.event_id);
+        assert_eq!(a.event_version, 1);
+        assert_eq!(a.correlation_id.as_deref(), Some("req-1"));
+    }
+
+    #[test]
+    fn from_row_reports_each_defect() {
+        let e = from_row(row("a.b.v2", ValueRef::Integer(1), b"{}")).unwrap_err();
+        assert!(matches!(
+            e,
+            EnvelopeError::VersionMismatch {
+                version: 1,
+                expected: 2,
+                ..
+            }
+        ));
+        let e = from_row(row("a.b.v1", ValueRef::Null, b"{oops")).unwrap_err();
+        assert!(matches!(e, EnvelopeError::PayloadJson { .. }), "{e}");
+        let e = from_row(row("a.b.v1", ValueRef::Null, b"\xff\xfe")).unwrap_err();
+        assert_eq!(e, EnvelopeError::NotUtf8 { column: "payload" });
+        let e = from_row(row("nope", ValueRef::Null, b"{}")).unwrap_err();
+        assert!(matches!(e, EnvelopeError::EventType { .. }));
+        let mut r = row("a.b.v1", ValueRef::Null, b"{}");
+        r.event_id = ValueRef::Text(b"123");
+        assert!(matches!(
+            from_row(r).unwrap_err(),
+            EnvelopeError::EventId { .. }
+        ));
+        let e = from_row(row("a.b.v3", ValueRef::Text(b"3"), b"[1]")).unwrap();
+        assert_eq!(e.event_version, 3);
+    }
+
+    /// Review finding: a tenant_id that is not UTF-8 was altered (U+FFFD)
+    /// and delivered; it is a defect of the row like a bad payload.
+    #[test]
+    fn check_row_refuses_a_tenant_that_is_not_utf8_and_keeps_a_good_one() {
+        let mut r = row("a.b.v1", ValueRef::Null, b"{}");
+        r.tenant_id = ValueRef::Blob(b"acme\xff");
+        let e = check_row(&r).unwrap_err();
+        assert_eq!(
+            e,
+            EnvelopeError::NotUtf8 {
+                column: "tenant_id"
+            }
+        );
+        assert!(e.to_string().contains("tenant_id"), "{e}");
+        r.tenant_id = ValueRef::Integer(7);
+        assert!(matches!(
+            check_row(&r).unwrap_err(),
+            EnvelopeError::ColumnType {
+                column: "tenant_id",
+                ..
+            }
+        ));
+        r.tenant_id = ValueRef::Text(b"acme");
+        assert_eq!(check_row(&r).unwrap().tenant_id.as_deref(), Some("acme"));
+    }
+
+    /// The times are checked first, and a time that is not an integer is
+    /// a defect, not a panic or a zero.
+    #[test]
+    fn check_row_refuses_a_time_that_is_not_an_integer() {
+        let mut r = row("nope", ValueRef::Null, b"{}");
+        r.created_at = ValueRef::Text(b"yesterday");
+        let e = check_row(&r).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                EnvelopeError::ColumnType {
+                    column: "created_at",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // A legacy row needs created_at for its id: the head fails too.
+        assert!(check_head(&r).is_err());
+    }
+
+    /// What the owned copy checks on a worker is what the row says.
+    #[test]
+    fn an_owned_row_checks_as_the_row_it_copies() {
+        let r = row("a.b.v1", ValueRef::Null, br#"{"x":[1,2]}"#);
+        let owned = OwnedRow::new(&r);
+        assert_eq!(check_row(&owned.as_raw()).unwrap(), check_row(&r).unwrap());
+        let bad = row("a.b.v1", ValueRef::Null, b"{oops");
+        assert_eq!(
+            check_row(&OwnedRow::new(&bad).as_raw()).unwrap_err(),
+            check_row(&bad).unwrap_err()
+        );
+    }
+
+    /// Every column of the owned copy is the value it copied, of every
+    /// storage class, empty and not UTF-8 included (one shared buffer).
+    #[test]
+    fn an_owned_row_gives_back_every_value_it_copied() {
+        let r = RawRow {
+            row_id: i64::MIN,
+            event_id: ValueRef::Text(b"01ARZ3NDEKTSV4RRFFQ69G5FAV"),
+            event_type: ValueRef::Blob(b"a.b.v1"),
+            event_version: ValueRef::Real(1.5),
+            causation_id: ValueRef::Text(b""),
+            correlation_id: ValueRef::Blob(b""),
+            payload: ValueRef::Text(b"{\"x\":\xff}"),
+            occurred_at: ValueRef::Integer(i64::MAX),
+            created_at: ValueRef::Null,
+            tenant_id: ValueRef::Text(b"t"),
+        };
+        let owned = OwnedRow::new(&r);
+        let back = owned.as_raw();
+        let columns = |r: &RawRow<'_>| {
+            [
+                r.event_id,
+                r.event_type,
+                r.event_version,
+                r.causation_id,
+                r.correlation_id,
+                r.payload,
+                r.occurred_at,
+                r.created_at,
+                r.tenant_id,
+            ]
+            .map(|v| format!("{v:?}"))
+        };
+        assert_eq!(back.row_id, r.row_id);
+        assert_eq!(columns(&back), columns(&r));
+    }
+}
