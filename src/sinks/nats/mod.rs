@@ -1,77 +1,27 @@
 //! The NATS JetStream sink: each event becomes one message on a stream, so
 //! services on any machine can consume it from there.
 //!
-//! One message per event. The body is the envelope JSON, byte for byte what
-//! the webhook and JSON-lines sinks deliver ([`Envelope::to_json`]); the
-//! headers are:
+//! The body is the envelope JSON, byte for byte what the webhook and
+//! JSON-lines sinks deliver ([`Envelope::to_json`]); the `Nats-Msg-Id`
+//! header is the event id (for a legacy row, [`EventId::for_legacy_row`]),
+//! the same on every retry, so JetStream drops a repeat within the stream's
+//! duplicate window, and `Outboxd-*` headers carry the rest of the envelope.
+//! An event is delivered once JetStream acknowledged it; no acknowledgement
+//! within `ack_timeout`, no connection or no responders is a retry; an
+//! invalid subject, one the stream is confirmed not to take, or a message
+//! too large is poison. docs/nats.md has every header and outcome, how the
+//! cached stream subjects are checked again, and an example.
 //!
-//! | header | value |
-//! |---|---|
-//! | `Nats-Msg-Id` | the event id, the same on every retry: JetStream drops a repeat within the stream's duplicate window |
-//! | `Outboxd-Event-Type` | `article.created.v1` |
-//! | `Outboxd-Event-Version` | `1` |
-//! | `Outboxd-Tenant-Id` | the tenant, when the event has one |
-//! | `Outboxd-Causation-Id`, `Outboxd-Correlation-Id` | when the event has them |
-//! | `Outboxd-Ordering-Key` | when the event has one |
-//! | `Outboxd-Attempt` | 1 on the first try, 2 on the first retry… |
-//! | `Outboxd-Legacy` | `true` for a legacy row; absent otherwise |
+//! [`NatsSinkBuilder::build`] connects and checks the stream: a missing one
+//! (unless `create_stream` is set), one that takes none of the template's
+//! subjects, or refused credentials are errors; a server that cannot be
+//! reached is not (the sink connects in the background and retries its
+//! deliveries meanwhile). The sink owns a one-thread tokio runtime for the
+//! connection; each relay worker blocks on its own publish
+//! ([`Handle::block_on`]), queued on the shared connection without waiting
+//! for the others, so the relay's worker count is the number of publishes
+//! in flight. Nothing async leaves this module.
 //!
-//! A legacy row (written without an event id) gets the id the relay derives
-//! for it ([`EventId::for_legacy_row`]: a ULID of the row's creation time and
-//! row id), the same on every retry, so the broker deduplicates it too.
-//!
-//! | outcome | when |
-//! |---|---|
-//! | delivered | JetStream acknowledged the message (stored on the stream's replicas), duplicate or not |
-//! | retry | no acknowledgement within `ack_timeout`, not connected, connection lost, no responders (the stream is down), a JetStream error such as storage full |
-//! | poison | the subject is not valid, the stream does not take it (confirmed by its info fetched after the delivery began, see below), the message is larger than the server's max payload or the stream's max message size, a header value holds a line break |
-//!
-//! The stream's subjects are read at start-up and cached. A subject missing
-//! from the cached list is not refused on it: the sink fetches the stream's
-//! info again (at most once a second, one fetch shared by the workers that
-//! miss at once) and publishes if the stream takes the subject now, so an
-//! operator can widen a stream's subjects while outboxd runs. It is poison
-//! only when info fetched after that delivery began confirms the stream
-//! does not take it; a delivery that finds only older info (fetched under a
-//! second ago for another event) or no answer is retried.
-//!
-//! ## Threads
-//!
-//! async-nats is async; the rest of outboxd is not. The sink owns a tokio
-//! runtime with one thread, which runs the connection. [`deliver`] runs on
-//! the relay's worker threads: each renders and checks its message, then
-//! blocks on its own publish with [`Handle::block_on`]. The publish is queued
-//! on the shared connection without waiting for the ones before it, so the
-//! publishes of every worker are in flight at once and their acknowledgements
-//! come back together (pipelined): the relay's worker count decides how many
-//! are in flight. Nothing async leaves this module.
-//!
-//! ## Start-up
-//!
-//! [`NatsSinkBuilder::build`] connects within `connect_timeout` and checks
-//! the stream: a missing stream (unless `create_stream` is set) or one that
-//! takes none of the template's subjects is an error naming both, and so are
-//! refused credentials. A server that cannot be reached is not: the sink is
-//! built, logs the problem, keeps connecting in the background and retries
-//! its deliveries (quickly, so the relay's other consumers are not held back)
-//! until the connection is up and the stream checked.
-//!
-//! ```no_run
-//! use outboxd::sinks::nats::{NatsAuth, NatsSink};
-//! use std::time::Duration;
-//! let sink = NatsSink::builder(["nats://127.0.0.1:4222"], "EVENTS")
-//!     .subject("events.{tenant}.{event_type}")
-//!     .auth(NatsAuth::Token(std::env::var("NATS_TOKEN").unwrap()))
-//!     .ack_timeout(Duration::from_secs(5))
-//!     .build()?;
-//! let relay = outboxd::Relay::builder("app.db")
-//!     .consumer("nats", ["*"], sink)
-//!     .workers(32) // up to 32 publishes in flight
-//!     .build();
-//! # Ok::<(), outboxd::sinks::nats::NatsError>(())
-//! ```
-//!
-//! [`deliver`]: crate::consumer::Consumer::deliver
 //! [`Handle::block_on`]: tokio::runtime::Handle::block_on
 //! [`Envelope::to_json`]: crate::envelope::Envelope::to_json
 //! [`EventId::for_legacy_row`]: crate::envelope::EventId::for_legacy_row
@@ -91,6 +41,11 @@ pub use window::{DuplicateWindowCheck, DEFAULT_DUPLICATE_WINDOW};
 
 use crate::consumer::{Consumer, Delivery, Outcome};
 use connection::Shared;
+
+/// docs/nats.md's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/nats.md")]
+pub struct NatsDoctests;
 
 /// How long a publish waits for JetStream's acknowledgement, unless
 /// configured.
