@@ -91,7 +91,9 @@ mod checkpoint;
 pub(crate) mod claim;
 mod clock_step;
 mod housekeeping;
+mod job;
 mod metrics;
+mod panic;
 mod plan;
 mod retry;
 mod transactional;
@@ -769,7 +771,7 @@ impl RelayHandle {
             Some(t) => t.join().unwrap_or_else(|panic| {
                 Err(Error::Panicked {
                     thread: WRITER_THREAD.into(),
-                    message: worker::panic_message(&*panic),
+                    message: panic::panic_message(&*panic),
                 })
             }),
             None => Ok(()),
