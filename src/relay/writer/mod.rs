@@ -1,6 +1,6 @@
 //! The writer thread: the relay's only write connection. Its loop takes the
 //! outcomes the workers send, asks the [planner](super::plan) whether a
-//! write transaction is worth making ([`write`]), makes it
+//! write transaction is worth making ([`write`](mod@write)), makes it
 //! ([`transaction`]: record outcomes, release and extend leases, claim and
 //! route the next batch), hands the new jobs to the workers ([`step`]), and
 //! runs [housekeeping](super::housekeeping) between transactions. The

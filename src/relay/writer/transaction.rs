@@ -1,10 +1,10 @@
 //! The write transaction: one `BEGIN IMMEDIATE` that records outcomes,
 //! releases and extends leases, and claims the next batch and routes it.
-//! Every row write in it is fenced by the row's claim token
-//! ([`claim`](crate::relay::claim)), so the outcome of a claim another
-//! token has taken over changes nothing. It runs on the connection and the
-//! writer's state it is given; what it did comes back as a [`Step`], which
-//! the writer applies once it has committed.
+//! Every row write in it is fenced by the row's claim token ([`claim`]),
+//! so the outcome of a claim another token has taken over changes
+//! nothing. It runs on the connection and the writer's state it is given;
+//! what it did comes back as a [`Step`], which the writer applies once it
+//! has committed.
 
 use std::sync::Arc;
 use std::time::Instant;
