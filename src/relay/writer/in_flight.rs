@@ -28,11 +28,10 @@ pub(super) type RowSet = HashSet<i64, BuildHasherDefault<RowIdHasher>>;
 /// Hashes a row id with one multiplication by an odd constant (Fibonacci
 /// hashing): a bijection, so ids that differ only in their low bits (as
 /// the rows of one claim do) never share a bucket, and the high bits the
-/// table also reads are mixed. The default SipHash cost the writer ~1.1 k
-/// instructions per event (BENCHMARKS.md, section 2). Its resistance to
-/// chosen keys is not needed: these maps hold at most the rows in flight
-/// (the jobs channel's capacity), so even ids picked to collide cost a
-/// few microseconds.
+/// table also reads are mixed. The default SipHash cost the writer more
+/// per event (BENCHMARKS.md). Its resistance to chosen keys is not needed:
+/// these maps hold at most the rows in flight (the jobs channel's
+/// capacity), so even ids picked to collide cost little.
 #[derive(Default)]
 pub(super) struct RowIdHasher(u64);
 

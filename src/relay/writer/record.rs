@@ -27,9 +27,8 @@ const MAX_REASON_BYTES: usize = 4096;
 /// take one statement per claim token, and the ledger entries of all rows
 /// one per consumer, each over an [`IdList`](crate::connection::IdList) of
 /// the rows. (The same over a JSON array, with `json_each` and `->>`, cost
-/// 6 % more instructions per event than one execution per row, for
-/// parsing the JSON back; with id lists the writer does 10 % fewer.
-/// BENCHMARKS.md, section 2.)
+/// more than one execution per row, for parsing the JSON back; id lists
+/// cost less: BENCHMARKS.md.)
 pub(super) fn record(
     tx: &Connection,
     consumers: &[ConsumerEntry],
