@@ -3,14 +3,13 @@
 //! SQLite's auto-checkpoint runs inside whichever commit takes the WAL past
 //! 1,000 pages, on the committing thread. On the relay's writer that put a
 //! checkpoint (two fsyncs and up to 4 MiB copied) between a commit and the
-//! next claim once in every few hundred transactions: at 1,000 events/s it
-//! was the whole of the pick-up p99 (2.3 ms against 0.17 ms without it,
-//! BENCHMARKS.md section 3). So the writer's connection hands the work to a
-//! thread of its own: its WAL hook (which replaces the auto-checkpoint on
-//! that connection) wakes the checkpoint thread once the WAL holds
-//! [`CHECKPOINT_AT`] pages, long before any connection's auto-checkpoint
-//! would run, and the thread runs a passive checkpoint on its own
-//! connection while the writer goes on.
+//! next claim once in every few hundred transactions, which made the whole
+//! tail of the pick-up latency (BENCHMARKS.md). So the writer's connection
+//! hands the work to a thread of its own: its WAL hook (which replaces the
+//! auto-checkpoint on that connection) wakes the checkpoint thread once the
+//! WAL holds [`CHECKPOINT_AT`] pages, long before any connection's
+//! auto-checkpoint would run, and the thread runs a passive checkpoint on
+//! its own connection while the writer goes on.
 //!
 //! A checkpoint that runs beside a writer copies the pages committed before
 //! it started, and SQLite starts the WAL over only at a transaction that
@@ -19,25 +18,25 @@
 //! has copied every page of a WAL past [`RESTART_AT`] pages, the thread
 //! runs a RESTART checkpoint, which takes the write lock for as long as it
 //! copies the pages committed meanwhile (and syncs them), and starts the
-//! WAL over. Without it, beside a host committing 1,000 times a second
+//! WAL over. Without it, beside a host committing many times a second
 //! (each commit followed by the relay's claim), a commit always came
 //! between a checkpoint and the next transaction: the WAL stayed past
 //! 1,000 pages for hundreds of commits, the writer checkpointed in every
-//! one of them (below), and that was the pick-up's p99 (1.4–1.8 ms against
-//! 0.6–0.7 ms with the restart, BENCHMARKS.md, section 3, "eighth round").
+//! one of them (below), and that was the tail of the pick-up latency
+//! (BENCHMARKS.md).
 //!
 //! Should the restart find a reader or the lock in the way, the writer
 //! still checkpoints in its own commit at [`CHECKPOINT_INLINE_AT`] pages,
 //! SQLite's own threshold, as SQLite would have: by then the thread has
 //! copied nearly every page, so that checkpoint copies only those committed
 //! since, and when the relay is the only writer its next transaction begins
-//! with every page copied and the WAL starts over (without it, a test's WAL
-//! reached 88,000 pages). Only one connection may checkpoint at a time
+//! with every page copied and the WAL starts over (without it, the WAL
+//! grows on and on). Only one connection may checkpoint at a time
 //! (another gets SQLITE_BUSY at once), so the writer's commits past that
 //! size stop waking the thread: it finishes the checkpoint it is in (and at
 //! most one more, asked before), and the writer's next commit gets the
 //! lock. What the writer commits meanwhile can be much (a checkpoint ends
-//! with two fsyncs; a test committing without a pause saw 12,000 pages), so
+//! with two fsyncs, and a writer committing without a pause goes on), so
 //! at [`CHECKPOINT_WAIT_AT`] pages the writer waits for the thread's
 //! checkpoint to end and runs its own: the WAL never holds much more than
 //! that.
@@ -64,11 +63,10 @@ use crate::error::{Error, Result};
 /// checkpoints long before a host's connection would, and each checkpoint
 /// copies about 400 KiB. Smaller checkpoints keep hosts' commits short: the
 /// fsync that ends a checkpoint also holds back a host's commit fsync on
-/// the same file system (ext4 commits its journal for both). With 500
-/// pages, 2 of 20 runs of the host bench had a host commit over 50 ms;
-/// with 100, none of 30, at the same drain rate (BENCHMARKS.md, section
-/// 5). The price is more writes to the database file: a page changed often
-/// is copied back once per checkpoint.
+/// the same file system (ext4 commits its journal for both); a larger
+/// threshold let hosts' commits stall in the host benchmark
+/// (BENCHMARKS.md). The price is more writes to the database file: a page
+/// changed often is copied back once per checkpoint.
 pub(crate) const CHECKPOINT_AT: c_int = 100;
 
 /// WAL pages past which the thread, once a checkpoint has copied every

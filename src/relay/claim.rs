@@ -51,9 +51,8 @@ pub(crate) struct Budget {
 /// query-planner stability guarantee (QPSG). Without it SQLite reads a
 /// bound LIMIT while planning and marks the statement to be prepared again
 /// whenever the value is bound anew, so the claim (and every other
-/// statement with `LIMIT ?`) was compiled afresh on each execution: 243 µs
-/// against 64 µs for a one-row claim, most of an event's pick-up time.
-/// With it the plan is the one for an unknown limit, which for these
+/// statement with `LIMIT ?`) was compiled afresh on each execution, most of
+/// an event's pick-up time (BENCHMARKS.md). With it the plan is the one for an unknown limit, which for these
 /// statements is the same index walk.
 pub(crate) fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
@@ -85,19 +84,18 @@ pub(crate) fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
 /// Three statements in the caller's transaction: [`CLAIMABLE`] lists the
 /// claimable rows with their sizes, the prefix that fits is chosen here,
 /// [`READ_CLAIMED`] reads those rows and [`STAMP`] stamps them, both by row
-/// id. One `UPDATE … RETURNING` over a sub-select did the same, and cost
-/// the writer ~5 k more instructions per event at ~200 B and ~15 k at
-/// ~2 KB (BENCHMARKS.md, section 2): SQLite buffers every returned row,
-/// payload included, before it hands out the first, and the budget
-/// needed the rows gathered once more to add their sizes up.
+/// id. One `UPDATE … RETURNING` over a sub-select did the same at a
+/// higher cost per event, more so the larger the payloads (BENCHMARKS.md):
+/// SQLite buffers every returned row, payload included, before it hands
+/// out the first, and the budget needed the rows gathered once more to add
+/// their sizes up.
 ///
 /// A claim that finds nothing stops after the first statement, which then
-/// reads one entry of the due index (~6.5 k instructions, rusqlite
-/// included): most of an idle relay's claims are such, since the writer
-/// claims after every finish (a finished row may release the next of its
-/// ordering key). The look-up that used to spare the one `UPDATE` (~58 k
-/// even when it found nothing) would save ~1.7 k there and cost ~4.7 k
-/// on every claim that finds rows, so there is none.
+/// reads one entry of the due index: most of an idle relay's claims are
+/// such, since the writer claims after every finish (a finished row may
+/// release the next of its ordering key). A look-up ahead of the claim
+/// would save little there and cost more on every claim that finds rows
+/// (BENCHMARKS.md), so there is none.
 pub(crate) fn claim(
     conn: &Connection,
     token: &str,
@@ -184,9 +182,8 @@ const CLAIMABLE: &str = "SELECT o.id, octet_length(o.payload)
 /// [`read_claimed`] reads them, in the list's order. A join driven by the
 /// list (`CROSS JOIN` keeps it the outer loop) seeks each row by id; the
 /// `id IN rarray(?1)` form first copies the ids into a temporary index,
-/// ~0.85 k instructions more per row (measured with `json_each`,
-/// BENCHMARKS.md, section 2). The list's ids are distinct, so the join
-/// returns each row once.
+/// which costs more per row (BENCHMARKS.md). The list's ids are distinct,
+/// so the join returns each row once.
 ///
 /// [`IdList`]: crate::connection::IdList
 const READ_CLAIMED: &str = concat!(
@@ -213,9 +210,9 @@ const STAMP: &str = concat!(stamp_sql!(), " WHERE id IN rarray(?3)");
 
 /// [`stamp_sql!`] on the one row ?3. An UPDATE over `IN rarray(?)` builds
 /// two temporary b-trees (the list's values and the rows it changes)
-/// whatever the list's length: for one row, 9.5 µs against 2.4 µs by
-/// `id = ?`, and one row is every claim of a relay that keeps up with its
-/// producers (BENCHMARKS.md, section 3, "eighth round").
+/// whatever the list's length, which for one row costs several times what
+/// `id = ?` does, and one row is every claim of a relay that keeps up with
+/// its producers (BENCHMARKS.md).
 const STAMP_ONE: &str = concat!(stamp_sql!(), " WHERE id = ?3");
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
@@ -290,9 +287,9 @@ pub(crate) fn finish_delivered(
 /// Marks many rows delivered, each as [`finish_delivered`] does (`rows`:
 /// row id and the claim token it must still carry). Returns the ids whose
 /// fence held. One [`FINISH_DELIVERED`] per run of rows with one token
-/// (the rows of one claim): ~1.5 k instructions per row less than one
-/// execution per row (BENCHMARKS.md, section 2, "seventh round"); a run of
-/// one row takes [`FINISH_DELIVERED_ONE`].
+/// (the rows of one claim), which costs less per row than one execution
+/// per row (BENCHMARKS.md); a run of one row takes
+/// [`FINISH_DELIVERED_ONE`].
 pub(crate) fn finish_delivered_many(
     conn: &Connection,
     rows: &[(i64, &str)],
@@ -342,8 +339,9 @@ const FINISH_DELIVERED: &str = concat!(
 );
 
 /// [`FINISH_DELIVERED`] for the one row ?1, which is finished when one row
-/// changes. For one row the list's temporary b-trees and RETURNING's cost
-/// 11.3 µs against 1.7 µs ([`STAMP_ONE`] says why it matters).
+/// changes. For one row the list's temporary b-trees and RETURNING cost
+/// several times as much (BENCHMARKS.md; [`STAMP_ONE`] says why it
+/// matters).
 const FINISH_DELIVERED_ONE: &str = concat!(
     finish_delivered_sql!(),
     " WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'"

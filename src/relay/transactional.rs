@@ -67,8 +67,9 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 
 use super::claim;
+use super::job::Job;
+use super::panic::panic_message;
 use super::plan::CONTENDED_PAUSE;
-use super::worker::{panic_message, Job};
 use crate::clock::Clock;
 use crate::consumer::{Delivery, Outcome, TransactionalConsumer};
 

@@ -111,8 +111,8 @@ impl Wake {
 
     /// The writer is about to write to the database. Its own commits
     /// change the `-wal` file too, and would wake the watch's thread once
-    /// per frame for nothing (on a drain, ~6 % of the writer's time in the
-    /// kernel): until [`written`](Self::written), the watch listens only
+    /// per frame for nothing (on a drain, a share of the writer's time in
+    /// the kernel, BENCHMARKS.md): until [`written`](Self::written), the watch listens only
     /// for the file's removal.
     pub(super) fn writing(&mut self) {
         self.listen(false);

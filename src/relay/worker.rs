@@ -8,39 +8,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use super::job::{Job, JobOutcome};
+use super::panic::panic_message;
 use super::transactional::Session;
 use crate::consumer::{Delivery, Outcome};
-use crate::envelope::{check_row, CheckedRow, OwnedRow};
+use crate::envelope::{check_row, CheckedRow};
 use crate::relay::{ConsumerEntry, ConsumerKind};
-
-/// One claimed row to deliver: the consumers that have not succeeded yet.
-pub(crate) struct Job {
-    pub row_id: i64,
-    pub token: Arc<str>,
-    /// The dedup ledger key, as the claim returned it (a transactional
-    /// consumer writes its entry itself).
-    pub event_key: String,
-    /// The row's columns, checked here ([`check_row`]) rather than on the
-    /// writer: the payload's JSON check is the largest per-event cost
-    /// outside SQLite, and the writer is the relay's one serial thread.
-    pub raw: OwnedRow,
-    pub legacy: bool,
-    pub ordering_key: Option<String>,
-    /// 1 + the row's failed attempts so far.
-    pub attempt: u32,
-    /// Indexes into the consumer list.
-    pub consumers: Vec<usize>,
-}
-
-/// What the consumers of one job reported.
-pub(crate) struct JobOutcome {
-    pub row_id: i64,
-    pub token: Arc<str>,
-    pub results: Vec<(usize, Outcome)>,
-    /// Why the row cannot be delivered at all (it fails [`check_row`]): no
-    /// consumer ran, and the writer dead-letters it with this reason.
-    pub invalid: Option<String>,
-}
 
 /// A worker's loop: ends when the writer drops the jobs sender (shutdown),
 /// or when the writer is gone.
@@ -146,13 +119,4 @@ fn deliver(entry: &ConsumerEntry, job: &Job, row: &CheckedRow, session: &mut Ses
         }
     }
     outcome
-}
-
-/// The text a panic carried (`panic!("…")` gives a `&str` or a `String`).
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string panic payload".into())
 }

@@ -1,0 +1,19 @@
+//! The registered consumers, as the workers run them.
+
+use super::RetryPolicy;
+use crate::consumer::{Consumer, TransactionalConsumer};
+
+/// A registered consumer, as the workers run it.
+pub(crate) struct ConsumerEntry {
+    pub name: String,
+    pub consumer: ConsumerKind,
+    pub retry: RetryPolicy,
+}
+
+/// How a consumer is run.
+pub(crate) enum ConsumerKind {
+    /// On its own: [`Consumer::deliver`].
+    Plain(Box<dyn Consumer>),
+    /// Inside a transaction on the worker's connection ([`transactional`](super::transactional)).
+    Transactional(Box<dyn TransactionalConsumer>),
+}

@@ -1,0 +1,174 @@
+//! Recording the outcomes of finished jobs: each row's fenced update for
+//! its verdict, then the consumers' progress (the ledger) for the rows
+//! whose update took.
+
+use rusqlite::Connection;
+
+use super::in_flight::{InFlight, RowMap, RowSet};
+use super::note::Note;
+use super::step::Step;
+use crate::clock::Timestamp;
+use crate::consumer::Outcome;
+use crate::relay::claim;
+use crate::relay::job::JobOutcome;
+use crate::relay::metrics::ConsumerResult;
+use crate::relay::retry::{self, Verdict};
+use crate::relay::ConsumerEntry;
+use crate::text::{clip, Keep};
+
+/// Longest reason text stored in `last_error`.
+const MAX_REASON_BYTES: usize = 4096;
+
+/// Records the outcomes of finished jobs (those of rows still in flight).
+/// Each row's own update is fenced by its token and made first; the
+/// consumers' progress is written only for the rows whose update took, so
+/// a relay that lost a lease records nothing for that row. The common
+/// case, a row delivered to every consumer, is grouped: the rows' updates
+/// take one statement per claim token, and the ledger entries of all rows
+/// one per consumer, each over an [`IdList`](crate::connection::IdList) of
+/// the rows. (The same over a JSON array, with `json_each` and `->>`, cost
+/// more than one execution per row, for parsing the JSON back; id lists
+/// cost less: BENCHMARKS.md.)
+pub(super) fn record(
+    tx: &Connection,
+    consumers: &[ConsumerEntry],
+    in_flight: &RowMap<InFlight>,
+    outcomes: &[JobOutcome],
+    now: Timestamp,
+    step: &mut Step,
+) -> rusqlite::Result<()> {
+    let mut delivered: Vec<&JobOutcome> = Vec::new();
+    let mut ledger: Vec<(&str, i64)> = Vec::new();
+    for o in outcomes {
+        let Some(flight) = in_flight.get(&o.row_id) else {
+            continue;
+        };
+        if o.invalid.is_none() && o.results.iter().all(|(_, r)| *r == Outcome::Delivered) {
+            delivered.push(o);
+        } else if record_one(tx, consumers, flight, o, now, step)? {
+            progress(consumers, o, step, &mut ledger);
+        }
+    }
+    let group: Vec<(i64, &str)> = delivered.iter().map(|o| (o.row_id, &*o.token)).collect();
+    let kept: RowSet = claim::finish_delivered_many(tx, &group, now)?
+        .into_iter()
+        .collect();
+    for o in delivered {
+        if kept.contains(&o.row_id) {
+            step.counts.delivered += 1;
+            progress(consumers, o, step, &mut ledger);
+        } else {
+            step.notes.push(Note::Fenced { row_id: o.row_id });
+            step.counts.fenced += 1;
+        }
+    }
+    // A transactional consumer committed its entry with its own writes
+    // already: the insert then leaves it as it is.
+    crate::dedup::record_many(tx, &ledger, now)
+}
+
+/// The consumers' progress of a job whose row update took: a ledger entry
+/// for each that delivered, and the per-consumer counts.
+fn progress<'a>(
+    consumers: &'a [ConsumerEntry],
+    o: &JobOutcome,
+    step: &mut Step,
+    ledger: &mut Vec<(&'a str, i64)>,
+) {
+    for (i, outcome) in &o.results {
+        let result = match outcome {
+            Outcome::Delivered => {
+                ledger.push((&consumers[*i].name, o.row_id));
+                ConsumerResult::Delivered
+            }
+            Outcome::Retry { .. } => ConsumerResult::Retried,
+            Outcome::Poison { .. } => ConsumerResult::Poisoned,
+        };
+        step.counts.per_consumer.push((*i, result));
+    }
+}
+
+/// Records one job's outcome other than "delivered to all": the row's
+/// fenced update for its verdict (retry, dead letter). True when the
+/// update took (the caller then records the consumers' progress).
+fn record_one(
+    tx: &Connection,
+    consumers: &[ConsumerEntry],
+    flight: &InFlight,
+    o: &JobOutcome,
+    now: Timestamp,
+    step: &mut Step,
+) -> rusqlite::Result<bool> {
+    let (row_id, event_id) = (o.row_id, flight.event_id);
+    if let Some(reason) = &o.invalid {
+        // The worker found the row invalid: no consumer ran.
+        if claim::dead_letter(tx, row_id, &o.token, reason, now, false)? {
+            step.counts.dead += 1;
+            step.notes.push(Note::Invalid {
+                row_id,
+                reason: reason.clone(),
+            });
+        } else {
+            step.notes.push(Note::Fenced { row_id });
+            step.counts.fenced += 1;
+        }
+        return Ok(false);
+    }
+    let reports = o.results.iter().map(|(i, outcome)| retry::Report {
+        consumer: &consumers[*i].name,
+        policy: &consumers[*i].retry,
+        outcome,
+    });
+    let verdict = retry::verdict(reports, flight.attempts, now, rand::random);
+    let kept = match &verdict {
+        Verdict::Delivered => claim::finish_delivered(tx, row_id, &o.token, now)?,
+        Verdict::Retry { at, reason, .. } => {
+            step.next_due = Some(step.next_due.map_or(*at, |t| t.min(*at)));
+            let reason = clip(reason, MAX_REASON_BYTES, Keep::Head);
+            claim::schedule_retry(tx, row_id, &o.token, *at, &reason)?
+        }
+        Verdict::Poison { reason } => {
+            let reason = clip(reason, MAX_REASON_BYTES, Keep::Head);
+            claim::dead_letter(tx, row_id, &o.token, &reason, now, false)?
+        }
+        Verdict::GaveUp { reason, .. } => {
+            let reason = clip(reason, MAX_REASON_BYTES, Keep::Head);
+            claim::dead_letter(tx, row_id, &o.token, &reason, now, true)?
+        }
+    };
+    if !kept {
+        step.notes.push(Note::Fenced { row_id });
+        step.counts.fenced += 1;
+        return Ok(false);
+    }
+    match verdict {
+        Verdict::Delivered => step.counts.delivered += 1,
+        Verdict::Retry { at, attempt, .. } => {
+            step.counts.retried += 1;
+            step.notes.push(Note::Retry {
+                row_id,
+                event_id,
+                attempt,
+                at,
+            });
+        }
+        Verdict::Poison { reason } => {
+            step.counts.dead += 1;
+            step.notes.push(Note::Poison {
+                row_id,
+                event_id,
+                reason,
+            });
+        }
+        Verdict::GaveUp { attempts, reason } => {
+            step.counts.dead += 1;
+            step.notes.push(Note::GaveUp {
+                row_id,
+                event_id,
+                attempts,
+                reason,
+            });
+        }
+    }
+    Ok(true)
+}
