@@ -134,7 +134,7 @@ impl Housekeeping {
                 }
                 tick.made_due = done.any();
             }
-            Err(e) if crate::integrity::is_damage(&e) => tick.damage = Some(e),
+            Err(e) if crate::error::is_damage(&e) => tick.damage = Some(e),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot look for rows a clock step left waiting; will retry")
             }
@@ -230,7 +230,7 @@ fn truncate_large_wal(conn: &Connection, wal: &Path) {
 fn dead_letter_oversized(conn: &mut Connection, now: Timestamp, max_payload: u64, tick: &mut Tick) {
     let found = match super::claim::oversized(conn, now, max_payload, OVERSIZED_WINDOW) {
         Ok(found) => found,
-        Err(e) if crate::integrity::is_damage(&e) => {
+        Err(e) if crate::error::is_damage(&e) => {
             tick.damage = Some(e);
             return;
         }

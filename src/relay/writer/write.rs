@@ -85,7 +85,7 @@ impl Writer {
                 if busy {
                     // SQLITE_BUSY is never an event failure: wait and retry.
                     Metrics::add(&self.metrics.busy_retries, 1);
-                } else if crate::integrity::is_damage(&e) {
+                } else if crate::error::is_damage(&e) {
                     Metrics::add(&self.metrics.errors, 1);
                     self.stop_on_damage(e);
                     return;
