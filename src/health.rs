@@ -25,7 +25,7 @@ mod thresholds;
 
 use std::time::Duration;
 
-use rusqlite::{params, Connection};
+use rusqlite::Connection;
 use serde::Serialize;
 
 use crate::capture::{self, CaptureStatus};
@@ -37,7 +37,7 @@ use crate::schema;
 pub use problem::{Problem, IMPLAUSIBLE_DELAY, KINDS};
 #[cfg(test)]
 pub(crate) use queries::DEAD_COUNT;
-pub(crate) use queries::{ahead, count_column, read_transaction};
+pub(crate) use queries::{count_column, pending, read_transaction};
 pub use queries::{dead_count, oldest_due, stale_count, STALE_COUNT_BOUND};
 pub use thresholds::{Thresholds, DEFAULT_MAX_DEAD};
 
@@ -81,20 +81,30 @@ impl Verdict {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Measures {
     pub oldest_due_age: Option<Duration>,
+    pub oldest_undelivered_age: Option<Duration>,
     pub dead: u64,
     pub furthest_lease: Option<Duration>,
     pub furthest_retry: Option<Duration>,
     pub implausible_delays: u64,
 }
 
-/// The thresholds the measures cross (stale, dead letters, a clock step,
-/// implausible delays, in that order).
+/// The thresholds the measures cross (stale, undelivered, dead letters, a
+/// clock step, implausible delays, in that order).
 pub(crate) fn problems(m: &Measures, t: &Thresholds) -> Vec<Problem> {
     let mut found = Vec::new();
     if let Some(age) = m.oldest_due_age.filter(|age| *age > t.stale_after) {
         found.push(Problem::Stale {
             oldest_due_age: age,
             stale_after: t.stale_after,
+        });
+    }
+    if let Some(age) = m
+        .oldest_undelivered_age
+        .filter(|age| *age > t.max_undelivered_age)
+    {
+        found.push(Problem::Undelivered {
+            oldest_undelivered_age: age,
+            max_undelivered_age: t.max_undelivered_age,
         });
     }
     if let Some(max) = t.max_dead.filter(|max| m.dead > *max) {
@@ -160,26 +170,14 @@ fn capture_verdict(
 pub fn check(conn: &Connection, thresholds: &Thresholds, now: Timestamp) -> Result<Verdict> {
     schema::ensure_current(conn)?;
     let tx = read_transaction(conn)?;
-    let (furthest_lease, furthest_retry, implausible_delays) = conn
-        .prepare_cached(
-            "SELECT
-                 max(CASE WHEN claim_token IS NOT NULL THEN lease_until END),
-                 max(CASE WHEN claim_token IS NULL AND attempts > 0 THEN available_at END),
-                 coalesce(sum(claim_token IS NULL AND attempts = 0 AND available_at > ?1), 0)
-             FROM event_outbox WHERE status = 'pending'",
-        )
-        .and_then(|mut s| {
-            s.query_row(params![now.plus(IMPLAUSIBLE_DELAY).as_millis()], |r| {
-                Ok((ahead(r, 0, now)?, ahead(r, 1, now)?, count_column(r, 2)?))
-            })
-        })
-        .map_err(Error::db("look for clock steps and implausible delays"))?;
+    let pending = pending(conn, now)?;
     let measures = Measures {
         oldest_due_age: oldest_due(conn, now)?.map(|at| now.since(at)),
+        oldest_undelivered_age: pending.oldest_undelivered.map(|at| now.since(at)),
         dead: dead_count(conn)?,
-        furthest_lease,
-        furthest_retry,
-        implausible_delays,
+        furthest_lease: pending.furthest_lease,
+        furthest_retry: pending.furthest_retry,
+        implausible_delays: pending.implausible_delays,
     };
     let captures = capture::inspect(conn)?;
     if let Some(tx) = tx {

@@ -54,6 +54,9 @@ pub const MIN_HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(1);
 pub const MAX_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(86_400);
 /// The oldest due event may wait this long before the stale alert fires.
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(300);
+/// The oldest undelivered event (due, being delivered or retrying) may be
+/// this old before health says so.
+pub const DEFAULT_MAX_UNDELIVERED_AGE: Duration = Duration::from_secs(3600);
 /// The grace period a dropped [`crate::RelayHandle`] gives in-flight deliveries
 /// (call [`crate::RelayHandle::shutdown`] to choose another).
 pub const DEFAULT_DROP_GRACE: Duration = Duration::from_secs(10);

@@ -28,12 +28,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rusqlite::{params, Connection};
+use rusqlite::Connection;
 use serde::{Serialize, Serializer};
 
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
-use crate::health::{ahead, count_column as count};
+use crate::health::count_column as count;
 use crate::schema;
 // The 0.1 paths of what moved to `crate::health` and `crate::limits`.
 pub use crate::health::{
@@ -57,6 +57,13 @@ pub struct Status {
     /// it is due to be claimed again.
     #[serde(rename = "oldest_due_age_ms", serialize_with = "millis")]
     pub oldest_due_age: Option<Duration>,
+    /// How long ago the oldest undelivered event was created (`created_at`),
+    /// counting rows that are due, claimed, or waiting for a retry, but not
+    /// rows delayed on purpose and never tried; None when there is none.
+    /// Events waiting for a retry are not due, so only this age shows a
+    /// consumer that keeps failing ([`Problem::Undelivered`]).
+    #[serde(rename = "oldest_undelivered_age_ms", serialize_with = "millis")]
+    pub oldest_undelivered_age: Option<Duration>,
     /// Leases still live (`lease_until > now`).
     pub leases_held: u64,
     /// Leases past their `lease_until`: a relay that claimed these rows has
@@ -111,35 +118,8 @@ pub fn status(conn: &Connection, now: Timestamp) -> Result<Status> {
     // A read transaction makes the numbers one consistent snapshot.
     let tx = crate::health::read_transaction(conn)?;
     let schema_version = schema::version(conn)?.unwrap_or(0);
-    let now_ms = now.as_millis();
 
-    let pending = conn
-        .query_row(
-            "SELECT
-                 coalesce(sum(claim_token IS NULL AND available_at <= ?1), 0),
-                 coalesce(sum(claim_token IS NULL AND available_at > ?1), 0),
-                 coalesce(sum(claim_token IS NOT NULL), 0),
-                 coalesce(sum(claim_token IS NOT NULL AND lease_until > ?1), 0),
-                 coalesce(sum(claim_token IS NOT NULL AND lease_until <= ?1), 0),
-                 max(CASE WHEN claim_token IS NOT NULL THEN lease_until END),
-                 max(CASE WHEN claim_token IS NULL AND attempts > 0 THEN available_at END),
-                 coalesce(sum(claim_token IS NULL AND attempts = 0 AND available_at > ?2), 0)
-             FROM event_outbox WHERE status = 'pending'",
-            params![now_ms, now.plus(IMPLAUSIBLE_DELAY).as_millis()],
-            |r| {
-                Ok(Pending {
-                    due: count(r, 0)?,
-                    delayed: count(r, 1)?,
-                    leased: count(r, 2)?,
-                    live: count(r, 3)?,
-                    expired: count(r, 4)?,
-                    furthest_lease: ahead(r, 5, now)?,
-                    furthest_retry: ahead(r, 6, now)?,
-                    implausible_delays: count(r, 7)?,
-                })
-            },
-        )
-        .map_err(Error::db("count pending events"))?;
+    let pending = crate::health::pending(conn, now)?;
 
     let mut counts = StatusCounts {
         pending_due: pending.due,
@@ -168,6 +148,7 @@ pub fn status(conn: &Connection, now: Timestamp) -> Result<Status> {
     }
 
     let oldest_due_age = oldest_due(conn, now)?.map(|at| now.since(at));
+    let oldest_undelivered_age = pending.oldest_undelivered.map(|at| now.since(at));
     let delivered_by_consumer = crate::dedup::count_by_consumer(conn)
         .map_err(Error::db("count deliveries per consumer"))?;
 
@@ -179,6 +160,7 @@ pub fn status(conn: &Connection, now: Timestamp) -> Result<Status> {
         now,
         counts,
         oldest_due_age,
+        oldest_undelivered_age,
         leases_held: pending.live,
         expired_leases: pending.expired,
         delivered_by_consumer,
@@ -188,21 +170,9 @@ pub fn status(conn: &Connection, now: Timestamp) -> Result<Status> {
     })
 }
 
-/// What one pass over the pending rows measures.
-struct Pending {
-    due: u64,
-    delayed: u64,
-    leased: u64,
-    live: u64,
-    expired: u64,
-    furthest_lease: Option<Duration>,
-    furthest_retry: Option<Duration>,
-    implausible_delays: u64,
-}
-
 impl Status {
-    /// The thresholds this snapshot crosses (stale, dead letters, a clock
-    /// step, implausible delays, in that order); empty when healthy. The
+    /// The thresholds this snapshot crosses (stale, undelivered, dead
+    /// letters, a clock step, implausible delays, in that order); empty when healthy. The
     /// whole verdict, captures included, is [`crate::health::check`]'s.
     ///
     /// ```
@@ -219,6 +189,7 @@ impl Status {
         crate::health::problems(
             &crate::health::Measures {
                 oldest_due_age: self.oldest_due_age,
+                oldest_undelivered_age: self.oldest_undelivered_age,
                 dead: self.counts.dead,
                 furthest_lease: self.furthest_lease,
                 furthest_retry: self.furthest_retry,
@@ -241,6 +212,7 @@ mod tests {
     use super::*;
     use crate::connection;
     use crate::enqueue::{Enqueuer, Event};
+    use rusqlite::params;
 
     const T0: i64 = 1_764_487_080_000;
 
@@ -428,6 +400,58 @@ mod tests {
         let s = status(&conn, at(3_600_000 + 250)).unwrap();
         assert_eq!(s.counts.pending_due, 1);
         assert_eq!(s.oldest_due_age, Some(Duration::from_millis(250)));
+    }
+
+    /// The oldest undelivered event counts rows that are due, claimed or
+    /// retrying from their `created_at`, and not rows delayed on purpose and
+    /// never tried.
+    #[test]
+    fn the_oldest_undelivered_event_includes_retries_but_not_delays() {
+        let (_dir, conn) = migrated();
+        let insert = |created: i64, available: i64, attempts: u32, token: Option<&str>| {
+            conn.execute(
+                "INSERT INTO event_outbox (event_type, created_at, available_at, attempts,
+                     claim_token, lease_until)
+                 VALUES ('article.created.v1', ?1, ?2, ?3, ?4, ?5)",
+                params![
+                    T0 + created,
+                    T0 + available,
+                    attempts,
+                    token,
+                    token.map(|_| T0 + available)
+                ],
+            )
+            .unwrap();
+        };
+        insert(-9_000_000, 3_600_000, 0, None); // delayed on purpose, never tried
+        let s = status(&conn, at(0)).unwrap();
+        assert_eq!(s.oldest_undelivered_age, None);
+
+        insert(-7_200_000, 600_000, 3, None); // retrying: not due, written 2 h ago
+        let s = status(&conn, at(0)).unwrap();
+        assert_eq!(s.oldest_due_age, None, "a retry is not due");
+        assert_eq!(s.oldest_undelivered_age, Some(Duration::from_secs(7200)));
+        let t = Thresholds::default();
+        assert_eq!(
+            s.problems(&t),
+            vec![Problem::Undelivered {
+                oldest_undelivered_age: Duration::from_secs(7200),
+                max_undelivered_age: Duration::from_secs(3600),
+            }]
+        );
+        assert!(s
+            .problems(&t.max_undelivered_age(Duration::from_secs(3 * 3600)))
+            .is_empty());
+
+        insert(-8_000_000, 30_000, 0, Some("other")); // being delivered
+        let s = status(&conn, at(0)).unwrap();
+        assert_eq!(s.oldest_undelivered_age, Some(Duration::from_secs(8000)));
+        insert(-8_500_000, -1_000, 0, None); // due
+        let s = status(&conn, at(0)).unwrap();
+        assert_eq!(s.oldest_undelivered_age, Some(Duration::from_secs(8500)));
+        // The verdict reads the same measure.
+        let verdict = crate::health::check(&conn, &t, at(0)).unwrap();
+        assert!(verdict.has("undelivered"), "{verdict:?}");
     }
 
     #[test]

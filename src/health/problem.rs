@@ -23,6 +23,16 @@ pub enum Problem {
         /// The threshold.
         stale_after: Duration,
     },
+    /// The oldest undelivered event (due, being delivered, or failed at
+    /// least once) was created longer ago than `max_undelivered_age`: a
+    /// consumer that keeps failing, whose retries are not due and so not
+    /// stale.
+    Undelivered {
+        /// How long ago it was created.
+        oldest_undelivered_age: Duration,
+        /// The threshold.
+        max_undelivered_age: Duration,
+    },
     /// More dead letters than `max_dead`.
     TooManyDead {
         /// How many there are.
@@ -71,6 +81,7 @@ pub enum Problem {
 /// kind is exported whether or not it is crossed.
 pub const KINDS: &[&str] = &[
     "stale",
+    "undelivered",
     "dead_letters",
     "clock_step",
     "implausible_delay",
@@ -83,6 +94,7 @@ impl Problem {
     pub fn kind(&self) -> &'static str {
         match self {
             Problem::Stale { .. } => "stale",
+            Problem::Undelivered { .. } => "undelivered",
             Problem::TooManyDead { .. } => "dead_letters",
             Problem::ClockStep { .. } => "clock_step",
             Problem::ImplausibleDelay { .. } => "implausible_delay",
@@ -91,11 +103,12 @@ impl Problem {
     }
 
     /// The setting it crosses, as `status` has always named it:
-    /// "stale-after" and "max-dead" (the flags' names), "clock-step",
-    /// "implausible-delay" or "capture".
+    /// "stale-after", "max-undelivered-age" and "max-dead" (the flags'
+    /// names), "clock-step", "implausible-delay" or "capture".
     pub fn threshold(&self) -> &'static str {
         match self {
             Problem::Stale { .. } => "stale-after",
+            Problem::Undelivered { .. } => "max-undelivered-age",
             Problem::TooManyDead { .. } => "max-dead",
             Problem::ClockStep { .. } => "clock-step",
             Problem::ImplausibleDelay { .. } => "implausible-delay",
@@ -114,6 +127,16 @@ impl Problem {
                  running and able to deliver? `outboxd doctor` checks for expired leases",
                 human(*oldest_due_age),
                 human(*stale_after)
+            ),
+            Problem::Undelivered {
+                oldest_undelivered_age,
+                max_undelivered_age,
+            } => format!(
+                "the oldest undelivered event was written {} ago (more than {}); a consumer \
+                 keeps failing or is slow: see `outboxd status` and run's log for the reason \
+                 of its retries",
+                human(*oldest_undelivered_age),
+                human(*max_undelivered_age)
             ),
             Problem::TooManyDead { dead, max_dead } => format!(
                 "{} (more than {max_dead}); see them with `outboxd dead list`, then \

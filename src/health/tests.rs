@@ -1,6 +1,7 @@
 use super::*;
 use crate::capture::{CaptureSpec, Columns};
 use crate::connection;
+use rusqlite::params;
 
 const T0: i64 = 1_764_487_080_000;
 
@@ -122,6 +123,10 @@ fn every_kind_is_listed() {
         Problem::Stale {
             oldest_due_age: Duration::from_secs(1),
             stale_after: Duration::ZERO,
+        },
+        Problem::Undelivered {
+            oldest_undelivered_age: Duration::from_secs(7200),
+            max_undelivered_age: Duration::from_secs(3600),
         },
         Problem::TooManyDead {
             dead: 1,

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 /// The limits a monitor alerts on. One set of defaults for every surface,
-/// with or without a config: stale after 5 minutes, any dead letter.
+/// with or without a config: stale after 5 minutes, any dead letter, an
+/// event undelivered after an hour.
 ///
 /// ```
 /// use outboxd::health::Thresholds;
@@ -20,6 +21,10 @@ pub struct Thresholds {
     pub stale_after: Duration,
     /// Unhealthy when there are more dead letters than this; None: no limit.
     pub max_dead: Option<u64>,
+    /// Unhealthy when the oldest undelivered event (due, being delivered,
+    /// or failed at least once) was created longer ago than this: events
+    /// waiting for a retry are not due, so `stale_after` does not see them.
+    pub max_undelivered_age: Duration,
     /// The longest lease a relay may have set: a lease ending further
     /// ahead is a clock step. Default [`MAX_LEASE`](crate::limits::MAX_LEASE);
     /// a config's own lease is tighter.
@@ -42,9 +47,25 @@ impl Thresholds {
         Thresholds {
             stale_after,
             max_dead,
+            max_undelivered_age: crate::limits::DEFAULT_MAX_UNDELIVERED_AGE,
             max_lease: crate::limits::MAX_LEASE,
             max_retry_wait: crate::limits::MAX_RETRY_DELAY * 2,
         }
+    }
+
+    /// The same, with another limit on the oldest undelivered event's age.
+    ///
+    /// ```
+    /// use outboxd::health::Thresholds;
+    /// use std::time::Duration;
+    /// let t = Thresholds::default().max_undelivered_age(Duration::from_secs(600));
+    /// assert_eq!(t.max_undelivered_age, Duration::from_secs(600));
+    /// assert_eq!(Thresholds::default().max_undelivered_age, Duration::from_secs(3600));
+    /// ```
+    #[must_use]
+    pub fn max_undelivered_age(mut self, age: Duration) -> Thresholds {
+        self.max_undelivered_age = age;
+        self
     }
 
     /// The same, with the clock-step bounds of the relays' own settings:
@@ -66,7 +87,9 @@ impl Thresholds {
 
 impl Default for Thresholds {
     /// Stale after [`DEFAULT_STALE_AFTER`](crate::limits::DEFAULT_STALE_AFTER)
-    /// (5 minutes), and any dead letter ([`DEFAULT_MAX_DEAD`]).
+    /// (5 minutes), any dead letter ([`DEFAULT_MAX_DEAD`]), undelivered after
+    /// [`DEFAULT_MAX_UNDELIVERED_AGE`](crate::limits::DEFAULT_MAX_UNDELIVERED_AGE)
+    /// (an hour).
     fn default() -> Self {
         Thresholds::new(crate::limits::DEFAULT_STALE_AFTER, Some(DEFAULT_MAX_DEAD))
     }

@@ -1,11 +1,12 @@
 //! One health verdict on six surfaces: for a database with one kind of
-//! problem (dead letters over the threshold, a stale due event, a dropped
-//! capture trigger) or none, `status` (text and `--json`), `doctor`,
+//! problem (dead letters over the threshold, a stale due event, an event
+//! retrying for over an hour, a dropped capture trigger) or none, `status` (text and `--json`), `doctor`,
 //! `/healthz`, the console's overview, `/metrics`'s problem gauges and
 //! `run`'s alert log all say the same: healthy or not, and which kinds.
 //!
 //! Every surface is read from the real binary, with the same config file
-//! (no `[alerts]`: the defaults, stale after 5m and any dead letter).
+//! (no `[alerts]`: the defaults, stale after 5m, undelivered after 1h and
+//! any dead letter).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -18,8 +19,9 @@ use crate::common::http::get;
 use crate::common::{event, wait_until};
 
 /// Every problem kind, as `/metrics` labels them.
-const KINDS: [&str; 5] = [
+const KINDS: [&str; 6] = [
     "stale",
+    "undelivered",
     "dead_letters",
     "clock_step",
     "implausible_delay",
@@ -30,6 +32,7 @@ const KINDS: [&str; 5] = [
 fn kind_of(threshold: &str) -> &'static str {
     match threshold {
         "stale-after" => "stale",
+        "max-undelivered-age" => "undelivered",
         "max-dead" => "dead_letters",
         "clock-step" => "clock_step",
         "implausible-delay" => "implausible_delay",
@@ -233,6 +236,28 @@ fn a_stale_due_event_is_a_problem_everywhere() {
     drop(conn);
     let config = config(&sb);
     assert_agree(&sb, &config, &["stale"]);
+}
+
+/// An event written two hours ago whose consumer keeps failing: it waits
+/// for its next retry, so it is not due and not stale, and health said ok
+/// with thousands of such events.
+#[test]
+fn an_event_retrying_for_hours_is_a_problem_everywhere() {
+    let sb = Sandbox::migrated();
+    sb.enqueue(&[event("order.paid.v1", 1)]);
+    let now = Timestamp::now();
+    sb.conn()
+        .execute(
+            "UPDATE event_outbox SET created_at = ?1, attempts = 3,
+                    last_error = 'the receiver answered 500', available_at = ?2",
+            [
+                now.minus(Duration::from_secs(2 * 3600)).as_millis(),
+                now.plus(Duration::from_secs(600)).as_millis(),
+            ],
+        )
+        .unwrap();
+    let config = config(&sb);
+    assert_agree(&sb, &config, &["undelivered"]);
 }
 
 /// A capture whose trigger a host migration dropped: `status` said so, and

@@ -92,6 +92,11 @@ const METRICS: &[Metric] = &[
         Read::Status(|s| one(s.oldest_due_age.map_or(0.0, |d| d.as_secs_f64()))),
     ),
     gauge(
+        "outboxd_oldest_undelivered_age_seconds",
+        "How long ago the oldest event that is due, being delivered or waiting for a retry was written (0 when none).",
+        Read::Status(|s| one(s.oldest_undelivered_age.map_or(0.0, |d| d.as_secs_f64()))),
+    ),
+    gauge(
         "outboxd_leases_expired",
         "Leases past their expiry, waiting to be claimed again.",
         Read::Status(|s| one(s.expired_leases as f64)),

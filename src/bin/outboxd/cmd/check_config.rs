@@ -104,8 +104,9 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     }
     writeln!(
         out,
-        "alerts:    stale after {}{}",
+        "alerts:    stale after {}, undelivered after {}{}",
         human(c.alerts.stale_after),
+        human(c.alerts.max_undelivered_age),
         c.alerts.max_dead.map_or(String::new(), |n| format!(
             ", more than {}",
             count(n, "dead letter", "dead letters")

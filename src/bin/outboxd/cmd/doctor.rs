@@ -271,6 +271,11 @@ fn outbox(conn: &Connection, verdict: &Verdict, now: Timestamp) -> Vec<Finding> 
     });
     for (check, kind, ok) in [
         (
+            "undelivered-events",
+            "max-undelivered-age",
+            "no event due, being delivered or retrying is older than alerts.max_undelivered_age",
+        ),
+        (
             "clock",
             "clock-step",
             "no lease or retry ends further ahead than any setting allows",

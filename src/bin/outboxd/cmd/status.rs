@@ -26,12 +26,18 @@ during the read could then show a mix of old and new.)
 \"Oldest due\" is how long the oldest event that is due (not delayed on
 purpose) has waited: the measure of a stuck relay.
 
+\"Oldest undelivered\" is how long ago the oldest event that is due, being
+delivered or waiting for a retry was written: it shows a consumer that keeps
+failing, whose retries are not due and so not stale.
+
 Exits 0 when healthy and 1 when a threshold is crossed: the oldest due event
-has waited longer than --stale-after (default 5m), or there are more dead
-letters than --max-dead (default 0: any dead letter); or when a capture
+has waited longer than --stale-after (default 5m), the oldest undelivered
+event is older than --max-undelivered-age (default 1h), or there are more
+dead letters than --max-dead (default 0: any dead letter); or when a capture
 trigger is missing or changed (`outboxd capture list` says more). With
 --config (or OUTBOXD_CONFIG), the thresholds and the database are the
-config's ([alerts] stale_after and max_dead, the same defaults when unset);
+config's ([alerts] stale_after, max_undelivered_age and max_dead, the same
+defaults when unset);
 the flags win over it. The verdict is the one /healthz, the console, `doctor`,
 `run`'s log and /metrics give. The output names the threshold crossed, so the
 command fits cron jobs and monitoring checks as it is.
@@ -58,6 +64,11 @@ pub struct Args {
     /// else 5m].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     stale_after: Option<Duration>,
+    /// Unhealthy when the oldest undelivered event (due, being delivered or
+    /// waiting for a retry) was written longer ago than this [default: the
+    /// config's alerts.max_undelivered_age, else 1h].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    max_undelivered_age: Option<Duration>,
     /// Unhealthy when there are more dead letters than this [default: the
     /// config's alerts.max_dead, else 0].
     #[arg(long, value_name = "N")]
@@ -70,6 +81,9 @@ pub fn exec(global: &Global, args: &Args) -> Result<Exit> {
     let mut alerts = config.map_or_else(alerts::without_config, |c| c.alerts);
     if let Some(d) = args.stale_after {
         alerts.stale_after = d;
+    }
+    if let Some(d) = args.max_undelivered_age {
+        alerts.max_undelivered_age = d;
     }
     if let Some(n) = args.max_dead {
         alerts.max_dead = Some(n);
@@ -129,6 +143,11 @@ fn write_text(out: &mut impl Write, db: &str, s: &Status) -> std::io::Result<()>
     writeln!(out, "database:         {db} (schema v{})", s.schema_version)?;
     writeln!(out, "pending due:      {}", c.pending_due)?;
     writeln!(out, "oldest due:       {oldest}")?;
+    let undelivered = s.oldest_undelivered_age.map_or_else(
+        || "none".to_string(),
+        |d| format!("oldest written {} ago", human(d)),
+    );
+    writeln!(out, "undelivered:      {undelivered}")?;
     writeln!(out, "pending delayed:  {}", c.pending_delayed)?;
     writeln!(
         out,

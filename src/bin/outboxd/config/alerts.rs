@@ -18,6 +18,7 @@ use super::values::Dur;
 pub struct RawAlerts {
     stale_after: Option<Dur>,
     max_dead: Option<u64>,
+    max_undelivered_age: Option<Dur>,
 }
 
 /// The thresholds without a config file: the library's defaults.
@@ -26,12 +27,16 @@ pub fn without_config() -> Thresholds {
 }
 
 /// The thresholds `[alerts]` describes, the library's defaults filled in
-/// (stale after 5m, any dead letter).
+/// (stale after 5m, any dead letter, undelivered after 1h).
 pub fn thresholds(raw: &RawAlerts) -> Thresholds {
     let d = Thresholds::default();
     Thresholds::new(
         raw.stale_after.map_or(d.stale_after, |s| s.0),
         raw.max_dead.or(d.max_dead),
+    )
+    .max_undelivered_age(
+        raw.max_undelivered_age
+            .map_or(d.max_undelivered_age, |a| a.0),
     )
 }
 
@@ -42,8 +47,8 @@ pub struct Problem {
     /// The problem's kind ([`health::KINDS`]): the `kind` label of the
     /// `outboxd_health_problem` gauge.
     pub kind: &'static str,
-    /// Which threshold: "stale-after" or "max-dead" (the flags' names),
-    /// "clock-step", "implausible-delay" or "capture".
+    /// Which threshold: "stale-after", "max-undelivered-age" or "max-dead"
+    /// (the flags' names), "clock-step", "implausible-delay" or "capture".
     pub threshold: &'static str,
     /// What was found and what to do.
     pub message: String,
