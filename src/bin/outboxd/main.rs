@@ -225,21 +225,26 @@ fn parse_log_level(s: &str) -> Result<String, String> {
 /// from `--log-format`, else the config's `log.format`, else text.
 pub(crate) fn init_logging(flags: &LogOptions, config: &LogSettings, default_level: &str) {
     use std::io::IsTerminal;
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::{LevelFilter, Targets};
     let from_env = std::env::var("RUST_LOG")
         .ok()
         .filter(|v| !v.trim().is_empty())
-        .and_then(|v| EnvFilter::try_new(v).ok());
+        .and_then(|v| config::log::filter(&v).ok());
+    // The flag's and the config's levels were checked when they were read.
+    let checked = |level: &str| {
+        config::log::filter(level)
+            .unwrap_or_else(|_| Targets::new().with_default(LevelFilter::INFO))
+    };
     let filter = match (&flags.level, from_env, &config.level) {
-        (Some(level), _, _) => EnvFilter::new(level),
+        (Some(level), _, _) => checked(level),
         (None, Some(env), _) => env,
-        (None, None, Some(level)) => EnvFilter::new(level),
-        (None, None, None) => EnvFilter::new(default_level),
+        (None, None, Some(level)) => checked(level),
+        (None, None, None) => checked(default_level),
     };
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_max_level(LevelFilter::TRACE)
         .with_writer(std::io::stderr);
     // The webhook sink's HTTP client dumps whole requests (secrets included)
     // at TRACE: never let those through, whatever the level or RUST_LOG say.
@@ -250,11 +255,17 @@ pub(crate) fn init_logging(flags: &LogOptions, config: &LogSettings, default_lev
     let format = flags.format.or(config.format).unwrap_or(LogFormat::Text);
     // Errors only if logging was set up already, which is then kept.
     let _ = match format {
-        LogFormat::Json => builder.json().finish().with(no_http_trace).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .finish()
+            .with(filter)
+            .with(no_http_trace)
+            .try_init(),
         // Colour codes only for a person at a terminal, not for journald or a file.
         LogFormat::Text => builder
             .with_ansi(std::io::stderr().is_terminal())
             .finish()
+            .with(filter)
             .with(no_http_trace)
             .try_init(),
     };

@@ -60,9 +60,19 @@ pub(crate) fn check_level(level: &str) -> Result<(), String> {
             });
         }
     }
-    tracing_subscriber::EnvFilter::try_new(level)
-        .map(|_| ())
+    filter(level)
+        .map(drop)
         .map_err(|e| format!("not a log level or filter ({e}); {allowed}"))
+}
+
+/// The filter a level or directive list (`info,outboxd=debug`) describes:
+/// a default level and `target=level` pairs, the form RUST_LOG takes here
+/// (span and field filters are not supported: their regex engine would
+/// cost the static binary more than the rest of logging).
+pub(crate) fn filter(
+    level: &str,
+) -> Result<tracing_subscriber::filter::Targets, tracing_subscriber::filter::ParseError> {
+    level.parse()
 }
 
 /// Checks `[log]`.

@@ -1,9 +1,9 @@
 //! `outboxd.toml` → a validated [`Config`], sinks constructed.
 //!
 //! Parsing and checking happen in two steps. serde (with
-//! `deny_unknown_fields` everywhere, wrapped by `serde_path_to_error`) turns
-//! the text into raw structs, so a typo or a wrong type is reported with
-//! its field path (`consumer[1].sink.url`). `check` then checks what
+//! `deny_unknown_fields` everywhere) turns the text into raw structs, and a
+//! typo or a wrong type is reported with its field path
+//! (`consumer[1].sink.url`, found from the error's position: [`field_path`]). `check` then checks what
 //! serde cannot: ranges, unique consumer names, event-type patterns, the
 //! lease against every sink's timeout, and builds each sink, which finds a
 //! missing program, a bad URL or a missing secret. Every failure is one
@@ -47,6 +47,7 @@ mod check;
 mod checker;
 pub(crate) mod consumer;
 mod error;
+mod field_path;
 pub(crate) mod http;
 pub(crate) mod log;
 pub(crate) mod metrics;
@@ -224,10 +225,12 @@ fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
         message: e.message().trim().to_string(),
     };
     let de = toml::Deserializer::parse(text).map_err(syntax)?;
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let field = e.path().to_string();
-        let inner = e.into_inner();
-        let message = inner.message().trim();
+    RawConfig::deserialize(de).map_err(|e| {
+        let line = e.span().map(|s| line_of(text, s.start));
+        let field = e
+            .span()
+            .map_or_else(String::new, |s| field_path::at(text, s.start));
+        let message = e.message().trim();
         // `[consumer]` (one pair of brackets) is a table where a list of
         // tables is wanted: the usual slip, said in TOML's terms.
         let message = if field == "consumer" && message.starts_with("invalid type: map") {
@@ -239,8 +242,8 @@ fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
         };
         ConfigError {
             file: file.to_path_buf(),
-            field: if field == "." { String::new() } else { field },
-            line: inner.span().map(|s| line_of(text, s.start)),
+            field,
+            line,
             message,
         }
     })
