@@ -15,6 +15,8 @@ mod cli;
 mod cli_ops;
 #[path = "binary/console.rs"]
 mod console;
+#[path = "binary/console_auth.rs"]
+mod console_auth;
 #[path = "binary/console_browser.rs"]
 mod console_browser;
 #[path = "binary/e2e_run.rs"]

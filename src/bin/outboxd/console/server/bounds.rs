@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::io::ErrorKind;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -49,11 +50,12 @@ impl Default for HttpBounds {
 /// Request headers taken at most (more get 431).
 pub(super) const MAX_HEADERS: usize = 64;
 
-/// The console's request from hyper's, its body read whole, or the
-/// response refusing it.
+/// The console's request from hyper's (sent by `peer`), its body read
+/// whole, or the response refusing it.
 pub(super) async fn read(
     req: hyper::Request<Incoming>,
     limits: &HttpBounds,
+    peer: SocketAddr,
 ) -> Result<Request, Response> {
     let (head, body) = req.into_parts();
     if head.headers.contains_key(hyper::header::TRANSFER_ENCODING) {
@@ -95,6 +97,7 @@ pub(super) async fn read(
         })
         .collect();
     Ok(Request {
+        peer,
         method: match head.method {
             hyper::Method::GET | hyper::Method::HEAD => Method::Get,
             hyper::Method::POST => Method::Post,

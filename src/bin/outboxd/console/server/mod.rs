@@ -185,8 +185,8 @@ async fn accept(
             } => taken,
         };
         match taken {
-            (Ok(slot), Ok((stream, _))) => {
-                let conn = connection(stream, handler.clone(), limits, stopped.clone());
+            (Ok(slot), Ok((stream, peer))) => {
+                let conn = connection(stream, peer, handler.clone(), limits, stopped.clone());
                 tokio::spawn(async move {
                     conn.await;
                     drop(slot);
@@ -219,13 +219,14 @@ async fn accept(
 /// or the server stops (then the request being answered finishes first).
 async fn connection(
     stream: tokio::net::TcpStream,
+    peer: SocketAddr,
     handler: Arc<Handler>,
     limits: HttpBounds,
     stopped: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
     let io = TokioIo::new(WriteDeadline::new(stream, limits.io_timeout));
-    let service = hyper::service::service_fn(move |req| answer(req, handler.clone(), limits));
+    let service = hyper::service::service_fn(move |req| answer(req, handler.clone(), limits, peer));
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.io_timeout)
