@@ -15,8 +15,12 @@ mod cli;
 mod cli_ops;
 #[path = "binary/console.rs"]
 mod console;
+#[path = "binary/console_auth.rs"]
+mod console_auth;
 #[path = "binary/console_browser.rs"]
 mod console_browser;
+#[path = "binary/console_slow_clients.rs"]
+mod console_slow_clients;
 #[path = "binary/e2e_run.rs"]
 mod e2e_run;
 #[path = "binary/health_surfaces.rs"]

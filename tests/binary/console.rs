@@ -311,7 +311,6 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
     assert_eq!(r.status, 401);
 
     // Logging in once sets an HttpOnly, SameSite=Strict cookie with an expiry.
-    let login = get(&addr, "/login");
     let own = format!("http://{addr}");
     let post_login = |given: &str| {
         request(
@@ -322,7 +321,7 @@ fn a_non_loopback_address_needs_a_token_and_requests_without_it_get_401() {
                 ("Origin", &own),
                 ("Content-Type", "application/x-www-form-urlencoded"),
             ],
-            &form(&[("token", given), ("csrf", &csrf(&login.body))]),
+            &form(&[("token", given)]),
         )
     };
     assert_eq!(post_login("not-the-token-at-all").status, 401);
@@ -402,9 +401,10 @@ fn open_files(pid: u32) -> usize {
 }
 
 /// Idle connections cost a socket each, not a thread: the server keeps a
-/// bounded pool of threads and a cap on open connections, so memory stays
-/// bounded however many clients connect (5,000 idle ones once made 3,894
-/// threads), and it answers again once they go.
+/// bounded pool of threads and a cap on waiting connections, so memory
+/// stays bounded however many clients connect (5,000 idle ones once made
+/// 3,894 threads), and it answers again once they go. (That it answers
+/// beside them all along is console_slow_clients.rs.)
 #[test]
 fn a_flood_of_idle_connections_keeps_threads_and_memory_bounded() {
     let db = common::TestDb::new();
@@ -431,12 +431,14 @@ fn a_flood_of_idle_connections_keeps_threads_and_memory_bounded() {
         }
     }
     assert!(idle.len() >= 300, "only {} connected", idle.len());
-    // The server has taken most of what it will (its cap is 256; the
-    // baseline may count a connection or a pooled file that has gone since).
-    wait_until("the server to accept up to its cap", WAIT, || {
-        open_files(pid) >= files + 200
+    // The server has taken most of them (the baseline may count a
+    // connection or a pooled file that has gone since), and measured then:
+    // it closes each after the 2 s head timeout.
+    let (mut threads_now, mut rss_now) = (0, 0);
+    wait_until("the server to accept most of them", WAIT, || {
+        (threads_now, rss_now) = (proc_status(pid, "Threads"), proc_status(pid, "VmRSS"));
+        open_files(pid) >= files + 500
     });
-    let (threads_now, rss_now) = (proc_status(pid, "Threads"), proc_status(pid, "VmRSS"));
     assert!(
         threads_now <= threads + 4,
         "threads grew from {threads} to {threads_now} with {} idle connections",

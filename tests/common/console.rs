@@ -38,16 +38,23 @@ pub use crate::common::http::{get, request, Reply};
 
 /// A form POSTed as the console's own page sends it (its Origin).
 pub fn post_form(addr: &str, path: &str, pairs: &[(&str, &str)]) -> Reply {
-    request(
-        addr,
-        "POST",
-        path,
-        &[
-            ("Origin", &format!("http://{addr}")),
-            ("Content-Type", "application/x-www-form-urlencoded"),
-        ],
-        &form(pairs),
-    )
+    post_form_with(addr, path, &[], pairs)
+}
+
+/// [`post_form`] with more headers (a Cookie, an X-Forwarded-For).
+pub fn post_form_with(
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    pairs: &[(&str, &str)],
+) -> Reply {
+    let own = format!("http://{addr}");
+    let mut all = vec![
+        ("Origin", own.as_str()),
+        ("Content-Type", "application/x-www-form-urlencoded"),
+    ];
+    all.extend_from_slice(headers);
+    request(addr, "POST", path, &all, &form(pairs))
 }
 
 /// The CSRF token written into a page's forms.

@@ -75,6 +75,7 @@ const FLAG_VARIABLES: [(&str, &str, &str); 2] = [
 ];
 
 fn main() -> ExitCode {
+    raise_open_files_limit();
     // clap takes a variable that is set but empty for a flag given without
     // its value ("a value is required for '--db'"), even when the flag is
     // on the command line. An empty one is set aside here, and refused
@@ -150,6 +151,24 @@ fn main() -> ExitCode {
             }
             exit::classify(&e).into()
         }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one (systemd's default
+/// soft limit is 1,024, its hard one far higher): each connection waiting
+/// at the console is a descriptor, and the console caps them to what the
+/// limit allows. Left as it is when the limit cannot be raised.
+fn raise_open_files_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: limit.maximum,
+                maximum: limit.maximum,
+            },
+        );
     }
 }
 

@@ -6,11 +6,14 @@
 //! listen = "127.0.0.1:9464"   # or `outboxd run --http ADDR`
 //! token_env = "OUTBOXD_HTTP_TOKEN"  # required for an address other than loopback
 //! read_only = false           # true hides every action (requeue, discard, replay)
+//! trust_forwarded_for = false # true behind a proxy: wrong tokens counted per X-Forwarded-For client
 //! ```
 //!
 //! A loopback address needs no token: whoever can reach it is on the machine.
 //! Any other address is refused unless a token is configured, so a console
-//! that can requeue and replay is never opened to a network by accident.
+//! that can requeue and replay is never opened to a network by accident. A
+//! token shorter than [`MIN_TOKEN_LEN`] is refused; a weak one ([`weakness`])
+//! starts with a warning in this release and is refused in the next.
 
 use std::net::SocketAddr;
 
@@ -24,6 +27,16 @@ use super::secrets::{process_env, secret_from_env, Env, SecretEnvError};
 /// The shortest token accepted: shorter ones can be guessed.
 pub(crate) const MIN_TOKEN_LEN: usize = 16;
 
+/// A strong token has at least this many characters...
+pub(crate) const STRONG_TOKEN_LEN: usize = 32;
+
+/// ...at least this many distinct ones...
+pub(crate) const STRONG_TOKEN_DISTINCT: usize = 10;
+
+/// ...and no character repeated more than this many times in a row (so
+/// the output of `openssl rand -hex 32` or `-base64 32` is strong).
+pub(crate) const STRONG_TOKEN_RUN: usize = 4;
+
 /// `[http]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,6 +44,7 @@ pub(crate) struct RawHttp {
     listen: Option<String>,
     token_env: Option<String>,
     read_only: Option<bool>,
+    trust_forwarded_for: Option<bool>,
 }
 
 /// `[http]`, validated. The address may still come from `--http`.
@@ -42,18 +56,108 @@ pub(crate) struct HttpSettings {
     pub(crate) token_env: Option<String>,
     /// `read_only`: hide every action.
     pub(crate) read_only: bool,
+    /// `trust_forwarded_for`: count wrong tokens against the client a
+    /// proxy in front names in `X-Forwarded-For`, not the socket's address.
+    pub(crate) trust_forwarded_for: bool,
 }
 
 /// What a server needs to start: the address, the token (checked against
-/// the address) and the read-only switch.
+/// the address), the read-only switch and whom wrong tokens count against.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct HttpServe {
     /// The address to bind.
     pub(crate) listen: SocketAddr,
     /// The token a request must carry; None on loopback without one.
     pub(crate) token: Option<String>,
+    /// Why the token is weak, to warn of at start.
+    pub(crate) weak_token: Option<WeakToken>,
     /// Hide every action.
     pub(crate) read_only: bool,
+    /// Count wrong tokens against the `X-Forwarded-For` client.
+    pub(crate) trust_forwarded_for: bool,
+}
+
+/// Why a token is weak: guessable, though long enough to start with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Weakness {
+    /// Fewer than [`STRONG_TOKEN_LEN`] characters.
+    Short {
+        /// Its characters.
+        len: usize,
+    },
+    /// Fewer than [`STRONG_TOKEN_DISTINCT`] distinct characters.
+    FewDistinct {
+        /// Its distinct characters.
+        distinct: usize,
+    },
+    /// One character more than [`STRONG_TOKEN_RUN`] times in a row.
+    Run {
+        /// The longest run.
+        run: usize,
+    },
+}
+
+impl std::fmt::Display for Weakness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Weakness::Short { len } => {
+                write!(f, "it has {len} characters, fewer than {STRONG_TOKEN_LEN}")
+            }
+            Weakness::FewDistinct { distinct } => write!(
+                f,
+                "it uses {distinct} distinct characters, fewer than {STRONG_TOKEN_DISTINCT}"
+            ),
+            Weakness::Run { run } => write!(
+                f,
+                "it repeats one character {run} times in a row, more than {STRONG_TOKEN_RUN}"
+            ),
+        }
+    }
+}
+
+/// Why `token` is weak, if it is: too short, too few distinct characters,
+/// or a long run of one (`aaaa...`, `abababab...` and `0000...1` are all
+/// guessable, however long).
+pub(crate) fn weakness(token: &str) -> Option<Weakness> {
+    let chars: Vec<char> = token.chars().collect();
+    if chars.len() < STRONG_TOKEN_LEN {
+        return Some(Weakness::Short { len: chars.len() });
+    }
+    let distinct = chars
+        .iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    if distinct < STRONG_TOKEN_DISTINCT {
+        return Some(Weakness::FewDistinct { distinct });
+    }
+    let run = chars
+        .chunk_by(|a, b| a == b)
+        .map(<[char]>::len)
+        .max()
+        .unwrap_or(0);
+    (run > STRONG_TOKEN_RUN).then_some(Weakness::Run { run })
+}
+
+/// A weak token and the variable holding it: the warning `run` and
+/// `console` give at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WeakToken {
+    /// The variable.
+    pub(crate) var: String,
+    /// Why it is weak.
+    pub(crate) why: Weakness,
+}
+
+impl std::fmt::Display for WeakToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "WEAK CONSOLE TOKEN: the token in {} is weak ({}), so it can be guessed; the \
+             console starts with it in this release, and the next release will refuse it: set \
+             {} to a token such as the output of `openssl rand -hex 32`",
+            self.var, self.why, self.var
+        )
+    }
 }
 
 impl std::fmt::Debug for HttpServe {
@@ -62,7 +166,9 @@ impl std::fmt::Debug for HttpServe {
         f.debug_struct("HttpServe")
             .field("listen", &self.listen)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("weak_token", &self.weak_token)
             .field("read_only", &self.read_only)
+            .field("trust_forwarded_for", &self.trust_forwarded_for)
             .finish()
     }
 }
@@ -152,6 +258,7 @@ pub(crate) fn check(c: &Checker<'_>, raw: &RawHttp) -> Result<HttpSettings, Conf
         listen,
         token_env: raw.token_env.clone(),
         read_only: raw.read_only.unwrap_or(false),
+        trust_forwarded_for: raw.trust_forwarded_for.unwrap_or(false),
     };
     settings.serve_with(None, c.env_lookup()).map_err(at)?;
     Ok(settings)
@@ -202,6 +309,7 @@ impl HttpSettings {
         let Some(addr) = listen.or(self.listen) else {
             return Ok(None);
         };
+        let mut weak_token = None;
         let token = match &self.token_env {
             None => None,
             Some(var) => {
@@ -213,6 +321,10 @@ impl HttpSettings {
                         len: token.len(),
                     });
                 }
+                weak_token = weakness(token).map(|why| WeakToken {
+                    var: var.clone(),
+                    why,
+                });
                 Some(token.to_string())
             }
         };
@@ -222,7 +334,9 @@ impl HttpSettings {
         Ok(Some(HttpServe {
             listen: addr,
             token,
+            weak_token,
             read_only: self.read_only,
+            trust_forwarded_for: self.trust_forwarded_for,
         }))
     }
 }
@@ -277,7 +391,7 @@ mod tests {
         let settings = HttpSettings {
             listen: Some("0.0.0.0:1".parse().unwrap()),
             token_env: Some("TOKEN".into()),
-            read_only: false,
+            ..HttpSettings::default()
         };
         let with = |value: &'static str| {
             let env = move |var: &str| match var {
@@ -310,9 +424,80 @@ mod tests {
         let serve = HttpServe {
             listen: "127.0.0.1:1".parse().unwrap(),
             token: Some("very-secret-token-value".into()),
+            weak_token: None,
             read_only: true,
+            trust_forwarded_for: false,
         };
         let text = format!("{serve:?}");
         assert!(!text.contains("very-secret"), "{text}");
+    }
+
+    #[test]
+    fn a_token_is_weak_by_length_distinct_characters_or_a_long_run() {
+        let weak = [
+            ("a".repeat(16), Weakness::Short { len: 16 }),
+            (
+                "0123456789abcdef0123456789abcde".into(),
+                Weakness::Short { len: 31 },
+            ),
+            ("ab".repeat(32), Weakness::FewDistinct { distinct: 2 }),
+            ("012345678".repeat(4), Weakness::FewDistinct { distinct: 9 }),
+            (
+                format!("0123456789{}abcdef", "x".repeat(16)),
+                Weakness::Run { run: 16 },
+            ),
+            (
+                format!("0123456789abcdef{}0123456789abc", "77777"),
+                Weakness::Run { run: 5 },
+            ),
+        ];
+        for (token, why) in weak {
+            assert_eq!(weakness(&token), Some(why), "{token}");
+        }
+        // `openssl rand -hex 32` and `openssl rand -base64 32`, and runs of four.
+        for strong in [
+            "3f9c1e7a5b2d84f06c1a9e3b7d5f2c8a41e6b9d03c7f5a2e8b1d4c6f9a3e7b20",
+            "q8ZJ0m3vX+Yt9wQbN2kR7cLhUe5sGfA1dPoVy4iWnTk=",
+            "0000111122223333444455556666777788889999",
+        ] {
+            assert_eq!(weakness(strong), None, "{strong}");
+        }
+        // Characters, not bytes: é is one.
+        assert_eq!(weakness(&"é".repeat(5)), Some(Weakness::Short { len: 5 }));
+    }
+
+    #[test]
+    fn a_weak_token_starts_with_a_warning_naming_its_variable_never_its_value() {
+        let settings = HttpSettings {
+            listen: Some("0.0.0.0:1".parse().unwrap()),
+            token_env: Some("TOKEN".into()),
+            ..HttpSettings::default()
+        };
+        let env = |var: &str| match var {
+            "TOKEN" => Ok("aaaaaaaaaaaaaaaa".to_string()),
+            _ => Err(std::env::VarError::NotPresent),
+        };
+        let serve = settings.serve_with(None, &env).unwrap().unwrap();
+        let weak = serve.weak_token.unwrap();
+        let text = weak.to_string();
+        assert!(text.contains("the token in TOKEN is weak"), "{text}");
+        assert!(
+            text.contains("it has 16 characters, fewer than 32"),
+            "{text}"
+        );
+        assert!(text.contains("the next release will refuse it"), "{text}");
+        assert!(!text.contains("aaaa"), "{text}");
+    }
+
+    #[test]
+    fn trust_forwarded_for_is_read_and_off_by_default() {
+        let text =
+            format!("{STDOUT}[http]\nlisten = \"127.0.0.1:1\"\ntrust_forwarded_for = true\n");
+        let settings = parse(&text).unwrap().http;
+        assert!(settings.trust_forwarded_for);
+        assert!(settings.serve(None).unwrap().unwrap().trust_forwarded_for);
+        assert!(!http("127.0.0.1:1", None).unwrap().trust_forwarded_for);
+        let e = parse(&format!("{STDOUT}[http]\ntrust_forwarded_for = \"yes\"\n")).unwrap_err();
+        assert!(e.to_string().contains("trust_forwarded_for"), "{e}");
     }
 }

@@ -8,7 +8,8 @@
 //! - [`server`]: the HTTP server (hyper on the console's own one-thread
 //!   tokio runtime, the handlers on a bounded pool of blocking threads),
 //!   limits, security headers.
-//! - [`auth`]: the token, the session cookie, the Host, Origin and CSRF checks.
+//! - [`auth`]: the token, the sessions, wrong tokens throttled per peer, the
+//!   Host, Origin and CSRF checks.
 //! - [`routes`]: paths to handlers; reads on the pool, writes through the
 //!   library's operations (dead-letter requeue and discard, replay).
 //! - [`pages`]: the HTML, from maud templates that escape every value.
@@ -145,15 +146,24 @@ pub(crate) fn start(listeners: Listeners, setup: ConsoleSetup) -> Result<Console
     };
     // The probes' listener needs no rules: it serves counts to anyone.
     let (auth, read_only) = match &listeners.console {
-        Some((listener, serve)) => (
-            // The address bound (the config's port may be 0), for messages.
-            auth::Auth::new(
-                serve.token.clone(),
-                listener.local_addr().unwrap_or(serve.listen),
-            ),
-            serve.read_only,
+        Some((listener, serve)) => {
+            if let Some(weak) = &serve.weak_token {
+                tracing::warn!("{weak}");
+            }
+            (
+                // The address bound (the config's port may be 0), for messages.
+                auth::Auth::new(
+                    serve.token.clone(),
+                    listener.local_addr().unwrap_or(serve.listen),
+                    serve.trust_forwarded_for,
+                ),
+                serve.read_only,
+            )
+        }
+        None => (
+            auth::Auth::new(None, ([127, 0, 0, 1], 0).into(), false),
+            true,
         ),
-        None => (auth::Auth::new(None, ([127, 0, 0, 1], 0).into()), true),
     };
     let app = Arc::new(App {
         auth,

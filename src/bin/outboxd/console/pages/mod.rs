@@ -136,13 +136,13 @@ fn event_link(id: i64) -> String {
     format!("/events/{id}")
 }
 
-/// `/login`, with why the last try failed.
-pub(crate) fn login(ctx: &Ctx<'_>, error: Option<&str>) -> Markup {
+/// `/login`, with why the last try failed. Its form carries no CSRF token:
+/// there is no session yet (the origin check holds).
+pub(crate) fn login(error: Option<&str>) -> Markup {
     html! {
         h1 { "Log in" }
         @if let Some(e) = error { div.notice.bad id="login-error" { (e) } }
         form.stack.card method="post" action="/login" {
-            (csrf(ctx))
             label { "token (the value of [http] token_env)" input type="password" name="token" autocomplete="current-password" autofocus; }
             button type="submit" { "Log in" }
         }

@@ -6,13 +6,13 @@ use outboxd::inspect;
 use outboxd::Timestamp;
 
 use super::notice::Notice;
+use super::Visit;
 use super::{ctx, nothing_done, page, parse_pattern};
-use crate::console::app::App;
 use crate::console::form::Params;
 use crate::console::pages::{self, ConfirmDeadView, DeadView, Nav};
 use crate::console::server::{Request, Response};
 
-pub(super) fn dead(app: &App, req: &Request) -> Result<Response> {
+pub(super) fn dead(app: &Visit, req: &Request) -> Result<Response> {
     let q = req.query_pairs();
     let pattern_text = q.get("type").unwrap_or("").to_string();
     let (pattern, error) = match q.get("type").map(parse_pattern).transpose() {
@@ -95,7 +95,7 @@ fn dead_action(form: &Params) -> std::result::Result<DeadAction, String> {
     })
 }
 
-pub(super) fn dead_confirm(app: &App, form: &Params) -> Result<Response> {
+pub(super) fn dead_confirm(app: &Visit, form: &Params) -> Result<Response> {
     let action = match dead_action(form) {
         Ok(a) => a,
         Err(e) => return Ok(nothing_done(app, Nav::Dead, &e)),
@@ -118,7 +118,7 @@ pub(super) fn dead_confirm(app: &App, form: &Params) -> Result<Response> {
     Ok(page(app, 200, "Confirm", Nav::Dead, body))
 }
 
-pub(super) fn dead_apply(app: &App, form: &Params) -> Result<Response> {
+pub(super) fn dead_apply(app: &Visit, form: &Params) -> Result<Response> {
     let action = match dead_action(form) {
         Ok(a) => a,
         Err(e) => return Ok(nothing_done(app, Nav::Dead, &e)),

@@ -4,12 +4,12 @@ use anyhow::Result;
 use outboxd::inspect::{self, EventFilter, StateFilter};
 use outboxd::Timestamp;
 
+use super::Visit;
 use super::{ctx, known_consumers, page, parse_pattern, parse_time};
-use crate::console::app::App;
 use crate::console::pages::{self, EventView, EventsForm, EventsView, Nav};
 use crate::console::server::{Request, Response};
 
-pub(super) fn events(app: &App, req: &Request) -> Result<Response> {
+pub(super) fn events(app: &Visit, req: &Request) -> Result<Response> {
     let q = req.query_pairs();
     let now = Timestamp::now();
     let form = EventsForm {
@@ -62,7 +62,7 @@ pub(super) fn events(app: &App, req: &Request) -> Result<Response> {
     Ok(page(app, status, "Events", Nav::Events, body))
 }
 
-pub(super) fn event(app: &App, id: &str) -> Result<Response> {
+pub(super) fn event(app: &Visit, id: &str) -> Result<Response> {
     let conn = app.pool.get()?;
     let Some(detail) = inspect::find_event(&conn, id)? else {
         return Ok(page(

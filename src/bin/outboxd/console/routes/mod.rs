@@ -10,25 +10,27 @@
 //! | `GET /metrics`, `GET /healthz` | Prometheus text, health verdict as JSON |
 //! | `GET /login`, `POST /login`, `POST /logout` | the token's session |
 //!
-//! Every request passes [`Auth::admit`](super::auth::Auth::admit) first;
-//! every POST also [`Auth::check_post`](super::auth::Auth::check_post), and
-//! none is taken when the console is read-only.
+//! Every request passes [`Auth::admit`](super::auth::Auth::admit) first,
+//! which says who asks ([`Visit`]); every POST also
+//! [`Auth::check_post`](super::auth::Auth::check_post), and none is taken
+//! when the console is read-only.
 
 mod dead;
 mod events;
+mod login;
 mod notice;
 mod overview;
 mod probes;
 mod replay;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use outboxd::router::Pattern;
 use outboxd::Timestamp;
 
 use super::app::App;
-use super::auth::Refusal;
+use super::auth::{Access, Refusal};
 use super::form::Params;
 use super::pages::{self, CaptureView, Ctx, IntentsView, Nav};
 use super::server::{Method, Request, Response};
@@ -60,6 +62,21 @@ pub(crate) fn handle_probes(app: &App, req: &Request) -> Response {
     }
 }
 
+/// One request's view of the console: what every handler shares, and who
+/// asks (the CSRF token its forms carry, whether it may log out).
+pub(crate) struct Visit<'a> {
+    app: &'a App,
+    access: Access,
+}
+
+impl std::ops::Deref for Visit<'_> {
+    type Target = App;
+
+    fn deref(&self) -> &App {
+        self.app
+    }
+}
+
 /// Answers one request on the console's address.
 pub(crate) fn handle(app: &App, req: &Request) -> Response {
     let path = req.path.as_str();
@@ -67,16 +84,22 @@ pub(crate) fn handle(app: &App, req: &Request) -> Response {
     if (req.method, path) == (Method::Get, "/livez") {
         return probes::livez(app);
     }
-    match app.auth.admit(req, Timestamp::now()) {
-        Ok(()) => {}
+    let access = match app.auth.admit(req, Instant::now()) {
+        Ok(access) => access,
         Err(Refusal::Forbidden(m)) => return Response::text(403, format!("{m}\n")),
+        Err(Refusal::Throttled(wait)) => return login::throttled(wait),
         Err(Refusal::Unauthenticated) => {
-            let open = matches!(path, "/login" | "/console.css");
-            if !open {
-                return unauthenticated(app, req);
+            let visitor = Visit {
+                app,
+                access: Access::Visitor,
+            };
+            if !matches!(path, "/login" | "/console.css") {
+                return login::unauthenticated(&visitor, req);
             }
+            visitor.access
         }
-    }
+    };
+    let app = &Visit { app, access };
     let result = match (req.method, path) {
         (Method::Get, "/") => overview::overview(app),
         (Method::Get, "/metrics") => Ok(probes::metrics(app)),
@@ -96,9 +119,9 @@ pub(crate) fn handle(app: &App, req: &Request) -> Response {
         (Method::Post, "/replay") => post(app, req, replay::replay_apply),
         (Method::Get, "/intents") => intents(app),
         (Method::Get, "/capture") => capture(app),
-        (Method::Get, "/login") => Ok(login_page(app, 200, None)),
-        (Method::Post, "/login") => Ok(login(app, req)),
-        (Method::Post, "/logout") => Ok(logout(app, req)),
+        (Method::Get, "/login") => Ok(login::login_page(app, 200, None)),
+        (Method::Post, "/login") => Ok(login::login(app, req)),
+        (Method::Post, "/logout") => Ok(login::logout(app, req)),
         (Method::Get, _) => Ok(page(
             app,
             404,
@@ -120,38 +143,24 @@ pub(crate) fn handle(app: &App, req: &Request) -> Response {
     })
 }
 
-fn ctx(app: &App) -> Ctx<'_> {
+fn ctx<'a>(app: &'a Visit<'_>) -> Ctx<'a> {
     Ctx {
-        csrf: app.auth.csrf(),
+        csrf: app.auth.csrf(&app.access),
         read_only: app.read_only,
-        logout: app.auth.needs_token(),
+        logout: app.access.logged_in(),
         now: Timestamp::now(),
     }
 }
 
-fn page(app: &App, status: u16, title: &str, nav: Nav, body: maud::Markup) -> Response {
+fn page(app: &Visit, status: u16, title: &str, nav: Nav, body: maud::Markup) -> Response {
     Response::html(status, pages::layout(&ctx(app), title, nav, body))
-}
-
-fn unauthenticated(app: &App, req: &Request) -> Response {
-    let is_page =
-        req.method == Method::Get && !matches!(req.path.as_str(), "/metrics" | "/healthz");
-    if is_page {
-        login_page(app, 401, None)
-    } else {
-        Response::text(
-            401,
-            "a token is required: Authorization: Bearer <token>, or log in at /login\n",
-        )
-        .with_header("WWW-Authenticate", "Bearer realm=\"outboxd\"".into())
-    }
 }
 
 /// Runs a POST handler after the read-only, Origin and CSRF checks.
 fn post(
-    app: &App,
+    app: &Visit,
     req: &Request,
-    handler: fn(&App, &Params) -> Result<Response>,
+    handler: fn(&Visit, &Params) -> Result<Response>,
 ) -> Result<Response> {
     if app.read_only {
         return Ok(Response::text(
@@ -160,16 +169,17 @@ fn post(
         ));
     }
     let form = req.form();
-    if let Err(refusal) = app.auth.check_post(req, &form) {
+    if let Err(refusal) = app.auth.check_post(req, &form, &app.access) {
         return Ok(refused(app, refusal));
     }
     handler(app, &form)
 }
 
-fn refused(app: &App, refusal: Refusal) -> Response {
+fn refused(app: &Visit, refusal: Refusal) -> Response {
     let m = match refusal {
         Refusal::Forbidden(m) => m,
         Refusal::Unauthenticated => "log in first".into(),
+        Refusal::Throttled(wait) => return login::throttled(wait),
     };
     page(
         app,
@@ -181,7 +191,7 @@ fn refused(app: &App, refusal: Refusal) -> Response {
 }
 
 /// A 400 page for a form that asks for nothing that can be done.
-fn nothing_done(app: &App, nav: Nav, why: &str) -> Response {
+fn nothing_done(app: &Visit, nav: Nav, why: &str) -> Response {
     page(
         app,
         400,
@@ -224,9 +234,9 @@ fn known_consumers(app: &App) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------------------
-// Intents, capture, login.
+// Intents, capture.
 
-fn intents(app: &App) -> Result<Response> {
+fn intents(app: &Visit) -> Result<Response> {
     let conn = app.pool.get()?;
     let open = outboxd::intents::list_open(&conn)?;
     Ok(page(
@@ -238,7 +248,7 @@ fn intents(app: &App) -> Result<Response> {
     ))
 }
 
-fn capture(app: &App) -> Result<Response> {
+fn capture(app: &Visit) -> Result<Response> {
     let conn = app.pool.get()?;
     let captures = outboxd::capture::inspect(&conn)?;
     Ok(page(
@@ -248,43 +258,6 @@ fn capture(app: &App) -> Result<Response> {
         Nav::Capture,
         pages::capture(&ctx(app), &CaptureView { captures }),
     ))
-}
-
-fn login_page(app: &App, status: u16, error: Option<&str>) -> Response {
-    if !app.auth.needs_token() {
-        return Response::see_other("/");
-    }
-    page(
-        app,
-        status,
-        "Log in",
-        Nav::None,
-        pages::login(&ctx(app), error),
-    )
-}
-
-fn login(app: &App, req: &Request) -> Response {
-    let form = req.form();
-    if let Err(refusal) = app.auth.check_post(req, &form) {
-        return refused(app, refusal);
-    }
-    let behind_tls = req.header("x-forwarded-proto") == Some("https");
-    match app.auth.login(
-        form.get("token").unwrap_or(""),
-        behind_tls,
-        Timestamp::now(),
-    ) {
-        Some(cookie) => Response::see_other("/").with_header("Set-Cookie", cookie),
-        None => login_page(app, 401, Some("That is not the token.")),
-    }
-}
-
-fn logout(app: &App, req: &Request) -> Response {
-    let form = req.form();
-    if let Err(refusal) = app.auth.check_post(req, &form) {
-        return refused(app, refusal);
-    }
-    Response::see_other("/login").with_header("Set-Cookie", app.auth.logout())
 }
 
 #[cfg(test)]

@@ -3,13 +3,13 @@
 use anyhow::Result;
 use outboxd::Timestamp;
 
+use super::Visit;
 use super::{ctx, page, FRESH, PAGE_WAIT};
-use crate::console::app::App;
 use crate::console::chart::{self, Series};
 use crate::console::pages::{self, ConsumerLine, Nav, OverviewView};
 use crate::console::server::Response;
 
-pub(super) fn overview(app: &App) -> Result<Response> {
+pub(super) fn overview(app: &Visit) -> Result<Response> {
     let now = Timestamp::now();
     let status = app.status.get(FRESH, PAGE_WAIT);
     let extras = app.extras.get(FRESH, PAGE_WAIT);

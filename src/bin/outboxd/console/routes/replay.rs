@@ -5,8 +5,8 @@ use outboxd::replay::ReplayFilter;
 use outboxd::Timestamp;
 
 use super::notice::Notice;
+use super::Visit;
 use super::{ctx, known_consumers, nothing_done, page, parse_pattern, parse_time};
-use crate::console::app::App;
 use crate::console::form::Params;
 use crate::console::pages::{self, Nav, ReplayForm, ReplayView};
 use crate::console::server::{Request, Response};
@@ -20,7 +20,7 @@ fn replay_form(p: &Params) -> ReplayForm {
     }
 }
 
-fn replay_filter(app: &App, f: &ReplayForm) -> std::result::Result<ReplayFilter, String> {
+fn replay_filter(app: &Visit, f: &ReplayForm) -> std::result::Result<ReplayFilter, String> {
     let now = Timestamp::now();
     if f.consumer.is_empty() {
         return Err("choose the consumer to replay to".into());
@@ -40,7 +40,7 @@ fn replay_filter(app: &App, f: &ReplayForm) -> std::result::Result<ReplayFilter,
     Ok(filter)
 }
 
-pub(super) fn replay(app: &App, req: &Request) -> Result<Response> {
+pub(super) fn replay(app: &Visit, req: &Request) -> Result<Response> {
     let q = req.query_pairs();
     let form = replay_form(&q);
     let done = Notice::from_query(app, &q).map(|n| n.text());
@@ -72,7 +72,7 @@ pub(super) fn replay(app: &App, req: &Request) -> Result<Response> {
     Ok(page(app, status, "Replay", Nav::Replay, body))
 }
 
-pub(super) fn replay_apply(app: &App, form: &Params) -> Result<Response> {
+pub(super) fn replay_apply(app: &Visit, form: &Params) -> Result<Response> {
     let f = replay_form(form);
     let filter = match replay_filter(app, &f) {
         Ok(filter) => filter,

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::io::ErrorKind;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -18,17 +19,30 @@ use crate::console::form::decode_path;
 /// Bounds on what the server and one request may take.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HttpBounds {
-    /// Longest wait for a request head, a body, or a client to read its
-    /// answer; and longest a keep-alive connection may stay silent.
+    /// Longest wait for a request head, on a new connection and on a
+    /// kept-alive one between requests: a slow or idle client is closed
+    /// after it.
+    pub(crate) head_timeout: Duration,
+    /// Longest wait for a body, or for a client to read its answer.
     pub(crate) io_timeout: Duration,
     /// The largest request body read (forms are small).
     pub(crate) max_body: usize,
     /// The largest request head (request line and headers).
     pub(crate) max_head: usize,
-    /// Handler threads: requests answered at once.
+    /// Handler threads: requests whose handler runs at once.
     pub(crate) handlers: usize,
-    /// Connections open at once; more wait in the listen queue.
-    pub(crate) max_connections: usize,
+    /// Connections waiting for (or still sending) a request head at once;
+    /// at the cap, a new connection closes the one that has waited longest.
+    /// Lowered at start to what the process's file descriptors allow.
+    pub(crate) max_waiting: usize,
+    /// Requests being answered at once (their body read, their handler run,
+    /// their answer written), /healthz, /metrics and /livez aside; more
+    /// wait for a slot.
+    pub(crate) max_answering: usize,
+    /// Requests for /healthz, /metrics and /livez answered at once, beside
+    /// [`max_answering`](Self::max_answering): pages never keep a probe
+    /// waiting.
+    pub(crate) probe_slots: usize,
     /// How long stopping waits for the requests being answered.
     pub(crate) shutdown_grace: Duration,
 }
@@ -36,11 +50,14 @@ pub(crate) struct HttpBounds {
 impl Default for HttpBounds {
     fn default() -> HttpBounds {
         HttpBounds {
+            head_timeout: Duration::from_secs(2),
             io_timeout: Duration::from_secs(10),
             max_body: 64 * 1024,
             max_head: 16 * 1024,
             handlers: 4,
-            max_connections: 256,
+            max_waiting: 4096,
+            max_answering: 256,
+            probe_slots: 16,
             shutdown_grace: Duration::from_secs(10),
         }
     }
@@ -49,11 +66,12 @@ impl Default for HttpBounds {
 /// Request headers taken at most (more get 431).
 pub(super) const MAX_HEADERS: usize = 64;
 
-/// The console's request from hyper's, its body read whole, or the
-/// response refusing it.
+/// The console's request from hyper's (sent by `peer`), its body read
+/// whole, or the response refusing it.
 pub(super) async fn read(
     req: hyper::Request<Incoming>,
     limits: &HttpBounds,
+    peer: SocketAddr,
 ) -> Result<Request, Response> {
     let (head, body) = req.into_parts();
     if head.headers.contains_key(hyper::header::TRANSFER_ENCODING) {
@@ -95,6 +113,7 @@ pub(super) async fn read(
         })
         .collect();
     Ok(Request {
+        peer,
         method: match head.method {
             hyper::Method::GET | hyper::Method::HEAD => Method::Get,
             hyper::Method::POST => Method::Post,

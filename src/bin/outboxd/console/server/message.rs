@@ -1,6 +1,8 @@
 //! The console's synchronous request and response, and how a response
 //! becomes hyper's with the security headers every answer carries.
 
+use std::net::SocketAddr;
+
 use bytes::Bytes;
 use http_body_util::Full;
 
@@ -20,6 +22,9 @@ pub(crate) enum Method {
 /// One request, read whole.
 #[derive(Debug, Clone)]
 pub(crate) struct Request {
+    /// The address the request came from (the socket's; a proxy's own
+    /// address when one is in front).
+    pub(crate) peer: SocketAddr,
     /// The method.
     pub(crate) method: Method,
     /// The path, percent-decoded, without the query.
@@ -38,6 +43,7 @@ impl Request {
     pub(crate) fn new(method: Method, target: &str) -> Request {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
         Request {
+            peer: ([127, 0, 0, 1], 40000).into(),
             method,
             path: crate::console::form::decode_path(path),
             query: query.to_string(),

@@ -9,22 +9,29 @@
 //! bounds ([`HttpBounds`]) and turns hyper's requests into the console's
 //! synchronous [`Request`] and [`Response`]:
 //!
-//! - an idle or slow client holds a socket and a task, never a thread, so a
-//!   flood of idle connections costs memory per socket only; at most
-//!   [`HttpBounds::max_connections`] are open at once, and beyond that the
-//!   server stops accepting: new clients wait in the kernel's listen queue
-//!   until one closes;
-//! - a request head must arrive whole within [`HttpBounds::io_timeout`] and a
-//!   keep-alive connection silent that long is closed (hyper's header read
-//!   timeout, which runs from the end of one answer to the next head); a
+//! - an idle or slow client holds a socket and a task, never a thread or a
+//!   slot: a connection waiting for (or still sending) its request head,
+//!   new or kept alive between requests, waits in the lobby
+//!   (`lobby::Lobby`), capped on its own at [`HttpBounds::max_waiting`]
+//!   (lowered at start to what the process's file descriptors allow); at the
+//!   cap a new connection closes the one that has waited longest, so the
+//!   listener is always read and a new client (a health check) is never
+//!   kept out by slow or idle ones;
+//! - a request head must arrive whole within [`HttpBounds::head_timeout`],
+//!   and a kept-alive connection silent that long is closed (hyper's header
+//!   read timeout, which runs from the end of one answer to the next head); a
 //!   head over [`HttpBounds::max_head`] gets 431 (hyper's answer);
+//! - a request with its head in takes a slot (`slots::Slots`) until its
+//!   answer is written: [`HttpBounds::max_answering`] for pages and actions,
+//!   [`HttpBounds::probe_slots`] of their own for /healthz, /metrics and
+//!   /livez, so probes never wait behind pages;
 //! - hyper answers a head it cannot parse or take (400, 414, 431) itself,
 //!   before any handler: those answers lack the security headers every
 //!   other one carries (`message::to_hyper`), as hyper 1 has no hook to add headers
 //!   to them, but they have no body (Content-Length 0), so there is nothing
 //!   to render, sniff or frame;
 //! - a body over [`HttpBounds::max_body`] is refused (413) unread, one that does
-//!   not arrive within the I/O timeout gets 408, a chunked one 501;
+//!   not arrive within [`HttpBounds::io_timeout`] gets 408, a chunked one 501;
 //! - a client that stops reading its answer is cut off after the I/O
 //!   timeout (`bounds::WriteDeadline`);
 //! - the handlers (SQLite reads on the pool, the library's writes) run on
@@ -36,8 +43,10 @@
 //! finish, waiting for them at most [`HttpBounds::shutdown_grace`].
 
 mod bounds;
+mod lobby;
 mod message;
 mod pool;
+mod slots;
 
 pub(crate) use bounds::HttpBounds;
 pub(crate) use message::{Method, Request, Response};
@@ -50,10 +59,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use bounds::{WriteDeadline, MAX_HEADERS};
-use pool::answer;
+use lobby::{Lobby, Seat};
+use pool::{answer, Answerer};
+use slots::Slots;
 
 /// A running server; dropping it stops it as [`Server::stop`] does.
 pub(crate) struct Server {
@@ -139,25 +150,58 @@ async fn serve(
     limits: HttpBounds,
     stopped: watch::Receiver<bool>,
 ) {
-    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let shared = Shared {
+        limits,
+        lobby: Arc::new(Lobby::new(waiting_cap(
+            &limits,
+            rustix::process::getrlimit(rustix::process::Resource::Nofile).current,
+        ))),
+        slots: Arc::new(Slots::new(&limits)),
+        stopped,
+    };
+    // Each connection's task holds a clone; all dropped: all closed.
+    let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
     let accepting: Vec<_> = listeners
         .into_iter()
         .map(|(listener, handler)| {
-            tokio::spawn(accept(
-                listener,
-                handler,
-                limits,
-                open.clone(),
-                stopped.clone(),
-            ))
+            tokio::spawn(accept(listener, handler, shared.clone(), open.clone()))
         })
         .collect();
+    drop(open);
     for a in accepting {
         // Each ends (dropping its listener) once stopped.
         let _ = a.await;
     }
-    // Every permit back: every connection closed.
-    let _ = open.acquire_many(limits.max_connections as u32).await;
+    let _ = all_closed.recv().await;
+}
+
+/// What every connection's task shares.
+#[derive(Clone)]
+struct Shared {
+    limits: HttpBounds,
+    lobby: Arc<Lobby>,
+    slots: Arc<Slots>,
+    stopped: watch::Receiver<bool>,
+}
+
+/// File descriptors kept for the rest of the process (the database and its
+/// pool, sinks, logs) when the waiting connections are capped.
+const FD_RESERVE: u64 = 256;
+
+/// [`HttpBounds::max_waiting`], lowered so that the waiting connections,
+/// the requests being answered and [`FD_RESERVE`] fit under `nofile`, the
+/// soft limit on open files (which `main` raises to the hard one): at the
+/// cap the lobby closes a connection, where running out of descriptors
+/// would fail every accept.
+fn waiting_cap(limits: &HttpBounds, nofile: Option<u64>) -> usize {
+    let Some(nofile) = nofile else {
+        return limits.max_waiting;
+    };
+    let answering = (limits.max_answering + limits.probe_slots) as u64;
+    let fits = nofile.saturating_sub(answering + FD_RESERVE).max(16);
+    limits
+        .max_waiting
+        .min(usize::try_from(fits).unwrap_or(usize::MAX))
 }
 
 /// Resolves once the server is told to stop (or its handle is gone).
@@ -165,34 +209,29 @@ async fn until_stopped(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
 }
 
-/// Takes connections on one listener, each once a connection slot is
-/// free, and serves each on a task of its own.
+/// Takes connections on one listener and serves each on a task of its own.
 async fn accept(
     listener: tokio::net::TcpListener,
     handler: Arc<Handler>,
-    limits: HttpBounds,
-    open: Arc<Semaphore>,
-    stopped: watch::Receiver<bool>,
+    shared: Shared,
+    open: tokio::sync::mpsc::Sender<()>,
 ) {
     let mut last_error: Option<Instant> = None;
     loop {
         let taken = tokio::select! {
-            _ = until_stopped(stopped.clone()) => return,
-            taken = async {
-                // At the cap, the listener is not read: clients queue.
-                let slot = open.clone().acquire_owned().await;
-                (slot, listener.accept().await)
-            } => taken,
+            _ = until_stopped(shared.stopped.clone()) => return,
+            taken = listener.accept() => taken,
         };
         match taken {
-            (Ok(slot), Ok((stream, _))) => {
-                let conn = connection(stream, handler.clone(), limits, stopped.clone());
+            Ok((stream, peer)) => {
+                let conn = connection(stream, peer, handler.clone(), shared.clone());
+                let open = open.clone();
                 tokio::spawn(async move {
                     conn.await;
-                    drop(slot);
+                    drop(open);
                 });
             }
-            (_, Err(e))
+            Err(e)
                 if matches!(
                     e.kind(),
                     ErrorKind::ConnectionAborted
@@ -202,40 +241,60 @@ async fn accept(
             // Out of file descriptors, say: the connection stays in the
             // queue. Said at most every 10 s, and tried again after a
             // pause rather than at once.
-            (_, Err(e)) => {
+            Err(e) => {
                 if last_error.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
                     tracing::error!(error = %e, "cannot accept an HTTP connection");
                     last_error = Some(Instant::now());
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            // The semaphore is never closed.
-            (Err(_), _) => return,
         }
     }
 }
 
 /// Serves one connection's requests until it closes, a bound cuts it off,
-/// or the server stops (then the request being answered finishes first).
+/// the lobby closes it to make room, or the server stops (then the request
+/// being answered finishes first).
 async fn connection(
     stream: tokio::net::TcpStream,
+    peer: SocketAddr,
     handler: Arc<Handler>,
-    limits: HttpBounds,
-    stopped: watch::Receiver<bool>,
+    shared: Shared,
 ) {
     let _ = stream.set_nodelay(true);
+    let seat = Arc::new(Seat::default());
+    shared.lobby.enter(&seat);
+    // However it ends, it waits no more.
+    struct Leave(Arc<Lobby>, Arc<Seat>);
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            self.0.leave(&self.1);
+        }
+    }
+    let _leave = Leave(shared.lobby.clone(), seat.clone());
+    let limits = shared.limits;
+    let on = Arc::new(Answerer {
+        handler,
+        limits,
+        peer,
+        seat: seat.clone(),
+        lobby: shared.lobby.clone(),
+        slots: shared.slots.clone(),
+    });
     let io = TokioIo::new(WriteDeadline::new(stream, limits.io_timeout));
-    let service = hyper::service::service_fn(move |req| answer(req, handler.clone(), limits));
+    let service = hyper::service::service_fn(move |req| answer(req, on.clone()));
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.io_timeout)
+        .header_read_timeout(limits.head_timeout)
         .max_header_size(limits.max_head)
         .max_headers(MAX_HEADERS)
         .serve_connection(io, service);
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => return,
-        _ = until_stopped(stopped) => {}
+        // Dropping the connection closes it.
+        _ = seat.close.notified() => return,
+        _ = until_stopped(shared.stopped) => {}
     }
     // Closes at once when idle, after the answer being written otherwise.
     conn.as_mut().graceful_shutdown();

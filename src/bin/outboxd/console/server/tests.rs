@@ -73,7 +73,7 @@ fn keep_alive_get(s: &mut TcpStream, path: &str) -> String {
 #[test]
 fn idle_connections_do_not_hold_up_other_clients() {
     let server = echo_server(HttpBounds {
-        io_timeout: Duration::from_secs(30),
+        head_timeout: Duration::from_secs(30),
         ..HttpBounds::default()
     });
     // Twice as many idle keep-alive connections as handler threads:
@@ -109,9 +109,9 @@ fn idle_connections_do_not_hold_up_other_clients() {
 }
 
 #[test]
-fn an_idle_connection_is_closed_after_the_io_timeout() {
+fn an_idle_connection_is_closed_after_the_head_timeout() {
     let server = echo_server(HttpBounds {
-        io_timeout: Duration::from_millis(300),
+        head_timeout: Duration::from_millis(300),
         ..HttpBounds::default()
     });
     let mut s = TcpStream::connect(server.addrs()[0]).unwrap();
@@ -130,6 +130,7 @@ fn an_idle_connection_is_closed_after_the_io_timeout() {
 fn the_server_keeps_accepting_after_idle_periods() {
     let timeout = Duration::from_millis(200);
     let server = echo_server(HttpBounds {
+        head_timeout: timeout,
         io_timeout: timeout,
         ..HttpBounds::default()
     });
@@ -178,6 +179,7 @@ fn an_idle_server_logs_no_warning_or_error() {
     let logs = warnings_and_errors();
     let timeout = Duration::from_millis(100);
     let server = echo_server(HttpBounds {
+        head_timeout: timeout,
         io_timeout: timeout,
         ..HttpBounds::default()
     });
@@ -255,9 +257,9 @@ fn exchange(addr: std::net::SocketAddr, request: &str) -> String {
 }
 
 #[test]
-fn a_keep_alive_connection_silent_past_the_io_timeout_is_closed() {
+fn a_keep_alive_connection_silent_past_the_head_timeout_is_closed() {
     let server = echo_server(HttpBounds {
-        io_timeout: Duration::from_millis(300),
+        head_timeout: Duration::from_millis(300),
         ..HttpBounds::default()
     });
     let mut s = TcpStream::connect(server.addrs()[0]).unwrap();
@@ -353,13 +355,14 @@ fn a_body_that_stops_arriving_gets_408_and_a_chunked_one_501() {
 }
 
 #[test]
-fn connections_beyond_the_cap_wait_until_one_closes() {
+fn at_the_waiting_cap_a_new_connection_closes_the_one_waiting_longest() {
     let server = echo_server(HttpBounds {
-        max_connections: 2,
-        io_timeout: Duration::from_secs(30),
+        max_waiting: 2,
+        head_timeout: Duration::from_secs(30),
         ..HttpBounds::default()
     });
     let addr = server.addrs()[0];
+    // Two kept-alive connections wait for their next request.
     let mut held: Vec<TcpStream> = (0..2)
         .map(|_| {
             let mut s = TcpStream::connect(addr).unwrap();
@@ -368,38 +371,70 @@ fn connections_beyond_the_cap_wait_until_one_closes() {
             s
         })
         .collect();
-    // The third connects (the kernel's listen queue) but is not served
-    // while both are open.
-    let mut third = TcpStream::connect(addr).unwrap();
-    write!(
-        third,
-        "GET /third HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    third
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
-    let mut byte = [0u8; 1];
-    let err = third.read(&mut byte).unwrap_err();
-    assert!(
-        matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
-        "{err}"
-    );
-    // One closes: the third is taken and answered.
-    held.pop();
-    let out = read_until_closed(&mut third, Duration::from_secs(10)).unwrap();
-    assert!(String::from_utf8_lossy(&out).ends_with("/third 0"));
+    // The first asks again: now the second has waited longest.
+    assert!(keep_alive_get(&mut held[0], "/again").contains("/again 0"));
+    // A third is taken and answered at once, closing the second.
+    let started = Instant::now();
+    let out = get(addr, "/third");
+    assert!(out.ends_with("/third 0"), "{out}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let rest = read_until_closed(&mut held[1], Duration::from_secs(10)).unwrap();
+    assert!(rest.is_empty(), "closed without an answer: {rest:?}");
     assert!(keep_alive_get(&mut held[0], "/still").contains("/still 0"));
     server.stop();
 }
 
 #[test]
-fn a_client_that_stops_reading_its_answer_is_cut_off() {
-    // One connection at a time: the second client is served only once
-    // the first, which never reads its 32 MB answer, is cut off.
+fn a_probe_never_waits_behind_pages() {
+    let (release_tx, release) = crossbeam_channel::unbounded::<()>();
+    let (started_tx, started) = crossbeam_channel::unbounded::<()>();
     let server = server_with(
         HttpBounds {
-            max_connections: 1,
+            max_answering: 1,
+            ..HttpBounds::default()
+        },
+        move |r: &Request| {
+            if r.path == "/slow" {
+                started_tx.send(()).unwrap();
+                let _ = release.recv();
+            }
+            Response::text(200, format!("{} done", r.path))
+        },
+    );
+    let addr = server.addrs()[0];
+    let slow = std::thread::spawn(move || get(addr, "/slow"));
+    started.recv_timeout(Duration::from_secs(10)).unwrap();
+    // The one page slot is taken: another page waits for it...
+    let page = std::thread::spawn(move || get(addr, "/page"));
+    // ...while every probe is answered from the probes' own slots.
+    for path in ["/healthz", "/metrics", "/livez"] {
+        let out = get(addr, path);
+        assert!(out.ends_with(&format!("{path} done")), "{out}");
+    }
+    assert!(!page.is_finished(), "the page waits for the slot");
+    release_tx.send(()).unwrap();
+    assert!(slow.join().unwrap().ends_with("/slow done"));
+    assert!(page.join().unwrap().ends_with("/page done"));
+    server.stop();
+}
+
+#[test]
+fn the_waiting_cap_fits_the_open_files_limit() {
+    let limits = HttpBounds::default();
+    assert_eq!(waiting_cap(&limits, None), 4096);
+    assert_eq!(waiting_cap(&limits, Some(1 << 20)), 4096);
+    // 1,024 descriptors: the slots and the reserve first.
+    assert_eq!(waiting_cap(&limits, Some(1024)), 1024 - 256 - 16 - 256);
+    assert_eq!(waiting_cap(&limits, Some(100)), 16, "never below 16");
+}
+
+#[test]
+fn a_client_that_stops_reading_its_answer_is_cut_off() {
+    // One request answered at a time: the second client is served only
+    // once the first, which never reads its 32 MB answer, is cut off.
+    let server = server_with(
+        HttpBounds {
+            max_answering: 1,
             io_timeout: Duration::from_millis(300),
             ..HttpBounds::default()
         },
@@ -511,7 +546,7 @@ fn stopping_closes_idle_connections_and_lets_an_answer_finish() {
     let (started_tx, started) = crossbeam_channel::unbounded::<()>();
     let server = server_with(
         HttpBounds {
-            io_timeout: Duration::from_secs(30),
+            head_timeout: Duration::from_secs(30),
             ..HttpBounds::default()
         },
         move |r: &Request| {
