@@ -879,3 +879,47 @@ statements = ["INSERT INTO article_events (event_id) VALUES (:event_id)"]
         sb.outboxd().without_db().fails(args, CONFIG, "line 1");
     }
 }
+
+/// `check-config` reads the console's token as `run` does: an unset
+/// variable fails it, and a weak token is a warning there too, so a unit's
+/// ExecStartPre says so before `run` starts.
+#[test]
+fn check_config_reads_the_console_token_as_run_does() {
+    use common::bin::code::CONFIG;
+    let sb = Sandbox::new();
+    let config = sb.path("outboxd.toml");
+    std::fs::write(
+        &config,
+        "database = \"app.db\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+         token_env = \"CHECK_CONSOLE_TOKEN\"\n\
+         [[consumer]]\nname = \"out\"\ntypes = [\"*\"]\n\
+         [consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n",
+    )
+    .unwrap();
+    let c = config.to_str().unwrap();
+    let args = ["check-config", "--offline", "--config", c];
+    let check = |token: Option<&str>| {
+        let mut cmd = sb.outboxd().without_db().command(&args);
+        cmd.env_remove("CHECK_CONSOLE_TOKEN");
+        if let Some(t) = token {
+            cmd.env("CHECK_CONSOLE_TOKEN", t);
+        }
+        cmd.output().unwrap()
+    };
+    let unset = check(None);
+    assert_eq!(unset.status.code(), Some(CONFIG));
+    let err = String::from_utf8_lossy(&unset.stderr);
+    assert!(err.contains("CHECK_CONSOLE_TOKEN"), "{err}");
+
+    let weak = check(Some(&"a".repeat(16)));
+    assert_eq!(weak.status.code(), Some(OK));
+    let out = String::from_utf8_lossy(&weak.stdout);
+    assert!(out.contains("warning: WEAK CONSOLE TOKEN"), "{out}");
+    assert!(!out.contains(&"a".repeat(16)), "never the token: {out}");
+
+    let strong = check(Some(
+        "3f9c1e7a5b2d84f06c1a9e3b7d5f2c8a41e6b9d03c7f5a2e8b1d4c6f9a3e7b20",
+    ));
+    assert_eq!(strong.status.code(), Some(OK));
+    assert!(!String::from_utf8_lossy(&strong.stdout).contains("WEAK"));
+}

@@ -122,6 +122,15 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
                 .map_or(String::new(), |v| format!(", token from ${v}")),
             if c.http.read_only { ", read-only" } else { "" }
         )?;
+        // The token as `run` reads it: refused or weak here too, before a
+        // unit's ExecStartPre lets `run` start with it.
+        let serve = c
+            .http
+            .serve(None)
+            .map_err(|e| Failure::config(format!("config {}: http: {e}", file.display())))?;
+        if let Some(weak) = serve.and_then(|s| s.weak_token) {
+            writeln!(out, "  warning: {weak}")?;
+        }
     }
     if let Some(addr) = c.metrics {
         writeln!(out, "metrics:   http://{addr}/metrics")?;
