@@ -12,5 +12,7 @@ mod common;
 mod host_contention;
 #[path = "faults/run_faults.rs"]
 mod run_faults;
+#[path = "faults/sink_memory.rs"]
+mod sink_memory;
 #[path = "faults/storage_faults.rs"]
 mod storage_faults;
