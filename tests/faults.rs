@@ -1,6 +1,7 @@
 //! Faults, one test binary (tests/README.md): storage faults through a
-//! fault-injecting VFS, `outboxd run` on a hostile machine, and producers
-//! contending with a relay. The kill -9 suites have mains of their own
+//! fault-injecting VFS, `outboxd run` on a hostile machine, the memory
+//! each sink needs (VmHWM, `prlimit --as`), and producers contending with
+//! a relay. The kill -9 suites have mains of their own
 //! (process_faults.rs, exactly_once.rs).
 //!
 //!   cargo test --test faults                 # all of them

@@ -24,6 +24,16 @@ fn nested(depth: usize) -> String {
     "[".repeat(depth) + &"]".repeat(depth)
 }
 
+/// An envelope of type a.b.v1 with a fresh id and a small payload.
+fn envelope() -> Envelope {
+    serde_json::from_value(serde_json::json!({
+        "event_id": EventId::new().to_string(), "event_type": "a.b.v1", "event_version": 1,
+        "causation_id": null, "correlation_id": null,
+        "occurred_at": "2026-11-30T07:18:00Z", "payload": {"id": 7},
+    }))
+    .unwrap()
+}
+
 /// A retry policy that would keep a retried event pending for an hour.
 fn patient() -> RetryPolicy {
     RetryPolicy::default()
@@ -125,12 +135,7 @@ fn a_command_sink_dead_letters_a_variable_too_large_for_the_environment() {
     let dir = tempfile::tempdir().unwrap();
     let ran = dir.path().join("ran");
     let sink = CommandSink::new("/bin/sh", ["-c", "touch \"$0\"", ran.to_str().unwrap()]).unwrap();
-    let mut envelope: Envelope = serde_json::from_value(serde_json::json!({
-        "event_id": EventId::new().to_string(), "event_type": "a.b.v1", "event_version": 1,
-        "causation_id": null, "correlation_id": null,
-        "occurred_at": "2026-11-30T07:18:00Z", "payload": {"id": 7},
-    }))
-    .unwrap();
+    let mut envelope = envelope();
     assert_eq!(
         sink.deliver(&Delivery::new(envelope.clone())),
         Outcome::Delivered
@@ -171,12 +176,7 @@ fn a_webhook_header_too_large_to_send_or_to_be_taken_is_poison() {
         .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
         .build()
         .unwrap();
-    let envelope: Envelope = serde_json::from_value(serde_json::json!({
-        "event_id": EventId::new().to_string(), "event_type": "a.b.v1", "event_version": 1,
-        "causation_id": null, "correlation_id": null,
-        "occurred_at": "2026-11-30T07:18:00Z", "payload": {"id": 7},
-    }))
-    .unwrap();
+    let envelope = envelope();
     let with_tenant = |tenant: String| Delivery::new(envelope.clone()).tenant_id(Some(tenant));
     assert_eq!(
         sink.deliver(&with_tenant("acme/é".into())),
