@@ -243,6 +243,12 @@ pub(crate) fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
+/// True when a rusqlite error is SQLITE_NOMEM: SQLite could not have the
+/// memory it needed.
+pub(crate) fn is_out_of_memory(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::OutOfMemory)
+}
+
 /// Which setting a [`SettingError`] is about. [`Setting::as_str`] gives a
 /// stable identifier: the builder method or policy field that takes it
 /// (`workers`, `retry.initial`, `purge.dedup_ttl`, `consumer.types`…), so a

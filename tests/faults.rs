@@ -1,6 +1,7 @@
 //! Faults, one test binary (tests/README.md): storage faults through a
-//! fault-injecting VFS, `outboxd run` on a hostile machine, and producers
-//! contending with a relay. The kill -9 suites have mains of their own
+//! fault-injecting VFS, `outboxd run` on a hostile machine, the memory
+//! each sink needs (VmHWM, `prlimit --as`), and producers contending with
+//! a relay. The kill -9 suites have mains of their own
 //! (process_faults.rs, exactly_once.rs).
 //!
 //!   cargo test --test faults                 # all of them
@@ -12,5 +13,7 @@ mod common;
 mod host_contention;
 #[path = "faults/run_faults.rs"]
 mod run_faults;
+#[path = "faults/sink_memory.rs"]
+mod sink_memory;
 #[path = "faults/storage_faults.rs"]
 mod storage_faults;

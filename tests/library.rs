@@ -27,5 +27,7 @@ mod operations;
 mod relay;
 #[path = "library/sinks.rs"]
 mod sinks;
+#[path = "library/sinks_permanent.rs"]
+mod sinks_permanent;
 #[path = "library/transactional.rs"]
 mod transactional;

@@ -47,6 +47,18 @@ pub struct CheckedRow {
 /// correlation ids and the tenant are text (or NULL) in UTF-8.
 #[doc(hidden)]
 pub fn check_row(row: &RawRow<'_>) -> Result<CheckedRow, EnvelopeError> {
+    check_with(row, |v| {
+        let text = text(v, "payload")?.unwrap_or("null");
+        serde_json::from_str::<Box<RawValue>>(text).map_err(payload_error)
+    })
+}
+
+/// [`check_row`] with the payload's step given: the borrowed row's check
+/// copies the payload, an [`OwnedRow`]'s moves its buffer into the envelope.
+fn check_with(
+    row: &RawRow<'_>,
+    payload: impl FnOnce(ValueRef<'_>) -> Result<Box<RawValue>, EnvelopeError>,
+) -> Result<CheckedRow, EnvelopeError> {
     let occurred_at = row_time(row.occurred_at, "occurred_at")?;
     row_time(row.created_at, "created_at")?;
     let (event_type, event_id) = check_head(row)?;
@@ -91,12 +103,7 @@ pub fn check_row(row: &RawRow<'_>) -> Result<CheckedRow, EnvelopeError> {
             })
         }
     };
-    let payload_text = text(row.payload, "payload")?.unwrap_or("null");
-    let payload = serde_json::from_str::<Box<RawValue>>(payload_text).map_err(|e| {
-        EnvelopeError::PayloadJson {
-            reason: e.to_string(),
-        }
-    })?;
+    let payload = payload(row.payload)?;
     let envelope = Envelope {
         event_id,
         event_type,
@@ -111,6 +118,31 @@ pub fn check_row(row: &RawRow<'_>) -> Result<CheckedRow, EnvelopeError> {
         envelope,
         tenant_id,
     })
+}
+
+fn payload_error(e: serde_json::Error) -> EnvelopeError {
+    EnvelopeError::PayloadJson {
+        reason: e.to_string(),
+    }
+}
+
+/// The payload of an [`OwnedRow`] as the envelope's, in the buffer it was
+/// copied into: checked as [`check_row`] checks it (the same errors), and
+/// copied again only when JSON whitespace surrounds it.
+fn owned_payload(bytes: Vec<u8>) -> Result<Box<RawValue>, EnvelopeError> {
+    let mut json =
+        String::from_utf8(bytes).map_err(|_| EnvelopeError::NotUtf8 { column: "payload" })?;
+    let space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    if json.as_bytes().first().is_some_and(space) || json.as_bytes().last().is_some_and(space) {
+        // Checked as it is, so that an error's line and column are the
+        // stored text's; then trimmed in place.
+        serde_json::from_str::<&RawValue>(&json).map_err(payload_error)?;
+        let end = json.len() - json.bytes().rev().take_while(space).count();
+        json.truncate(end);
+        let start = json.bytes().take_while(space).count();
+        json.drain(..start);
+    }
+    RawValue::from_string(json).map_err(payload_error)
 }
 
 /// The first part of [`check_row`] after the times, which routing needs:
@@ -206,20 +238,31 @@ impl<'a> RawRow<'a> {
 
 /// A [`RawRow`] that owns its values, to check on another thread. Text is
 /// kept as the bytes stored, so a column that is not UTF-8 reaches
-/// [`check_row`] as it is. The text and blob columns share one allocation
-/// (the writer copies every claimed row; one allocation instead of one per
-/// column, freed on the worker's thread).
-#[derive(Debug, Clone)]
+/// [`check_row`] as it is. The payload has an allocation of its own, which
+/// [`into_checked`](Self::into_checked) moves into the envelope, so a
+/// delivery holds one copy of it; the other text and blob columns share
+/// one (the writer copies every claimed row; one allocation instead of one
+/// per column, freed on the worker's thread). Both are reserved fallibly:
+/// a row too large for the memory left is an error of the claim, never an
+/// abort of the process.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct OwnedRow {
     row_id: i64,
-    /// The text and blob columns' bytes, one after another.
+    /// The text and blob columns' bytes but the payload's, one after another.
     bytes: Box<[u8]>,
+    /// The payload's bytes, when it is text or a blob.
+    payload: Vec<u8>,
     values: [Owned; 9],
 }
 
+/// Where the payload is among [`OwnedRow`]'s values; its range is of the
+/// row's `payload` buffer.
+const PAYLOAD: usize = 5;
+
 /// A column of an [`OwnedRow`]: text and blobs as a range of its bytes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 enum Owned {
+    #[default]
     Null,
     Integer(i64),
     Real(f64),
@@ -228,7 +271,9 @@ enum Owned {
 }
 
 impl OwnedRow {
-    pub(crate) fn new(raw: &RawRow<'_>) -> OwnedRow {
+    /// Copies `raw`'s values; SQLITE_NOMEM, naming the row and its size,
+    /// when the memory for them cannot be had.
+    pub(crate) fn new(raw: &RawRow<'_>) -> rusqlite::Result<OwnedRow> {
         let columns = [
             raw.event_id,
             raw.event_type,
@@ -240,19 +285,39 @@ impl OwnedRow {
             raw.created_at,
             raw.tenant_id,
         ];
-        let len = columns
-            .iter()
-            .map(|v| match v {
-                ValueRef::Text(b) | ValueRef::Blob(b) => b.len(),
-                _ => 0,
-            })
-            .sum();
-        let mut bytes = Vec::with_capacity(len);
+        let size = |v: &ValueRef<'_>| match v {
+            ValueRef::Text(b) | ValueRef::Blob(b) => b.len(),
+            _ => 0,
+        };
+        let len: usize = columns.iter().map(size).sum();
+        let payload_len = size(&raw.payload);
+        let mut bytes = Vec::new();
+        let mut payload = Vec::new();
+        bytes
+            .try_reserve_exact(len - payload_len)
+            .and_then(|()| payload.try_reserve_exact(payload_len))
+            .map_err(|e| {
+                rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_NOMEM),
+                    Some(format!(
+                        "cannot copy row {} ({len} bytes of text and blobs, {payload_len} of them \
+                         the payload) for its delivery: {e}",
+                        raw.row_id
+                    )),
+                )
+            })?;
+        let mut i = 0;
         let values = columns.map(|v| {
+            let buffer = if i == PAYLOAD {
+                &mut payload
+            } else {
+                &mut bytes
+            };
+            i += 1;
             let mut span = |b: &[u8]| {
-                let at = bytes.len();
-                bytes.extend_from_slice(b);
-                (at, bytes.len())
+                let at = buffer.len();
+                buffer.extend_from_slice(b);
+                (at, buffer.len())
             };
             match v {
                 ValueRef::Null => Owned::Null,
@@ -268,33 +333,72 @@ impl OwnedRow {
                 }
             }
         });
-        OwnedRow {
+        Ok(OwnedRow {
             row_id: raw.row_id,
             bytes: bytes.into_boxed_slice(),
+            payload,
             values,
-        }
+        })
     }
 
     pub(crate) fn as_raw(&self) -> RawRow<'_> {
-        let v = |i: usize| match self.values[i] {
-            Owned::Null => ValueRef::Null,
-            Owned::Integer(n) => ValueRef::Integer(n),
-            Owned::Real(f) => ValueRef::Real(f),
-            Owned::Text(a, b) => ValueRef::Text(&self.bytes[a..b]),
-            Owned::Blob(a, b) => ValueRef::Blob(&self.bytes[a..b]),
-        };
-        RawRow {
-            row_id: self.row_id,
-            event_id: v(0),
-            event_type: v(1),
-            event_version: v(2),
-            causation_id: v(3),
-            correlation_id: v(4),
-            payload: v(5),
-            occurred_at: v(6),
-            created_at: v(7),
-            tenant_id: v(8),
+        raw_of(self.row_id, &self.bytes, Some(&self.payload), &self.values)
+    }
+
+    /// [`check_row`] of the row, moving the payload's buffer into the
+    /// envelope rather than copying it.
+    pub(crate) fn into_checked(self) -> Result<CheckedRow, EnvelopeError> {
+        let OwnedRow {
+            row_id,
+            bytes,
+            payload,
+            values,
+        } = self;
+        let kind = values[PAYLOAD];
+        check_with(
+            &raw_of(row_id, &bytes, None, &values),
+            move |v| match kind {
+                Owned::Text(..) | Owned::Blob(..) => owned_payload(payload),
+                // NULL and numbers: as the borrowed check says.
+                _ => {
+                    let text = text(v, "payload")?.unwrap_or("null");
+                    serde_json::from_str::<Box<RawValue>>(text).map_err(payload_error)
+                }
+            },
+        )
+    }
+}
+
+/// The [`RawRow`] an [`OwnedRow`]'s parts make; a text or blob payload
+/// reads as NULL without its buffer (`None`: [`OwnedRow::into_checked`]
+/// has moved it away).
+fn raw_of<'a>(
+    row_id: i64,
+    bytes: &'a [u8],
+    payload: Option<&'a [u8]>,
+    values: &[Owned; 9],
+) -> RawRow<'a> {
+    let v = |i: usize| {
+        let buffer = if i == PAYLOAD { payload } else { Some(bytes) };
+        match (values[i], buffer) {
+            (Owned::Integer(n), _) => ValueRef::Integer(n),
+            (Owned::Real(f), _) => ValueRef::Real(f),
+            (Owned::Text(a, b), Some(buffer)) => ValueRef::Text(&buffer[a..b]),
+            (Owned::Blob(a, b), Some(buffer)) => ValueRef::Blob(&buffer[a..b]),
+            (Owned::Null | Owned::Text(..) | Owned::Blob(..), _) => ValueRef::Null,
         }
+    };
+    RawRow {
+        row_id,
+        event_id: v(0),
+        event_type: v(1),
+        event_version: v(2),
+        causation_id: v(3),
+        correlation_id: v(4),
+        payload: v(PAYLOAD),
+        occurred_at: v(6),
+        created_at: v(7),
+        tenant_id: v(8),
     }
 }
 
@@ -448,13 +552,44 @@ mod tests {
     #[test]
     fn an_owned_row_checks_as_the_row_it_copies() {
         let r = row("a.b.v1", ValueRef::Null, br#"{"x":[1,2]}"#);
-        let owned = OwnedRow::new(&r);
+        let owned = OwnedRow::new(&r).unwrap();
         assert_eq!(check_row(&owned.as_raw()).unwrap(), check_row(&r).unwrap());
         let bad = row("a.b.v1", ValueRef::Null, b"{oops");
         assert_eq!(
-            check_row(&OwnedRow::new(&bad).as_raw()).unwrap_err(),
+            check_row(&OwnedRow::new(&bad).unwrap().as_raw()).unwrap_err(),
             check_row(&bad).unwrap_err()
         );
+    }
+
+    /// The check that moves the payload into the envelope says what the
+    /// borrowed check says, for every kind of payload: surrounded by
+    /// whitespace (its error's line and column those of the stored text),
+    /// not JSON, not UTF-8, a blob, NULL, a number; and the envelope's
+    /// payload is the owned row's buffer itself, not a copy of it.
+    #[test]
+    fn an_owned_row_checked_by_moving_its_payload_is_checked_alike() {
+        let payloads: [ValueRef<'_>; 9] = [
+            ValueRef::Text(br#"{"x":[1,2]}"#),
+            ValueRef::Text(b"\n\t {\"x\": 1}\r\n "),
+            ValueRef::Text(b"\n\n  {oops"),
+            ValueRef::Text(b"[1] x"),
+            ValueRef::Text(b"\xff\xfe"),
+            ValueRef::Blob(b"[true]"),
+            ValueRef::Null,
+            ValueRef::Integer(7),
+            ValueRef::Text(b""),
+        ];
+        for payload in payloads {
+            let mut r = row("a.b.v1", ValueRef::Null, b"");
+            r.payload = payload;
+            let owned = OwnedRow::new(&r).unwrap();
+            assert_eq!(owned.into_checked(), check_row(&r), "{payload:?}");
+        }
+        let r = row("a.b.v1", ValueRef::Null, br#"{"x":[1,2]}"#);
+        let owned = OwnedRow::new(&r).unwrap();
+        let buffer = owned.payload.as_ptr();
+        let checked = owned.into_checked().unwrap();
+        assert_eq!(checked.envelope.payload.get().as_ptr(), buffer);
     }
 
     /// Every column of the owned copy is the value it copied, of every
@@ -473,7 +608,7 @@ mod tests {
             created_at: ValueRef::Null,
             tenant_id: ValueRef::Text(b"t"),
         };
-        let owned = OwnedRow::new(&r);
+        let owned = OwnedRow::new(&r).unwrap();
         let back = owned.as_raw();
         let columns = |r: &RawRow<'_>| {
             [

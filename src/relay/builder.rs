@@ -170,9 +170,12 @@ impl RelayBuilder {
 
     /// The largest payload the relay loads (default
     /// [`DEFAULT_MAX_PAYLOAD_BYTES`]). A row whose payload is larger is
-    /// dead-lettered without being loaded, its size in the reason. Keep it
-    /// a few times below the memory the relay may use: a delivery holds the
-    /// payload, its envelope and the sink's copy.
+    /// dead-lettered without being loaded, its size in the reason. The
+    /// relay's peak stays under 3x the larger of this and
+    /// [`batch_bytes`](Self::batch_bytes), above its baseline: a delivery
+    /// holds one copy of its payload and the sink at most two more (SQLite
+    /// needs twice a payload for a moment to claim its row). Keep the memory
+    /// the relay may use above that.
     pub fn max_payload_bytes(mut self, n: u64) -> Self {
         self.max_payload_bytes = n;
         self

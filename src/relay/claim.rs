@@ -83,7 +83,7 @@ pub(crate) fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
 ///
 /// Three statements in the caller's transaction: [`CLAIMABLE`] lists the
 /// claimable rows with their sizes, the prefix that fits is chosen here,
-/// [`READ_CLAIMED`] reads those rows and [`STAMP`] stamps them, both by row
+/// [`STAMP`] stamps those rows and [`READ_CLAIMED`] reads them, both by row
 /// id. One `UPDATE … RETURNING` over a sub-select did the same at a
 /// higher cost per event, more so the larger the payloads (BENCHMARKS.md):
 /// SQLite buffers every returned row, payload included, before it hands
@@ -110,13 +110,9 @@ pub(crate) fn claim(
         return Ok(Vec::new());
     }
     let list = id_list(ids.iter().copied());
-    let mut claimed = Vec::with_capacity(limit);
-    let mut stmt = conn.prepare_cached(READ_CLAIMED)?;
-    let mut rows = stmt.query([&list])?;
-    while let Some(r) = rows.next()? {
-        claimed.push(read_claimed(r)?);
-    }
-    drop(rows);
+    // Stamped before they are read: SQLite rewrites a row whole, so the
+    // stamp needs twice a payload's size for a moment, which is then free
+    // again for the copies the read makes.
     let lease_until = lease_until.as_millis();
     let stamped = match ids[..] {
         [id] => conn
@@ -126,7 +122,14 @@ pub(crate) fn claim(
             .prepare_cached(STAMP)?
             .execute(params![token, lease_until, list])?,
     };
-    // The same ids in the same transaction: every row read is stamped.
+    let mut claimed = Vec::with_capacity(limit);
+    let mut stmt = conn.prepare_cached(READ_CLAIMED)?;
+    let mut rows = stmt.query([&list])?;
+    while let Some(r) = rows.next()? {
+        claimed.push(read_claimed(r)?);
+    }
+    drop(rows);
+    // The same ids in the same transaction: every row stamped is read.
     debug_assert_eq!(stamped, claimed.len());
     claimed.sort_by_key(|c| c.row_id);
     Ok(claimed)
@@ -221,7 +224,7 @@ fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
         row_id: raw.row_id,
         event_key: event_key(raw.event_id, raw.row_id),
         legacy: matches!(raw.event_id, ValueRef::Null),
-        raw: OwnedRow::new(&raw),
+        raw: OwnedRow::new(&raw)?,
         ordering_key: lenient_text(r.get_ref(10)?),
         attempts: u32::try_from(lenient_count(r.get_ref(11)?)).unwrap_or(u32::MAX),
         delivered_to: crate::dedup::read_delivered_to(r.get_ref(12)?),

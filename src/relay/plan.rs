@@ -144,6 +144,10 @@ pub(crate) struct Planner {
     last_foreign_write: Option<Instant>,
     not_before: Option<Instant>,
     error_backoff: Duration,
+    /// A claim ran out of memory: none is planned before this, so that the
+    /// transactions meanwhile record outcomes (a failed claim takes the
+    /// outcomes of its transaction down with it).
+    claims_after: Option<Instant>,
 }
 
 impl Planner {
@@ -154,6 +158,7 @@ impl Planner {
             last_foreign_write: None,
             not_before: None,
             error_backoff: Duration::ZERO,
+            claims_after: None,
         }
     }
 
@@ -189,6 +194,7 @@ impl Planner {
         let bytes_left = l.batch_bytes.saturating_sub(load.bytes_in_flight);
         let claim = if load.accepting
             && due
+            && self.claims_after.is_none_or(|t| at >= t)
             && live <= l.capacity / 2
             && (bytes_left > 0 || nothing_held)
         {
@@ -236,7 +242,12 @@ impl Planner {
         pending_left: usize,
         at: Instant,
     ) {
-        self.error_backoff = Duration::ZERO;
+        // A transaction that left out a paused claim says nothing of the
+        // claim: its backoff goes on growing until a claim commits.
+        if plan.claim > 0 || self.claims_after.is_none() {
+            self.error_backoff = Duration::ZERO;
+            self.claims_after = None;
+        }
         // Pause only after a full-sized transaction: that is a relay working
         // through a backlog, which would otherwise take the lock back at
         // once. Small ones (an event now and then) are short already, and a
@@ -258,6 +269,15 @@ impl Planner {
         };
         self.not_before = Some(at + self.error_backoff);
         self.error_backoff
+    }
+
+    /// The transaction that just [`failed`](Self::failed) ran out of
+    /// memory in its claim: the next one records without claiming, and
+    /// claims come back after twice the pause, each time the claim fails
+    /// again backing off further (a payload SQLite cannot rewrite in the
+    /// memory left would otherwise keep every outcome unrecorded).
+    pub(crate) fn claim_out_of_memory(&mut self, at: Instant) {
+        self.claims_after = Some(at + 2 * self.error_backoff);
     }
 
     /// How long the writer may sleep before it must look again: at most the
@@ -489,5 +509,44 @@ mod tests {
             MIN_ERROR_BACKOFF,
             "a success resets it"
         );
+    }
+
+    /// Issue 30.4: a claim out of memory failed its whole transaction, the
+    /// outcomes in it too, and the next one claimed again: outcomes were
+    /// never recorded. Now the next transaction records without claiming;
+    /// claims come back after twice the pause, backing off further while
+    /// they fail, and a claim that commits ends it.
+    #[test]
+    fn after_a_claim_out_of_memory_outcomes_are_recorded_before_the_next_claim() {
+        let mut p = Planner::new(LIMITS);
+        let t0 = Instant::now();
+        let load = Load {
+            want_claim: true,
+            pending: 8,
+            in_flight: 8,
+            ..idle()
+        };
+        let first = p.plan(&load, NOW, t0).unwrap();
+        assert!(first.claim > 0 && first.record == 8);
+        let pause = p.failed(false, t0);
+        p.claim_out_of_memory(t0);
+        let next = p.plan(&load, NOW, t0 + pause).unwrap();
+        assert_eq!((next.claim, next.record), (0, 8), "records, claims nothing");
+        p.committed(&next, 0, 0, t0 + pause);
+        let load = Load {
+            pending: 0,
+            in_flight: 0,
+            ..load
+        };
+        assert_eq!(p.plan(&load, NOW, t0 + pause), None, "no claim yet");
+        let again = p.plan(&load, NOW, t0 + 2 * pause).unwrap();
+        assert!(again.claim > 0, "claims again after twice the pause");
+        let longer = p.failed(false, t0 + 2 * pause);
+        assert_eq!(longer, 2 * pause, "the pause went on growing");
+        p.claim_out_of_memory(t0 + 2 * pause);
+        assert_eq!(p.plan(&load, NOW, t0 + 2 * pause + longer), None);
+        let claimed = p.plan(&load, NOW, t0 + 2 * pause + 2 * longer).unwrap();
+        p.committed(&claimed, 1, 0, t0 + 2 * pause + 2 * longer);
+        assert_eq!(p.failed(false, t0), MIN_ERROR_BACKOFF, "a claim reset it");
     }
 }

@@ -103,10 +103,17 @@ pub(crate) struct Session {
 /// claim check. Without the veto, `COMMIT; BEGIN` inside the function
 /// would commit half its effect with no ledger entry, and a retry would
 /// apply it twice.
+///
+/// A rollback SQLite makes itself, after an error that takes the whole
+/// transaction down (out of memory, a full disk, an I/O error), is no
+/// consumer's doing: [`rolled_back_by_sqlite`] tells it apart, and the
+/// consumer's verdict stands (never delivered: nothing of it remains).
 #[derive(Default)]
 struct Guard {
     in_function: AtomicBool,
     ended: AtomicBool,
+    /// A commit was vetoed: the function ran COMMIT (or END) itself.
+    vetoed: AtomicBool,
 }
 
 impl Guard {
@@ -117,6 +124,7 @@ impl Guard {
             let inside = g.in_function.load(Ordering::Relaxed);
             if inside {
                 g.ended.store(true, Ordering::Relaxed);
+                g.vetoed.store(true, Ordering::Relaxed);
             }
             inside // true turns the commit into a rollback
         }))?;
@@ -203,10 +211,33 @@ impl Session {
         }
 
         guard.ended.store(false, Ordering::Relaxed);
+        guard.vetoed.store(false, Ordering::Relaxed);
         guard.in_function.store(true, Ordering::Relaxed);
         let ran = catch_unwind(AssertUnwindSafe(|| consumer.deliver(&tx, delivery)));
         guard.in_function.store(false, Ordering::Relaxed);
-        if guard.ended.load(Ordering::Relaxed) || tx.is_autocommit() {
+        let ended = guard.ended.load(Ordering::Relaxed) || tx.is_autocommit();
+        let by_sqlite = (ended && !guard.vetoed.load(Ordering::Relaxed))
+            .then(|| rolled_back_by_sqlite(&tx))
+            .flatten();
+        if let Some(error) = by_sqlite {
+            return match ran {
+                Ok(Outcome::Retry { reason, after }) => Outcome::Retry {
+                    reason: format!("{reason} (SQLite rolled the transaction back)"),
+                    after,
+                },
+                Ok(poison @ Outcome::Poison { .. }) => poison,
+                Ok(_) => Outcome::retry(format!(
+                    "SQLite rolled the consumer's transaction back after an error ({error}); \
+                     nothing it wrote remains"
+                )),
+                Err(panic) => Outcome::retry(format!(
+                    "consumer panicked: {} (SQLite had rolled the transaction back after an \
+                     error: {error})",
+                    panic_message(&*panic)
+                )),
+            };
+        }
+        if ended {
             // A vetoed commit has rolled back already; anything else the
             // function left open is rolled back when `tx` drops.
             return Outcome::poison(
@@ -245,6 +276,30 @@ impl Session {
             )),
         }
     }
+}
+
+/// The error after which SQLite rolled the transaction back by itself, as
+/// the connection's last error says: out of memory, a full disk, an I/O
+/// error or an interrupt, which end a whole transaction (not only their
+/// statement). None for anything else, such as a ROLLBACK the function ran
+/// (which succeeds, leaving no error).
+fn rolled_back_by_sqlite(conn: &Connection) -> Option<String> {
+    use rusqlite::ffi;
+    // SAFETY: the handle is valid while `conn` lives and is used on this
+    // thread only; the message is copied before any other call on it.
+    let (code, message) = unsafe {
+        let db = conn.handle();
+        let message = std::ffi::CStr::from_ptr(ffi::sqlite3_errmsg(db));
+        (
+            ffi::sqlite3_extended_errcode(db) & 0xff,
+            message.to_string_lossy().into_owned(),
+        )
+    };
+    matches!(
+        code,
+        ffi::SQLITE_NOMEM | ffi::SQLITE_FULL | ffi::SQLITE_IOERR | ffi::SQLITE_INTERRUPT
+    )
+    .then_some(message)
 }
 
 /// `BEGIN IMMEDIATE`, tried [`BUSY_TRIES`] times while it meets SQLITE_BUSY.

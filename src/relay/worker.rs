@@ -12,7 +12,6 @@ use super::job::{Job, JobOutcome};
 use super::panic::panic_message;
 use super::transactional::Session;
 use crate::consumer::{Delivery, Outcome};
-use crate::envelope::{check_row, CheckedRow};
 use crate::relay::{ConsumerEntry, ConsumerKind};
 
 /// A worker's loop: ends when the writer drops the jobs sender (shutdown),
@@ -39,7 +38,7 @@ pub(crate) fn run(
         } else {
             jobs.recv_deadline(oldest + flush_interval)
         };
-        let job = match next {
+        let mut job = match next {
             Ok(job) => job,
             Err(RecvTimeoutError::Timeout) => {
                 if outcomes.send(std::mem::take(&mut group)).is_err() {
@@ -49,14 +48,29 @@ pub(crate) fn run(
             }
             Err(RecvTimeoutError::Disconnected) => break,
         };
-        let (results, invalid) = match check_row(&job.raw.as_raw()) {
-            Ok(row) => (
-                job.consumers
+        // The row's payload moves into the one delivery its consumers
+        // share, in turn: a delivery holds one copy of it, whatever the
+        // number of consumers.
+        let (results, invalid) = match std::mem::take(&mut job.raw).into_checked() {
+            Ok(row) => {
+                let mut delivery = Delivery {
+                    envelope: row.envelope,
+                    attempt: job.attempt,
+                    consumer: String::new(),
+                    legacy: job.legacy,
+                    tenant_id: row.tenant_id,
+                    ordering_key: job.ordering_key.clone(),
+                };
+                let results = job
+                    .consumers
                     .iter()
-                    .map(|&i| (i, deliver(&consumers[i], &job, &row, &mut session)))
-                    .collect(),
-                None,
-            ),
+                    .map(|&i| {
+                        delivery.consumer.clone_from(&consumers[i].name);
+                        (i, deliver(&consumers[i], &job, &delivery, &mut session))
+                    })
+                    .collect();
+                (results, None)
+            }
             Err(e) => (Vec::new(), Some(format!("invalid row: {e}"))),
         };
         if group.is_empty() {
@@ -81,8 +95,13 @@ pub(crate) fn run(
 /// The most outcomes a worker holds back before sending them.
 const MAX_GROUP: usize = 64;
 
-fn deliver(entry: &ConsumerEntry, job: &Job, row: &CheckedRow, session: &mut Session) -> Outcome {
-    let env = &row.envelope;
+fn deliver(
+    entry: &ConsumerEntry,
+    job: &Job,
+    delivery: &Delivery,
+    session: &mut Session,
+) -> Outcome {
+    let env = &delivery.envelope;
     let span = tracing::info_span!(
         "deliver",
         event_id = %env.event_id,
@@ -93,21 +112,13 @@ fn deliver(entry: &ConsumerEntry, job: &Job, row: &CheckedRow, session: &mut Ses
         correlation_id = env.correlation_id.as_deref(),
     );
     let _enter = span.enter();
-    let delivery = Delivery {
-        envelope: env.clone(),
-        attempt: job.attempt,
-        consumer: entry.name.clone(),
-        legacy: job.legacy,
-        tenant_id: row.tenant_id.clone(),
-        ordering_key: job.ordering_key.clone(),
-    };
     let outcome = match &entry.consumer {
         // A panicking consumer is a failed delivery, not a dead relay.
-        ConsumerKind::Plain(c) => catch_unwind(AssertUnwindSafe(|| c.deliver(&delivery)))
+        ConsumerKind::Plain(c) => catch_unwind(AssertUnwindSafe(|| c.deliver(delivery)))
             .unwrap_or_else(|panic| {
                 Outcome::retry(format!("consumer panicked: {}", panic_message(&*panic)))
             }),
-        ConsumerKind::Transactional(c) => session.deliver(&**c, &entry.name, job, &delivery),
+        ConsumerKind::Transactional(c) => session.deliver(&**c, &entry.name, job, delivery),
     };
     match &outcome {
         Outcome::Delivered => tracing::debug!("delivered"),

@@ -6,7 +6,11 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use serde::Serialize;
+
+use super::buffer::{json_len, Buffer, OutOfMemory};
 use crate::consumer::{Consumer, Delivery, Outcome};
+use crate::envelope::Envelope;
 
 /// The JSON-lines file could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +46,10 @@ pub enum JsonlError {
 ///
 /// Deliveries from several worker threads are serialised by a mutex, so a
 /// line never interleaves with another.
+///
+/// The line is re-encoded into one buffer reserved at the envelope's size
+/// (the sink's one copy of the payload) and written with one call; a
+/// buffer that cannot be had (out of memory) is a retry of that event.
 ///
 /// A file sink survives log rotation. Before each line it checks (one
 /// `stat`) that its path still names the open file; when the file was moved
@@ -137,22 +145,19 @@ impl JsonlSink {
         self
     }
 
-    /// The line written for one delivery, newline included.
-    fn line(&self, delivery: &Delivery) -> Vec<u8> {
-        let mut json = delivery.envelope.to_json();
-        if self.delivery_fields {
-            // The envelope is a JSON object: its last byte is its closing brace.
-            json.pop();
-            json.push_str(",\"tenant_id\":");
-            json.push_str(
-                &serde_json::to_string(&delivery.tenant_id).expect("a string always serializes"),
-            );
-            json.push_str(",\"legacy\":");
-            json.push_str(if delivery.legacy { "true}" } else { "false}" });
+    /// The line written for one delivery, newline included: re-encoded on
+    /// its way into a buffer reserved at the envelope's size, the one copy
+    /// of the payload this sink makes.
+    fn line(&self, delivery: &Delivery) -> Result<Vec<u8>, OutOfMemory> {
+        let envelope = &delivery.envelope;
+        if !self.delivery_fields {
+            return one_line_of(envelope);
         }
-        let mut line = one_line(&json).into_bytes();
-        line.push(b'\n');
-        line
+        one_line_of(&WithDeliveryFields {
+            envelope,
+            tenant_id: delivery.tenant_id.as_deref(),
+            legacy: delivery.legacy,
+        })
     }
 
     fn write_line(&self, line: &[u8]) -> io::Result<()> {
@@ -355,7 +360,11 @@ fn still_linked(file: &File) -> io::Result<bool> {
 
 impl Consumer for JsonlSink {
     fn deliver(&self, delivery: &Delivery) -> Outcome {
-        match self.write_line(&self.line(delivery)) {
+        let line = match self.line(delivery) {
+            Ok(line) => line,
+            Err(e) => return e.retry(),
+        };
+        match self.write_line(&line) {
             Ok(()) => Outcome::Delivered,
             Err(e) => Outcome::retry(format!("cannot write to {}: {e}", self.label)),
         }
@@ -372,55 +381,143 @@ impl fmt::Debug for JsonlSink {
     }
 }
 
-/// Valid JSON text re-encoded on one line: whitespace between tokens is
-/// dropped, and the characters some readers take for line breaks (U+0085,
-/// U+2028, U+2029; the others are control characters, which JSON strings
-/// never hold raw) are escaped inside strings. Everything else is copied
-/// as it is, so the value is unchanged (no number is re-parsed, no key
-/// reordered). The input must be valid JSON, as an envelope always is.
-fn one_line(json: &str) -> String {
-    use std::fmt::Write;
-    let mut out = String::with_capacity(json.len());
-    let mut in_string = false;
-    let mut escaped = false;
-    for c in json.chars() {
-        if !in_string {
-            match c {
-                ' ' | '\t' | '\n' | '\r' => {}
-                '"' => {
-                    in_string = true;
-                    out.push(c);
-                }
-                c => out.push(c),
-            }
-            continue;
-        }
-        match c {
-            _ if escaped => {
-                escaped = false;
-                out.push(c);
-            }
-            '\\' => {
-                escaped = true;
-                out.push(c);
-            }
-            '"' => {
-                in_string = false;
-                out.push(c);
-            }
-            '\u{85}' | '\u{2028}' | '\u{2029}' => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
+/// An envelope with [`JsonlSink::delivery_fields`] after its own fields.
+#[derive(Serialize)]
+struct WithDeliveryFields<'a> {
+    #[serde(flatten)]
+    envelope: &'a Envelope,
+    tenant_id: Option<&'a str>,
+    legacy: bool,
+}
+
+/// `value`'s JSON re-encoded on one line ([`OneLine`]) and a newline, in
+/// a buffer reserved at the size of its JSON (which the re-encoding keeps
+/// or shortens, unless it escapes the characters below).
+fn one_line_of(value: &impl Serialize) -> Result<Vec<u8>, OutOfMemory> {
+    let bytes = json_len(value) + 1;
+    let mut out = OneLine::new(Buffer::with_capacity(bytes)?);
+    serde_json::to_writer(&mut out, value).map_err(|_| OutOfMemory { bytes })?;
+    let mut line = out.into_inner();
+    line.write_all(b"\n").map_err(|_| OutOfMemory { bytes })?;
+    Ok(line.0)
+}
+
+/// Passes valid JSON text on re-encoded on one line: whitespace between
+/// tokens is dropped, and the characters some readers take for line
+/// breaks (U+0085, U+2028, U+2029; the others are control characters,
+/// which JSON strings never hold raw) are escaped inside strings.
+/// Everything else is copied as it is, so the value is unchanged (no
+/// number is re-parsed, no key reordered). The input must be valid JSON,
+/// as an envelope always is; it may come in pieces cut anywhere, even
+/// inside a character.
+struct OneLine<W> {
+    out: W,
+    in_string: bool,
+    escaped: bool,
+    /// The first bytes of a character that may be one to escape (C2 of
+    /// U+0085, E2 80 of U+2028 and U+2029), held until the next byte says.
+    held: [u8; 2],
+    held_len: usize,
+}
+
+impl<W: Write> OneLine<W> {
+    fn new(out: W) -> OneLine<W> {
+        OneLine {
+            out,
+            in_string: false,
+            escaped: false,
+            held: [0; 2],
+            held_len: 0,
         }
     }
-    out
+
+    fn into_inner(self) -> W {
+        self.out
+    }
+
+    fn filter(&mut self, buf: &[u8]) -> io::Result<()> {
+        // Where the bytes copied as they are begin.
+        let mut start = 0;
+        for (i, &b) in buf.iter().enumerate() {
+            if self.held_len > 0 {
+                let escape: Option<&[u8]> = match (self.held_len, self.held[0], b) {
+                    (1, 0xC2, 0x85) => Some(br"\u0085"),
+                    (1, 0xE2, 0x80) => {
+                        self.held = [0xE2, 0x80];
+                        self.held_len = 2;
+                        start = i + 1;
+                        continue;
+                    }
+                    (2, _, 0xA8) => Some(br"\u2028"),
+                    (2, _, 0xA9) => Some(br"\u2029"),
+                    _ => None,
+                };
+                let held = std::mem::take(&mut self.held_len);
+                if let Some(escape) = escape {
+                    self.out.write_all(escape)?;
+                    start = i + 1;
+                    continue;
+                }
+                // Another character: its bytes go on as they are. This
+                // byte continues it, so none of the rules below applies.
+                self.out.write_all(&self.held[..held])?;
+                start = i;
+                continue;
+            }
+            if self.in_string {
+                if self.escaped {
+                    self.escaped = false;
+                    continue;
+                }
+                match b {
+                    b'\\' => self.escaped = true,
+                    b'"' => self.in_string = false,
+                    0xC2 | 0xE2 => {
+                        self.out.write_all(&buf[start..i])?;
+                        self.held = [b, 0];
+                        self.held_len = 1;
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            } else {
+                match b {
+                    b' ' | b'\t' | b'\n' | b'\r' => {
+                        self.out.write_all(&buf[start..i])?;
+                        start = i + 1;
+                    }
+                    b'"' => self.in_string = true,
+                    _ => {}
+                }
+            }
+        }
+        self.out.write_all(&buf[start..])
+    }
+}
+
+impl<W: Write> Write for OneLine<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.filter(buf)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{one_line, still_linked, LogFile};
+    use super::{still_linked, LogFile, OneLine};
     use std::cell::Cell;
+    use std::io::Write;
+
+    /// `json` through [`OneLine`] in one piece.
+    fn one_line(json: &str) -> String {
+        let mut out = OneLine::new(Vec::new());
+        out.write_all(json.as_bytes()).unwrap();
+        String::from_utf8(out.into_inner()).unwrap()
+    }
 
     thread_local! {
         /// Directory syncs made on this thread.
@@ -504,5 +601,29 @@ mod tests {
         // Compact JSON without those characters is left as it is.
         let compact = r#"{"id":7,"text":"caf\u00e9 ok","list":[true,false,null]}"#;
         assert_eq!(one_line(compact), compact);
+    }
+
+    /// Cut into pieces anywhere (inside a character to escape, another
+    /// character of the same first bytes, an escape sequence), the text
+    /// comes out as it does in one piece.
+    #[test]
+    fn one_line_comes_out_alike_from_pieces_cut_anywhere() {
+        let json = "{ \"a\\\"\u{2028}\" : [\"\u{85}é\u{2029}\u{20ac}\u{2000}\u{a9}\" ,\n 1 ] }";
+        let whole = one_line(json);
+        assert_eq!(
+            whole,
+            "{\"a\\\"\\u2028\":[\"\\u0085é\\u2029\u{20ac}\u{2000}\u{a9}\",1]}"
+        );
+        let bytes = json.as_bytes();
+        for cut in 0..=bytes.len() {
+            for second in cut..=bytes.len() {
+                let mut out = OneLine::new(Vec::new());
+                for piece in [&bytes[..cut], &bytes[cut..second], &bytes[second..]] {
+                    out.write_all(piece).unwrap();
+                }
+                let got = String::from_utf8(out.into_inner()).unwrap();
+                assert_eq!(got, whole, "cut at {cut} and {second}");
+            }
+        }
     }
 }

@@ -10,11 +10,17 @@
 //!
 //! | sink | delivered when | retried when | poison when |
 //! |---|---|---|---|
-//! | [`JsonlSink`] | the line is written and flushed (and synced, if asked) | a write fails | never |
-//! | [`CommandSink`] | the program exits 0 | any other exit, a signal, the timeout | the program exits with the poison code (65) |
-//! | [`WebhookSink`] | the receiver answers 2xx | 408, 425, 429, 5xx, network errors, timeouts | 410, other 4xx, redirects, refused addresses |
-//! | [`NatsSink`](nats::NatsSink) (feature `nats`) | JetStream acknowledges the message (a duplicate too) | no ack within the timeout, not connected, no responders | invalid subject, no stream takes it, over the max payload |
-//! | [`SqlSink`] | every statement ran (committed with its progress, exactly once) | any other SQL error | a constraint fails, a value's type or size is refused |
+//! | [`JsonlSink`] | the line is written and flushed (and synced, if asked) | a write fails | never (its failures are the file's, not the event's) |
+//! | [`CommandSink`] | the program exits 0 | any other exit, a signal, the timeout | the program exits with the poison code (65); a variable it cannot be started with (a NUL byte, too large for the system) |
+//! | [`WebhookSink`] | the receiver answers 2xx | 408, 425, 429, 5xx, network errors, timeouts | 410, other 4xx, redirects, refused addresses, a tenant header over [`MAX_TENANT_HEADER_BYTES`](webhook::MAX_TENANT_HEADER_BYTES) |
+//! | [`NatsSink`](nats::NatsSink) (feature `nats`) | JetStream acknowledges the message (a duplicate too) | no ack within the timeout, not connected, no responders | invalid subject, no stream takes it, a header with a line break, over the max payload (headers included) |
+//! | [`SqlSink`] | every statement ran (committed with its progress, exactly once) | any other SQL error (memory, a full disk) | a constraint fails, a value's type or size is refused, SQLite's JSON functions cannot read a value |
+//!
+//! A sink that cannot have the memory for an event's bytes (out of memory)
+//! retries that event; the process goes on. Each holds a payload in one
+//! buffer of its own at most, reserved at its size before it is written
+//! (the sql sink's bound values are SQLite's: one copy, and a second to
+//! read it as text), beside the one copy the relay keeps for the delivery.
 //!
 //! Every construction error is found before the first delivery: a missing
 //! program, a bad URL, a malformed secret.
@@ -31,6 +37,7 @@
 //! what a program or a receiver wrote into one is clipped and kept on one
 //! line.
 
+mod buffer;
 pub mod command;
 pub mod jsonl;
 #[cfg(feature = "nats")]

@@ -18,9 +18,10 @@
 //! # Ok(()) }
 //! ```
 
-use rusqlite::types::Value;
+use rusqlite::types::{ToSqlOutput, Value, ValueRef};
 use rusqlite::{Connection, ErrorCode, Transaction};
 
+use super::buffer::envelope_json;
 use crate::consumer::{Delivery, Outcome, TransactionalConsumer};
 use crate::text::{clip, Keep};
 
@@ -116,9 +117,15 @@ impl SqlSinkError {
 /// [`TransactionalConsumer`]. Register it with
 /// [`RelayBuilder::transactional_consumer`](crate::RelayBuilder::transactional_consumer).
 ///
-/// | all statements succeed | a constraint fails, a value has the wrong type or is too big | any other error |
+/// | all statements succeed | a constraint fails, a value has the wrong type or is too big, SQLite's JSON functions cannot read a value | any other error |
 /// |---|---|---|
-/// | delivered (committed with the ledger entry) | poison (it would fail the same way on every try) | retry (a table a migration has not made yet, a full disk) |
+/// | delivered (committed with the ledger entry) | poison (it would fail the same way on every try) | retry (a table a migration has not made yet, a full disk, out of memory) |
+///
+/// SQLite reads JSON nested at most 1,000 deep, where outboxd sets no
+/// limit: a deeper payload given to `json_extract` is poison ("malformed
+/// JSON"). The payload and the envelope are bound as borrowed text, of
+/// which SQLite keeps one copy (and makes one more to read it as text),
+/// released when the statement is done.
 ///
 /// Every outcome but delivered rolls back all the statements. A
 /// statement that may see an event again (a replay) should say what
@@ -203,24 +210,52 @@ impl SqlSink {
 
     fn run(&self, tx: &Transaction<'_>, d: &Delivery) -> Result<(), (usize, rusqlite::Error)> {
         let payload = d.envelope.payload.get();
+        // Built once a statement asks for it, and once per delivery.
+        let mut envelope = None;
         for (i, sql) in self.statements.iter().enumerate() {
             let at = |e| (i, e);
             let mut stmt = tx.prepare_cached(sql).map_err(at)?;
-            for p in 1..=stmt.parameter_count() {
-                let value = stmt
-                    .parameter_name(p)
-                    .and_then(|name| value_of(name, d, payload));
-                // An unknown name cannot pass `check`; bound as NULL if one
-                // reaches here (a sink built without a check).
-                stmt.raw_bind_parameter(p, value.unwrap_or(Value::Null))
-                    .map_err(at)?;
-            }
-            // Rows a statement returns (RETURNING) are read and dropped.
-            let mut rows = stmt.raw_query();
-            while rows.next().map_err(at)?.is_some() {}
+            let ran = bind_and_run(&mut stmt, d, payload, &mut envelope);
+            // A cached statement keeps the values bound to it until they are
+            // bound anew: the payload would stay in memory after the delivery.
+            stmt.clear_bindings();
+            ran.map_err(at)?;
         }
         Ok(())
     }
+}
+
+/// Binds the delivery's values to `stmt`'s parameters (the payload and the
+/// envelope as borrowed text: SQLite makes the one copy it keeps) and runs
+/// it to its end.
+fn bind_and_run(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    d: &Delivery,
+    payload: &str,
+    envelope: &mut Option<String>,
+) -> rusqlite::Result<()> {
+    for p in 1..=stmt.parameter_count() {
+        let name = stmt.parameter_name(p).unwrap_or("").to_string();
+        if name == ":envelope" && envelope.is_none() {
+            let json = envelope_json(&d.envelope).map_err(|e| {
+                rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_NOMEM),
+                    Some(e.to_string()),
+                )
+            })?;
+            // serde_json writes UTF-8 only.
+            *envelope = String::from_utf8(json).ok();
+        }
+        // An unknown name cannot pass `check`; bound as NULL if one
+        // reaches here (a sink built without a check).
+        let value = value_of(&name, d, payload, envelope.as_deref())
+            .unwrap_or(ToSqlOutput::Owned(Value::Null));
+        stmt.raw_bind_parameter(p, value)?;
+    }
+    // Rows a statement returns (RETURNING) are read and dropped.
+    let mut rows = stmt.raw_query();
+    while rows.next()?.is_some() {}
+    Ok(())
 }
 
 impl TransactionalConsumer for SqlSink {
@@ -230,38 +265,72 @@ impl TransactionalConsumer for SqlSink {
             Err((i, e)) => {
                 let reason = format!("statement {i}: {}", sqlite_message(&e));
                 let reason = clip(&reason, MAX_REASON_BYTES, Keep::Head).into_owned();
-                match e.sqlite_error_code() {
-                    Some(
-                        ErrorCode::ConstraintViolation
-                        | ErrorCode::TypeMismatch
-                        | ErrorCode::TooBig,
-                    ) => Outcome::poison(reason),
-                    _ => Outcome::retry(reason),
+                if never_succeeds(&e) {
+                    Outcome::poison(reason)
+                } else {
+                    Outcome::retry(reason)
                 }
             }
         }
     }
 }
 
+/// SQLite's messages for a JSON value given to its JSON functions that
+/// they can never read (SQLITE_ERROR, the code of many other errors): text
+/// that is not JSON to SQLite, which includes JSON nested deeper than its
+/// 1,000 levels (valid to outboxd, which sets no depth limit), and values
+/// JSON cannot hold.
+const UNREADABLE_JSON: &[&str] = &[
+    "malformed JSON",
+    "JSON nested too deep",
+    "JSON cannot hold BLOB values",
+    "json_object() labels must be TEXT",
+];
+
+/// Whether the error says the statement can never succeed for this event:
+/// a constraint fails, a value's type or size is refused, or SQLite's JSON
+/// functions cannot read a value. Any other error may pass (a table a
+/// migration has not made yet, a full disk, memory).
+fn never_succeeds(e: &rusqlite::Error) -> bool {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::ConstraintViolation | ErrorCode::TypeMismatch | ErrorCode::TooBig) => true,
+        Some(ErrorCode::Unknown) => {
+            let message = sqlite_message(e);
+            UNREADABLE_JSON.iter().any(|m| message.contains(m))
+        }
+        _ => false,
+    }
+}
+
 /// The value a named parameter is bound to; None for an unknown name.
-fn value_of(name: &str, d: &Delivery, payload: &str) -> Option<Value> {
+fn value_of<'a>(
+    name: &str,
+    d: &'a Delivery,
+    payload: &'a str,
+    envelope: Option<&'a str>,
+) -> Option<ToSqlOutput<'a>> {
     let env = &d.envelope;
-    let text = |s: &Option<String>| s.clone().map_or(Value::Null, Value::Text);
+    let borrowed = |s: &'a str| ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes()));
+    let text = |s: &'a Option<String>| {
+        s.as_deref()
+            .map_or(ToSqlOutput::Owned(Value::Null), borrowed)
+    };
+    let owned = ToSqlOutput::Owned;
     Some(match name {
-        ":event_id" => Value::Text(env.event_id.to_string()),
-        ":event_type" => Value::Text(env.event_type.as_str().to_string()),
-        ":event_version" => Value::Integer(i64::from(env.event_version)),
+        ":event_id" => owned(Value::Text(env.event_id.to_string())),
+        ":event_type" => borrowed(env.event_type.as_str()),
+        ":event_version" => owned(Value::Integer(i64::from(env.event_version))),
         ":tenant_id" => text(&d.tenant_id),
         ":ordering_key" => text(&d.ordering_key),
         ":causation_id" => text(&env.causation_id),
         ":correlation_id" => text(&env.correlation_id),
-        ":occurred_at" => Value::Text(env.occurred_at.to_string()),
-        ":occurred_at_ms" => Value::Integer(env.occurred_at.as_millis()),
-        ":payload" => Value::Text(payload.to_string()),
-        ":envelope" => Value::Text(env.to_json()),
-        ":consumer" => Value::Text(d.consumer.clone()),
-        ":attempt" => Value::Integer(i64::from(d.attempt)),
-        ":legacy" => Value::Integer(i64::from(d.legacy)),
+        ":occurred_at" => owned(Value::Text(env.occurred_at.to_string())),
+        ":occurred_at_ms" => owned(Value::Integer(env.occurred_at.as_millis())),
+        ":payload" => borrowed(payload),
+        ":envelope" => envelope.map_or(owned(Value::Null), borrowed),
+        ":consumer" => borrowed(&d.consumer),
+        ":attempt" => owned(Value::Integer(i64::from(d.attempt))),
+        ":legacy" => owned(Value::Integer(i64::from(d.legacy))),
         _ => return None,
     })
 }

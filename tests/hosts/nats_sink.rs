@@ -197,6 +197,13 @@ fn what_can_never_be_stored_is_poison_with_the_reason() {
     let r = poison_reason(sink.deliver(&big));
     assert!(r.contains("larger"), "{r}");
 
+    // Headers that make the message larger than the server's max_payload
+    // (they count, as the body does): poison too.
+    let mut long_header = delivery("article.created.v1", None);
+    long_header.envelope.correlation_id = Some("r".repeat(5000));
+    let r = poison_reason(sink.deliver(&long_header));
+    assert!(r.contains("larger"), "{r}");
+
     // A header value with a line break.
     let mut crlf = delivery("article.created.v1", None);
     crlf.envelope.causation_id = Some("a\r\nb".into());

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
+mod allocator;
 mod args;
 #[cfg(feature = "assets")]
 mod assets;
@@ -76,6 +77,7 @@ const FLAG_VARIABLES: [(&str, &str, &str); 2] = [
 
 fn main() -> ExitCode {
     raise_open_files_limit();
+    allocator::set_up();
     // clap takes a variable that is set but empty for a flag given without
     // its value ("a value is required for '--db'"), even when the flag is
     // on the command line. An empty one is set aside here, and refused

@@ -8,7 +8,7 @@ use crossbeam_channel::Sender;
 
 use super::in_flight::RowSet;
 use super::Writer;
-use crate::error::is_busy;
+use crate::error::{is_busy, is_out_of_memory};
 use crate::relay::job::Job;
 use crate::relay::metrics::Metrics;
 use crate::relay::plan::{self, Load};
@@ -82,6 +82,10 @@ impl Writer {
                 self.to_release.extend(releases);
                 let busy = is_busy(&e);
                 let pause = self.planner.failed(busy, Instant::now());
+                let claim_oom = plan.claim > 0 && is_out_of_memory(&e);
+                if claim_oom {
+                    self.planner.claim_out_of_memory(Instant::now());
+                }
                 if busy {
                     // SQLITE_BUSY is never an event failure: wait and retry.
                     Metrics::add(&self.metrics.busy_retries, 1);
@@ -89,6 +93,12 @@ impl Writer {
                     Metrics::add(&self.metrics.errors, 1);
                     self.stop_on_damage(e);
                     return;
+                } else if claim_oom {
+                    Metrics::add(&self.metrics.errors, 1);
+                    tracing::error!(error = %e, retry_in_ms = 2 * pause.as_millis() as u64,
+                        "cannot claim events: out of memory (SQLite rewrites a claimed row whole, \
+                         which needs about twice its payload); recording outcomes meanwhile, \
+                         claiming again later");
                 } else {
                     Metrics::add(&self.metrics.errors, 1);
                     tracing::error!(error = %e, retry_in_ms = pause.as_millis() as u64,

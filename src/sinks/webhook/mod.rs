@@ -63,6 +63,12 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 /// The header carrying the event's tenant.
 pub const TENANT_HEADER: &str = "outboxd-tenant-id";
 
+/// The longest [`TENANT_HEADER`] value sent. A tenant id whose
+/// percent-encoded form is longer makes the event poison: the HTTP
+/// client's buffer for a request's head (128 KiB) could never send it, and
+/// HTTP servers commonly take 8 to 16 KiB of headers in all.
+pub const MAX_TENANT_HEADER_BYTES: usize = 64 * 1024;
+
 /// The header marking a legacy row.
 pub const LEGACY_HEADER: &str = "outboxd-legacy";
 

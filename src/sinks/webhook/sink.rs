@@ -11,7 +11,9 @@ use ureq::http::{HeaderName, HeaderValue, StatusCode};
 use super::address::AddressRefused;
 use super::redact::{Redactor, Shown};
 use super::signature::{sign, WebhookSecret};
-use super::{BODY_SNIPPET_BYTES, LEGACY_HEADER, MAX_RETRY_AFTER, TENANT_HEADER};
+use super::{
+    BODY_SNIPPET_BYTES, LEGACY_HEADER, MAX_RETRY_AFTER, MAX_TENANT_HEADER_BYTES, TENANT_HEADER,
+};
 use crate::consumer::{Consumer, Delivery, Outcome};
 
 /// POSTs each envelope to a URL, signed per Standard Webhooks (see the
@@ -56,7 +58,22 @@ impl WebhookSink {
     }
 
     fn post(&self, delivery: &Delivery) -> Outcome {
-        let body = delivery.envelope.to_json();
+        let tenant = delivery.tenant_id.as_deref().map(percent_encode);
+        if let Some(value) = tenant
+            .as_ref()
+            .filter(|v| v.len() > MAX_TENANT_HEADER_BYTES)
+        {
+            return Outcome::poison(format!(
+                "the tenant id makes a {TENANT_HEADER} header of {} bytes, more than the \
+                 {MAX_TENANT_HEADER_BYTES} a request carries (HTTP servers commonly take 8 to 16 KiB \
+                 of headers in all)",
+                value.len()
+            ));
+        }
+        let body = match crate::sinks::buffer::envelope_json(&delivery.envelope) {
+            Ok(body) => body,
+            Err(e) => return e.retry(),
+        };
         let id = delivery.envelope.event_id.to_string();
         let now = SystemTime::now();
         let timestamp = now
@@ -71,10 +88,10 @@ impl WebhookSink {
             .header("webhook-timestamp", timestamp.to_string())
             .header(
                 "webhook-signature",
-                self.signature_header(&id, timestamp, body.as_bytes()),
+                self.signature_header(&id, timestamp, &body),
             );
-        if let Some(tenant) = &delivery.tenant_id {
-            request = request.header(TENANT_HEADER, percent_encode(tenant));
+        if let Some(tenant) = tenant {
+            request = request.header(TENANT_HEADER, tenant);
         }
         if delivery.legacy {
             request = request.header(LEGACY_HEADER, "true");
@@ -82,7 +99,7 @@ impl WebhookSink {
         for (name, value) in &self.headers {
             request = request.header(name, value);
         }
-        let mut response = match request.send(body.as_bytes()) {
+        let mut response = match request.send(&body[..]) {
             Ok(r) => r,
             Err(e) => return self.network_error(e),
         };

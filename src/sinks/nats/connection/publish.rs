@@ -50,7 +50,10 @@ impl Shared {
             Ok(h) => h,
             Err(why) => return Outcome::poison(why),
         };
-        let body = bytes::Bytes::from(d.envelope.to_json());
+        let body = match crate::sinks::buffer::envelope_json(&d.envelope) {
+            Ok(body) => bytes::Bytes::from(body),
+            Err(e) => return e.retry(),
+        };
         let publish = PublishMessage::build().payload(body).headers(headers);
         // Queued on the connection without waiting for earlier publishes;
         // only this worker waits for this acknowledgement.

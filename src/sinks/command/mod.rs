@@ -38,6 +38,15 @@
 //! programs and everything they started, so none outlives the process that
 //! ran it and races the next relay's run of the same event. The `outboxd`
 //! binary calls it when `run` ends, however it ends.
+//!
+//! An event the program can never be started with is poison, and the
+//! program does not run: a variable that would hold a NUL byte, or one the
+//! system refuses as too large (`E2BIG`, "Argument list too long": on Linux
+//! one variable, its name included, takes at most 128 KiB), such as a
+//! correlation id of a megabyte. Finding the program when the sink is built
+//! is in program.rs.
+
+mod program;
 
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
@@ -50,6 +59,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::consumer::{Consumer, Delivery, Outcome};
+use program::resolve_program;
 
 /// The usual poison exit code: `EX_DATAERR` from sysexits.h, "the input data
 /// was incorrect".
@@ -328,6 +338,13 @@ impl CommandSink {
             ));
         }
 
+        // Built before the program starts: one that cannot be had is a retry
+        // with no program to kill.
+        let input = match super::buffer::envelope_json(env) {
+            Ok(input) => input,
+            Err(e) => return e.retry(),
+        };
+
         // Spawned under the lock, so that a kill_running() that has just
         // run cannot miss a program it would have killed.
         let mut child = {
@@ -337,9 +354,7 @@ impl CommandSink {
                     set.insert(child.id());
                     child
                 }
-                Err(e) => {
-                    return Outcome::retry(format!("cannot start {}: {e}", self.program.display()))
-                }
+                Err(e) => return self.not_started(&e, &vars),
             }
         };
 
@@ -347,7 +362,6 @@ impl CommandSink {
         // program that never reads stdin nor one that floods stdout or stderr
         // can block the wait below.
         if let Some(mut stdin) = child.stdin.take() {
-            let input = env.to_json().into_bytes();
             spawn_io("outboxd-cmd-stdin", move || {
                 // EPIPE (the program exited or closed stdin) is not an error
                 // here: the exit status decides.
@@ -400,6 +414,33 @@ impl CommandSink {
         }
     }
 }
+
+impl CommandSink {
+    /// The program could not be started: a retry, unless the system refused
+    /// the event's own variables as too large (E2BIG), which no later try
+    /// changes.
+    fn not_started(&self, e: &io::Error, vars: &[(&'static str, Option<String>)]) -> Outcome {
+        let program = self.program.display();
+        if e.kind() != io::ErrorKind::ArgumentListTooLong {
+            return Outcome::retry(format!("cannot start {program}: {e}"));
+        }
+        let (key, len) = vars
+            .iter()
+            .map(|(key, v)| (*key, v.as_deref().map_or(0, str::len)))
+            .max_by_key(|&(_, len)| len)
+            .unwrap_or(("", 0));
+        Outcome::poison(format!(
+            "cannot start {program}: {e}: the system refuses this event's environment as too \
+             large; the largest of its variables is {key} ({len} bytes, where Linux takes at \
+             most {MAX_ARG_STRLEN} bytes for one variable and its name); the program was not \
+             started"
+        ))
+    }
+}
+
+/// Linux's limit on one argument or environment string, its name and `=`
+/// included (`MAX_ARG_STRLEN`: 32 pages of 4 KiB).
+const MAX_ARG_STRLEN: usize = 131_072;
 
 impl Consumer for CommandSink {
     fn deliver(&self, delivery: &Delivery) -> Outcome {
@@ -539,78 +580,4 @@ fn describe(status: ExitStatus) -> String {
         }
     }
     format!("ended with {status}")
-}
-
-fn resolve_program(program: &OsStr) -> Result<PathBuf, CommandError> {
-    let err = match resolve_one(program) {
-        Err(err @ (CommandError::NotFound { .. } | CommandError::NotInPath { .. })) => err,
-        other => return other,
-    };
-    // "/bin/echo hello": a program and its arguments in one string. Say so
-    // when the first word is a program, rather than "does not exist".
-    let words: Vec<&str> = program.to_str().unwrap_or("").split_whitespace().collect();
-    if let [first, rest @ ..] = words.as_slice() {
-        if !rest.is_empty() && resolve_one(OsStr::new(first)).is_ok() {
-            return Err(CommandError::WithArguments {
-                given: program.to_string_lossy().into_owned(),
-                program: first.to_string(),
-                args: rest.iter().map(|a| a.to_string()).collect(),
-            });
-        }
-    }
-    Err(err)
-}
-
-fn resolve_one(program: &OsStr) -> Result<PathBuf, CommandError> {
-    if program.is_empty() {
-        return Err(CommandError::EmptyProgram);
-    }
-    let given = Path::new(program);
-    let absolute = |path: &Path| {
-        std::path::absolute(path).map_err(|source| CommandError::Inspect {
-            path: path.to_path_buf(),
-            source,
-        })
-    };
-    if program.as_encoded_bytes().contains(&b'/') {
-        let path = absolute(given)?;
-        check_executable(&path)?;
-        return Ok(path);
-    }
-    match which::which(given) {
-        Ok(found) => absolute(&found),
-        Err(_) => Err(CommandError::NotInPath {
-            name: program.to_string_lossy().into_owned(),
-            path_var: std::env::var_os("PATH")
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned(),
-        }),
-    }
-}
-
-fn check_executable(path: &Path) -> Result<(), CommandError> {
-    let meta = std::fs::metadata(path).map_err(|source| match source.kind() {
-        io::ErrorKind::NotFound => CommandError::NotFound {
-            path: path.to_path_buf(),
-        },
-        _ => CommandError::Inspect {
-            path: path.to_path_buf(),
-            source,
-        },
-    })?;
-    if !meta.is_file() {
-        return Err(CommandError::NotAFile {
-            path: path.to_path_buf(),
-        });
-    }
-    // access(2) rather than the mode bits: it answers for this user, its
-    // groups and ACLs, as the exec will.
-    #[cfg(unix)]
-    if rustix::fs::access(path, rustix::fs::Access::EXEC_OK).is_err() {
-        return Err(CommandError::NotExecutable {
-            path: path.to_path_buf(),
-        });
-    }
-    Ok(())
 }
