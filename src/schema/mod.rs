@@ -66,6 +66,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "checks_without_functions",
         sql: include_str!("../../migrations/0007_checks_without_functions.sql"),
     },
+    Migration {
+        version: 8,
+        name: "capture_names_gaps_snapshots",
+        sql: include_str!("../../migrations/0008_capture_names_gaps_snapshots.sql"),
+    },
 ];
 
 /// A fresh database at the latest schema in a temporary directory, for
