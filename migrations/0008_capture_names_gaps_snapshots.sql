@@ -67,6 +67,9 @@ CREATE TABLE outboxd_capture_snapshot (
     installed_at INTEGER NOT NULL,
     -- The key of the last row read (JSON), NULL before the first chunk.
     cursor       TEXT,
+    -- The table's last key when it started (JSON; NULL: it was empty):
+    -- rows inserted after it are sent by their live events.
+    last_key     TEXT,
     scanned      INTEGER NOT NULL DEFAULT 0,
     rows         INTEGER NOT NULL DEFAULT 0,
     -- The table's row count when it started, for progress.

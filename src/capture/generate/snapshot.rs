@@ -8,12 +8,18 @@ use crate::capture::spec::Operation;
 use crate::capture::sqltext::{check_expression, ident, literal, refers_to};
 use crate::capture::CaptureError;
 
-/// The statements of one capture's snapshot.
+/// The statements of one capture's snapshot. Its rows are those up to the
+/// table's last key when it started (`last`): rows inserted after that are
+/// sent by their live events, and a table written faster than it is read
+/// cannot keep a snapshot from ending.
 #[derive(Debug, Clone)]
 pub(crate) struct SnapshotSql {
-    /// The first chunk: `LIMIT ?1`.
+    /// The table's last key now.
+    pub last: String,
+    /// The first chunk: the last key `?1…?n`, then `LIMIT ?n+1`.
     pub first: String,
-    /// The next chunks: the cursor's values `?1…?n`, then `LIMIT ?n+1`.
+    /// The next chunks: the cursor's values `?1…?n`, the last key's
+    /// `?n+1…?2n`, then `LIMIT ?2n+1`.
     pub next: String,
     /// How many values the cursor has (1 for a rowid table; the primary
     /// key's columns for a WITHOUT ROWID one).
@@ -96,15 +102,33 @@ impl Plan {
         );
         let order = format!("ORDER BY {}", cursor.join(", "));
         let n = cursor.len();
-        let marks: Vec<String> = (1..=n).map(|i| format!("?{i}")).collect();
-        let after = if n == 1 {
-            format!("{} > ?1", cursor[0])
-        } else {
-            format!("({}) > ({})", cursor.join(", "), marks.join(", "))
+        let compare = |op: &str, from: usize| -> String {
+            let marks: Vec<String> = (from..from + n).map(|i| format!("?{i}")).collect();
+            if n == 1 {
+                format!("{} {op} {}", cursor[0], marks[0])
+            } else {
+                format!("({}) {op} ({})", cursor.join(", "), marks.join(", "))
+            }
         };
+        let desc: Vec<String> = cursor.iter().map(|c| format!("{c} DESC")).collect();
         Ok(SnapshotSql {
-            first: format!("{select}\n{order} LIMIT ?1"),
-            next: format!("{select}\nWHERE {after}\n{order} LIMIT ?{}", n + 1),
+            last: format!(
+                "SELECT {} FROM {} AS NEW ORDER BY {} LIMIT 1",
+                cursor.join(", "),
+                ident(&self.table.name),
+                desc.join(", ")
+            ),
+            first: format!(
+                "{select}\nWHERE {}\n{order} LIMIT ?{}",
+                compare("<=", 1),
+                n + 1
+            ),
+            next: format!(
+                "{select}\nWHERE {} AND {}\n{order} LIMIT ?{}",
+                compare(">", 1),
+                compare("<=", n + 1),
+                2 * n + 1
+            ),
             cursor_len: n,
         })
     }

@@ -182,6 +182,23 @@ pub fn start(
         tx.commit().map_err(Error::db("start a snapshot"))?;
         return Ok(run);
     }
+    let last_key: Option<Vec<KeyValue>> = {
+        let mut stmt = tx
+            .prepare(&sql.last)
+            .map_err(Error::db("read a table's last key"))?;
+        let mut rows = stmt
+            .query([])
+            .map_err(Error::db("read a table's last key"))?;
+        match rows.next().map_err(Error::db("read a table's last key"))? {
+            Some(r) => Some(
+                (0..sql.cursor_len)
+                    .map(|i| r.get_ref(i).map(KeyValue::read))
+                    .collect::<rusqlite::Result<_>>()
+                    .map_err(Error::db("read a table's last key"))?,
+            ),
+            None => None,
+        }
+    };
     let snapshot = Snapshot {
         id: crate::EventId::new().to_string(),
         capture: plan.name.clone(),
@@ -198,6 +215,7 @@ pub fn start(
         message: None,
         installed_at,
         cursor: None,
+        last_key,
     };
     store::insert(&tx, &snapshot)?;
     let marker = serde_json::json!({
@@ -260,17 +278,15 @@ pub fn step(
     let limit = opts.chunk_rows.max(1) as i64;
     let (mut scanned, mut rows, mut bytes) = (0u64, 0u64, 0u64);
     let mut last: Option<Vec<KeyValue>> = None;
-    {
+    if let Some(until) = &snap.last_key {
         let mut stmt = match &snap.cursor {
             None => tx.prepare(&sql.first),
             Some(_) => tx.prepare(&sql.next),
         }
         .map_err(Error::db("prepare a snapshot chunk"))?;
         let mut bound: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
-        if let Some(c) = &snap.cursor {
-            for v in c {
-                bound.push(Box::new(Bound::of(v)));
-            }
+        for v in snap.cursor.iter().flatten().chain(until) {
+            bound.push(Box::new(Bound::of(v)));
         }
         bound.push(Box::new(limit));
         let mut found = stmt

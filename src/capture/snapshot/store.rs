@@ -82,10 +82,13 @@ pub struct Snapshot {
     /// The key of the last row read.
     #[serde(skip)]
     pub(crate) cursor: Option<Vec<KeyValue>>,
+    /// The table's last key when it started; None: it was empty.
+    #[serde(skip)]
+    pub(crate) last_key: Option<Vec<KeyValue>>,
 }
 
 const COLUMNS: &str = "id, capture, table_name, filter, state, origin, started_at, updated_at, \
-                       finished_at, scanned, rows, total, message, installed_at, cursor";
+                       finished_at, scanned, rows, total, message, installed_at, cursor, last_key";
 
 fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<Snapshot> {
     let count = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
@@ -107,6 +110,9 @@ fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<Snapshot> {
         cursor: r
             .get::<_, Option<String>>(14)?
             .and_then(|c| serde_json::from_str(&c).ok()),
+        last_key: r
+            .get::<_, Option<String>>(15)?
+            .and_then(|c| serde_json::from_str(&c).ok()),
     })
 }
 
@@ -115,8 +121,8 @@ pub(crate) fn insert(conn: &Connection, s: &Snapshot) -> Result<()> {
     conn.execute(
         "INSERT INTO outboxd_capture_snapshot
              (id, capture, table_name, filter, state, origin, started_at, updated_at,
-              installed_at, total)
-         VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6, ?6, ?7, ?8)",
+              installed_at, total, last_key)
+         VALUES (?1, ?2, ?3, ?4, 'running', ?5, ?6, ?6, ?7, ?8, ?9)",
         params![
             s.id,
             s.capture,
@@ -125,7 +131,10 @@ pub(crate) fn insert(conn: &Connection, s: &Snapshot) -> Result<()> {
             s.origin,
             s.started_at.as_millis(),
             s.installed_at,
-            s.total.map(|n| n as i64)
+            s.total.map(|n| n as i64),
+            s.last_key
+                .as_ref()
+                .map(|k| serde_json::to_string(k).expect("a key serializes"))
         ],
     )
     .map_err(Error::db("record a snapshot"))?;
