@@ -64,6 +64,22 @@ pub use spec::{
 
 use crate::envelope::EnvelopeError;
 
+/// The triggers and views a capture would install on `conn` (shared ones
+/// first), as (name, kind, SQL): for tests that build the records an
+/// earlier schema held.
+#[cfg(test)]
+pub(crate) fn objects_of(
+    conn: &rusqlite::Connection,
+    spec: &CaptureSpec,
+) -> Vec<(String, &'static str, String)> {
+    let plan = resolve::resolve(conn, spec).unwrap();
+    generate::event_objects()
+        .into_iter()
+        .chain(plan.triggers())
+        .map(|o| (o.name, o.kind, o.sql))
+        .collect()
+}
+
 /// outboxd's own tables, which cannot be captured.
 const OWN_TABLES: &[&str] = &["event_outbox", "delivered_events", "publish_intents"];
 
