@@ -159,15 +159,15 @@ pub fn apply_as(
             _ => Change::Updated,
         };
         let reason = match &recorded {
-            Some((s, _)) if change == Change::Updated => Some(
-                super::compare::spec_difference(s, &plan.spec).unwrap_or_else(|| {
-                    if missing.is_empty() && replaced.is_empty() {
-                        "the table changed, or this outboxd writes different triggers".into()
-                    } else {
-                        "its triggers had drifted".into()
-                    }
-                }),
-            ),
+            Some((s, _)) if change == Change::Updated => {
+                super::compare::spec_difference(s, &plan.spec)
+                    .map(|d| format!("the config sets {d}"))
+                    .or_else(|| {
+                        (missing.is_empty() && replaced.is_empty()).then(|| {
+                            "the table changed, or this outboxd writes different triggers".into()
+                        })
+                    })
+            }
             _ => None,
         };
         if let (Some((_, verified_at)), false) = (&recorded, missing.is_empty()) {

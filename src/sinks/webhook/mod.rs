@@ -63,6 +63,11 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 /// The header carrying the event's tenant.
 pub const TENANT_HEADER: &str = "outboxd-tenant-id";
 
+/// The header carrying the event's ordering key (percent-encoded like the
+/// tenant): a receiver orders or groups by it (a captured row's
+/// `{table}:{key}`) without parsing the payload.
+pub const ORDERING_KEY_HEADER: &str = "outboxd-ordering-key";
+
 /// The header marking a legacy row.
 pub const LEGACY_HEADER: &str = "outboxd-legacy";
 

@@ -11,7 +11,9 @@ use ureq::http::{HeaderName, HeaderValue, StatusCode};
 use super::address::AddressRefused;
 use super::redact::{Redactor, Shown};
 use super::signature::{sign, WebhookSecret};
-use super::{BODY_SNIPPET_BYTES, LEGACY_HEADER, MAX_RETRY_AFTER, TENANT_HEADER};
+use super::{
+    BODY_SNIPPET_BYTES, LEGACY_HEADER, MAX_RETRY_AFTER, ORDERING_KEY_HEADER, TENANT_HEADER,
+};
 use crate::consumer::{Consumer, Delivery, Outcome};
 
 /// POSTs each envelope to a URL, signed per Standard Webhooks (see the
@@ -75,6 +77,9 @@ impl WebhookSink {
             );
         if let Some(tenant) = &delivery.tenant_id {
             request = request.header(TENANT_HEADER, percent_encode(tenant));
+        }
+        if let Some(key) = &delivery.ordering_key {
+            request = request.header(ORDERING_KEY_HEADER, percent_encode(key));
         }
         if delivery.legacy {
             request = request.header(LEGACY_HEADER, "true");

@@ -236,13 +236,12 @@ fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
             db.display()
         )?;
     }
-    match report.shared {
-        Some(Change::Installed) => writeln!(out, "installed the shared view outboxd_capture_event and its triggers")?,
-        Some(_) => writeln!(
+    if report.shared == Some(Change::Updated) {
+        writeln!(
             out,
-            "reinstalled the shared view outboxd_capture_event and its triggers (they were missing or changed: the host's writes to captured tables were failing)"
-        )?,
-        None => {}
+            "reinstalled the shared view outboxd_capture_event and its triggers (they were \
+             missing or changed: the host's writes to captured tables were failing)"
+        )?;
     }
     for t in &report.tables {
         let what = match t.change {
@@ -264,7 +263,7 @@ fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
                     why.join("; ")
                 )
             }
-            Change::Unchanged => "unchanged".to_string(),
+            Change::Unchanged => format!("unchanged ({} triggers)", t.triggers.len()),
         };
         writeln!(out, "{}: {what}", label(&t.name, &t.table))?;
     }
@@ -413,7 +412,7 @@ fn drop_captures(global: &Global, args: &DropArgs) -> Result<Exit> {
         .map_err(not_found("see the captures with `outboxd capture list`"))?;
     let mut out = std::io::stdout().lock();
     for t in &report.tables {
-        writeln!(out, "dropped the capture {t}")?;
+        writeln!(out, "dropped capture {t}")?;
     }
     writeln!(out, "{} triggers and views dropped", report.triggers.len())?;
     Ok(Exit::Ok)
