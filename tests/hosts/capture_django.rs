@@ -457,3 +457,69 @@ fn a_snapshot_killed_mid_way_while_the_cms_edits_sends_every_page_once() {
         "each ordering key's events delivered in commit order"
     );
 }
+
+/// The figures of BENCHMARKS.md's "Django beside outboxd" (issue 33, item
+/// 5): two Django writer processes, 1,000 transactions each (a read, then
+/// a write, as an admin's save does), on a captured table while `outboxd
+/// run` delivers every event to a JSONL file; "database is locked" errors
+/// per 1,000 operations with Django's default SQLite settings (deferred
+/// transactions) and with the recommended ones (`transaction_mode =
+/// "IMMEDIATE"`, `timeout = 5`). Ignored: a measurement, not a check.
+///
+///     cargo test --test hosts -- --ignored capture_django::measure_lock_errors --nocapture
+#[test]
+#[ignore]
+fn measure_lock_errors_of_two_django_writers() {
+    let Some(python) = venv::python_with(DJANGO, "import django") else {
+        return;
+    };
+    for (label, env, relay) in [
+        ("defaults, outboxd stopped", None, false),
+        ("defaults, outboxd running", None, true),
+        ("recommended, outboxd running", Some(("CMS_SQLITE_RECOMMENDED", "1")), true),
+    ] {
+        let cms = Cms::new(python.clone());
+        cms.host("migrate", &[]);
+        let config = cms.root.join("outboxd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "{CAPTURE}\n[[consumer]]\nname = \"feed\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"{}\"\n",
+                cms.root.join("feed.jsonl").display()
+            ),
+        )
+        .unwrap();
+        let config = config.to_str().unwrap();
+        cms.outboxd().ok(&["capture", "apply", "--config", config]);
+        let mut run = relay.then(|| cms.outboxd().spawn(&["run", "--config", config]));
+        std::thread::sleep(Duration::from_millis(500));
+        let writers: Vec<_> = (0..2)
+            .map(|i| {
+                let mut c = Command::new(&python);
+                c.arg(cms.root.join("cms_host.py"))
+                    .args(["contend", "1000", &i.to_string()])
+                    .stdout(std::process::Stdio::piped());
+                if let Some((k, v)) = env {
+                    c.env(k, v);
+                }
+                c.spawn().unwrap()
+            })
+            .collect();
+        let mut locked = 0;
+        let mut seconds: f64 = 0.0;
+        for w in writers {
+            let out = w.wait_with_output().unwrap();
+            let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+            locked += r["locked"].as_u64().unwrap();
+            seconds = seconds.max(r["seconds"].as_f64().unwrap());
+        }
+        if let Some(run) = run.as_mut() {
+            run.signal("-TERM");
+            run.wait(Duration::from_secs(30));
+        }
+        eprintln!(
+            "{label}: {locked} \"database is locked\" errors in 2,000 operations ({:.1} per 1,000), {seconds:.1} s",
+            locked as f64 / 2.0
+        );
+    }
+}
