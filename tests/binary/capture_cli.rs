@@ -48,19 +48,28 @@ fn apply_list_drop_and_their_exit_codes() {
     let out = outboxd(&db).expect(&["capture", "list", "--config", &file], code::PROBLEMS);
     // Saying what differs (issue 33).
     assert!(
-        out.contains(r#"differs from the config: the config sets columns: ["title"] → ["title","body"]"#),
+        out.contains(
+            r#"differs from the config: the config sets columns: ["title"] → ["title","body"]"#
+        ),
         "{out}"
     );
     let out = outboxd(&db).ok(&apply);
     assert!(
-        out.contains(r#"pages: updated (5 triggers): the config sets columns: ["title"] → ["title","body"]"#),
+        out.contains(
+            r#"pages: updated (5 triggers): the config sets columns: ["title"] → ["title","body"]"#
+        ),
         "{out}"
     );
     // A shared view dropped by hand: apply says it reinstalled it, not
     // "unchanged" (issue 33).
-    db.conn().execute_batch("DROP VIEW outboxd_capture_event").unwrap();
+    db.conn()
+        .execute_batch("DROP VIEW outboxd_capture_event")
+        .unwrap();
     let out = outboxd(&db).ok(&apply);
-    assert!(out.contains("reinstalled the shared view outboxd_capture_event"), "{out}");
+    assert!(
+        out.contains("reinstalled the shared view outboxd_capture_event"),
+        "{out}"
+    );
     assert!(out.contains("pages: unchanged"), "{out}");
 
     outboxd(&db).fails(
@@ -188,9 +197,21 @@ fn check_config_checks_each_capture_against_the_database() {
     let db = cms();
     let sink = "[[consumer]]\nname = \"c\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"-\"\n";
     let cases = [
-        ("table = \"pagez\"\ncolumns = \"*\"", "capture[0].table", "no such table"),
-        ("table = \"pages\"\ncolumns = [\"titel\"]", "capture[0].columns", "titel"),
-        ("table = \"pages\"\ncolumns = \"*\"\nwhen = \"NEW.nope = 1\"", "capture[0].when", "nope"),
+        (
+            "table = \"pagez\"\ncolumns = \"*\"",
+            "capture[0].table",
+            "no such table",
+        ),
+        (
+            "table = \"pages\"\ncolumns = [\"titel\"]",
+            "capture[0].columns",
+            "titel",
+        ),
+        (
+            "table = \"pages\"\ncolumns = \"*\"\nwhen = \"NEW.nope = 1\"",
+            "capture[0].when",
+            "nope",
+        ),
     ];
     for (entry, field, needle) in cases {
         let file = db.write(
@@ -211,5 +232,10 @@ fn check_config_checks_each_capture_against_the_database() {
         "check.toml",
         &format!("{sink}[[capture]]\nevent_type = \"page.{{op}}.v1\"\ntable = \"pages\"\ncolumns = \"*\"\n"),
     );
-    outboxd(&db).ok(&["check-config", "--offline", "--config", file.to_str().unwrap()]);
+    outboxd(&db).ok(&[
+        "check-config",
+        "--offline",
+        "--config",
+        file.to_str().unwrap(),
+    ]);
 }

@@ -476,7 +476,11 @@ fn measure_lock_errors_of_two_django_writers() {
     for (label, env, relay) in [
         ("defaults, outboxd stopped", None, false),
         ("defaults, outboxd running", None, true),
-        ("recommended, outboxd running", Some(("CMS_SQLITE_RECOMMENDED", "1")), true),
+        (
+            "recommended, outboxd running",
+            Some(("CMS_SQLITE_RECOMMENDED", "1")),
+            true,
+        ),
     ] {
         let cms = Cms::new(python.clone());
         cms.host("migrate", &[]);

@@ -317,7 +317,9 @@ print("ok")
     }
     assert_eq!(evs[1].payload["after"]["name"], json!("h"));
     let longest: i64 = conn
-        .query_row("SELECT max(length(payload)) FROM event_outbox", [], |r| r.get(0))
+        .query_row("SELECT max(length(payload)) FROM event_outbox", [], |r| {
+            r.get(0)
+        })
         .unwrap();
     assert!(longest <= 900_000, "{longest}");
 }

@@ -96,7 +96,7 @@ fn a_snapshot_sends_each_row_once_with_markers_around() {
     assert_eq!(first.ordering_key, last.ordering_key, "markers in order");
     assert_eq!(
         evs[1].payload,
-        json!({"op": "r", "table": "pages", "key": {"id": 1}, "before": null,
+        json!({"op": "r", "table": "pages", "snapshot_id": s.id, "key": {"id": 1}, "before": null,
                "after": {"title": "page 1", "live": 1}})
     );
     assert_eq!(
@@ -466,4 +466,105 @@ fn a_without_rowid_table_is_read_by_its_primary_key() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(sorted.len(), 77, "each row once");
+}
+
+/// The sweep recipe of docs/capture.md ("Reconciling after a gap"), run by
+/// a `sql` sink with four workers: an index that missed a gap (an orphan
+/// for a page deleted meanwhile, a stale title, a page missing) is exact
+/// once a snapshot's events are delivered, live changes included.
+#[test]
+fn the_sweep_recipe_makes_a_stale_index_exact() {
+    let (db, mut conn) = pages(400);
+    conn.execute_batch(
+        "CREATE TABLE page_index (id INTEGER PRIMARY KEY, title TEXT, snapshot TEXT, touched_at INTEGER);
+         CREATE TABLE page_snapshots (id TEXT PRIMARY KEY, started_at INTEGER, expected INTEGER,
+                                      seen INTEGER NOT NULL DEFAULT 0, swept INTEGER NOT NULL DEFAULT 0);
+         -- What the index held before the gap: every page, two orphans, a
+         -- stale title; page 7 missing.
+         INSERT INTO page_index (id, title, touched_at) SELECT id, title, 0 FROM pages WHERE id <> 7;
+         INSERT INTO page_index (id, title, touched_at) VALUES (9001, 'orphan', 0), (9002, 'orphan', 0);
+         UPDATE page_index SET title = 'stale' WHERE id = 5;",
+    )
+    .unwrap();
+    capture::apply(&mut conn, &[spec()], Timestamp::now()).unwrap();
+    let statements = [
+        "INSERT INTO page_index (id, title, snapshot, touched_at)
+         SELECT json_extract(:payload, '$.key.id'), json_extract(:payload, '$.after.title'),
+                json_extract(:payload, '$.snapshot_id'), :occurred_at_ms
+         WHERE json_extract(:payload, '$.op') IN ('c', 'u', 'r')
+         ON CONFLICT (id) DO UPDATE SET title = excluded.title, snapshot = excluded.snapshot,
+                                        touched_at = excluded.touched_at",
+        "DELETE FROM page_index
+         WHERE json_extract(:payload, '$.op') = 'd' AND id = json_extract(:payload, '$.key.id')",
+        "INSERT INTO page_snapshots (id, started_at, expected, seen)
+         SELECT json_extract(:payload, '$.snapshot_id'), json_extract(:payload, '$.started_at'),
+                json_extract(:payload, '$.rows'), json_extract(:payload, '$.op') = 'r'
+         WHERE json_extract(:payload, '$.op') IN ('r', 'snapshot_completed')
+           AND json_extract(:payload, '$.where') IS NULL
+         ON CONFLICT (id) DO UPDATE SET seen = seen + excluded.seen,
+             expected = coalesce(excluded.expected, expected),
+             started_at = coalesce(excluded.started_at, started_at)",
+        "DELETE FROM page_index WHERE EXISTS (
+             SELECT 1 FROM page_snapshots s WHERE s.seen = s.expected AND NOT s.swept
+                AND page_index.snapshot IS NOT s.id AND page_index.touched_at < s.started_at)",
+        "UPDATE page_snapshots SET swept = 1 WHERE seen = expected AND NOT swept",
+    ];
+    let relay = outboxd::Relay::builder(&db.path)
+        .transactional_consumer(
+            "index",
+            ["page.*.v1"],
+            outboxd::sinks::SqlSink::new(statements).unwrap(),
+        )
+        .workers(4)
+        .build()
+        .unwrap()
+        .start()
+        .unwrap();
+    let s = snapshot::start(&mut conn, "pages", &opts(25), Timestamp::now()).unwrap();
+    let mut i = 0;
+    while snapshot::step(&mut conn, &s.id, &opts(25), Timestamp::now())
+        .unwrap()
+        .state
+        == SnapshotState::Running
+    {
+        i += 1;
+        conn.execute_batch(&format!(
+            "UPDATE pages SET title = 'live {i}' WHERE id = {};
+             DELETE FROM pages WHERE id = {};
+             INSERT INTO pages (title) VALUES ('new {i}');",
+            (i * 41) % 400 + 1,
+            (i * 67) % 400 + 1
+        ))
+        .unwrap();
+    }
+    let total: i64 = conn
+        .query_row("SELECT count(*) FROM event_outbox", [], |r| r.get(0))
+        .unwrap();
+    common::wait_until(
+        "every event delivered",
+        std::time::Duration::from_secs(60),
+        || {
+            conn.query_row(
+                "SELECT count(*) FROM delivered_events WHERE consumer = 'index'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+                == total
+        },
+    );
+    relay.shutdown(std::time::Duration::from_secs(10)).unwrap();
+    let rows = |sql: &str| -> Vec<(i64, String)> {
+        conn.prepare(sql)
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    assert_eq!(
+        rows("SELECT id, title FROM page_index ORDER BY id"),
+        rows("SELECT id, title FROM pages ORDER BY id"),
+        "the index is the table"
+    );
 }

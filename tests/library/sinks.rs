@@ -759,7 +759,10 @@ fn webhook_carries_the_tenant_and_the_legacy_flag_in_headers_not_the_body() {
     assert_eq!(sink.deliver(&d), Outcome::Delivered);
     let req = server.next();
     assert_eq!(req.header("outboxd-tenant-id"), Some("a%20b%2F%C3%A9%25"));
-    assert_eq!(req.header("outboxd-ordering-key"), Some("cms_page%3A42%20%C3%A9"));
+    assert_eq!(
+        req.header("outboxd-ordering-key"),
+        Some("cms_page%3A42%20%C3%A9")
+    );
     assert_eq!(req.header("outboxd-legacy"), Some("true"));
     // The body is the envelope as ever, the payload's bytes as stored.
     assert_eq!(req.body, d.envelope.to_json().as_bytes());

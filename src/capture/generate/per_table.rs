@@ -113,8 +113,21 @@ impl Plan {
         before: Option<Row>,
         after: Option<Row>,
     ) -> String {
+        self.payload_with(code, "", key_row, before, after)
+    }
+
+    /// [`payload`](Self::payload) with `extra` (JSON members, each after a
+    /// comma) after `table`.
+    pub(super) fn payload_with(
+        &self,
+        code: &str,
+        extra: &str,
+        key_row: Row,
+        before: Option<Row>,
+        after: Option<Row>,
+    ) -> String {
         let head = format!(
-            "{{\"op\":\"{code}\",\"table\":{}",
+            "{{\"op\":\"{code}\",\"table\":{}{extra}",
             serde_json::to_string(&self.table.name).expect("a string serializes")
         );
         let values = |row: Row, cols: &[String]| -> Vec<Value> {

@@ -68,8 +68,14 @@ impl Plan {
         Ok((!parts.is_empty()).then(|| parts.join(" AND ")))
     }
 
-    /// The chunk statements of a snapshot with an optional `--where`.
-    pub fn snapshot_sql(&self, filter: Option<&str>) -> Result<SnapshotSql, CaptureError> {
+    /// The chunk statements of snapshot `id` with an optional `--where`.
+    /// Its `r` events carry `snapshot_id` after `table`, so a consumer can
+    /// count them against the completed marker.
+    pub fn snapshot_sql(
+        &self,
+        id: &str,
+        filter: Option<&str>,
+    ) -> Result<SnapshotSql, CaptureError> {
         if let Some(why) = self.not_snapshottable() {
             return Err(CaptureError::Invalid {
                 table: self.table.name.clone(),
@@ -87,7 +93,11 @@ impl Plan {
                 .map(|c| format!("NEW.{}", ident(c)))
                 .collect(),
         };
-        let payload = self.payload("r", Row::New, None, Some(Row::New));
+        let extra = format!(
+            ",\"snapshot_id\":{}",
+            serde_json::to_string(id).expect("a string serializes")
+        );
+        let payload = self.payload_with("r", &extra, Row::New, None, Some(Row::New));
         let payload = match self.snapshot_condition(filter)? {
             Some(cond) => format!("CASE WHEN {cond} THEN {payload} END"),
             None => payload,

@@ -156,7 +156,8 @@ pub fn start(
         Err(reason) => return Err(snapshot_error(name, reason)),
     };
     let plan = resolve(&tx, &spec)?;
-    let sql = plan.snapshot_sql(filter)?;
+    let id = crate::EventId::new().to_string();
+    let sql = plan.snapshot_sql(&id, filter)?;
     tx.prepare(&sql.first).map_err(|e| {
         Error::from(CaptureError::Invalid {
             table: table.clone(),
@@ -200,7 +201,7 @@ pub fn start(
         }
     };
     let snapshot = Snapshot {
-        id: crate::EventId::new().to_string(),
+        id,
         capture: plan.name.clone(),
         table: table.clone(),
         filter: filter.map(str::to_string),
@@ -274,7 +275,7 @@ pub fn step(
         }
     };
     let plan = resolve(&tx, &spec)?;
-    let sql = plan.snapshot_sql(snap.filter.as_deref())?;
+    let sql = plan.snapshot_sql(&snap.id, snap.filter.as_deref())?;
     let limit = opts.chunk_rows.max(1) as i64;
     let (mut scanned, mut rows, mut bytes) = (0u64, 0u64, 0u64);
     let mut last: Option<Vec<KeyValue>> = None;
