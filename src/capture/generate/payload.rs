@@ -1,15 +1,16 @@
 //! The payload of one event as SQL, within the capture's size bound
-//! (`max_payload_bytes`): the values in full when they fit, else with the
-//! values that are too large to carry left out and named (`too_large`).
+//! (`max_payload_bytes`): the values in full when they fit, else the key
+//! alone with the columns left out named (`too_large`).
 //!
 //! The bound must hold for the payload as the relay finally reads it, and
 //! no string built on the way may outgrow the host's `SQLITE_LIMIT_LENGTH`,
 //! or the host's own write fails. So the size is estimated from the raw
 //! values *before* any JSON is built, counting what escaping and the hex
 //! form (text that is not UTF-8, [`event_objects`](super::event_objects))
-//! can make of them: text at 6 bytes a byte (escaping at most doubles it,
-//! the hex form doubles that), a BLOB at 4 (hex, then the hex form), any
-//! other value at 48, the payload's own text at 3 times its length.
+//! can make of them: text (and a number, as its text) at 6 bytes a byte
+//! (escaping at most doubles it, the hex form doubles that), a BLOB at 4
+//! (hex, then the hex form), plus 48 a value (a REAL's longest rendering,
+//! twice), the payload's own text at 3 times its length.
 
 use super::json::{value, Concat};
 
@@ -32,15 +33,16 @@ pub(super) type Section = (&'static str, Option<Vec<Value>>);
 
 /// The most bytes a value may render to, hex form included.
 fn estimate(x: &str) -> String {
-    format!(
-        "CASE typeof({x}) WHEN 'text' THEN 6*length(CAST({x} AS BLOB)) \
-         WHEN 'blob' THEN 4*length({x}) ELSE 48 END"
-    )
+    format!("ifnull(length(CAST({x} AS BLOB)),0)*iif(typeof({x})='blob',4,6)+48")
 }
 
 /// The payload of `sections` after `head` (`{"op":…,"table":…`), as an SQL
 /// expression whose value is never longer than `bound` bytes, even in its
-/// hex form. Errs when `bound` cannot hold even the reduced form.
+/// hex form: the values in full when their estimate fits, else the
+/// `too_large` form, which keeps the key (each key value that fits its
+/// share of the bound; a placeholder for one that does not), sends
+/// `before` and `after` as `null` and names the columns it left out.
+/// Errs when `bound` cannot hold even that.
 pub(super) fn payload(head: &str, sections: &[Section], bound: u64) -> Result<String, String> {
     let values: Vec<&Value> = sections
         .iter()
@@ -51,72 +53,67 @@ pub(super) fn payload(head: &str, sections: &[Section], bound: u64) -> Result<St
     if values.is_empty() {
         return Ok(full.sql());
     }
-    // The reduced form: a column is left out wherever it appears when any
-    // of its values exceeds its share of the bound.
-    let mut columns: Vec<&str> = Vec::new();
-    for v in &values {
-        if !columns.iter().any(|c| *c == v.column) {
-            columns.push(&v.column);
+    let mut dropped: Vec<String> = Vec::new();
+    for (_, v) in sections.iter().filter(|(n, _)| *n != "key") {
+        for v in v.iter().flatten() {
+            let col = serde_json::to_string(&v.column).expect("a string serializes");
+            if !dropped.contains(&col) {
+                dropped.push(col);
+            }
         }
     }
-    let names: Vec<String> = columns
+    let tail = format!(",\"too_large\":true,\"dropped\":[{}]}}", dropped.join(","));
+    let keys: Vec<&Value> = sections
         .iter()
-        .map(|c| serde_json::to_string(c).expect("a string serializes"))
+        .filter(|(n, _)| *n == "key")
+        .filter_map(|(_, v)| v.as_ref())
+        .flatten()
         .collect();
-    let tail_len = ",\"too_large\":true,\"dropped\":[]}".len() as u64
-        + names.iter().map(|n| n.len() as u64 + 1).sum::<u64>();
-    let reduced_lit = build(head, sections, Some(&|_| String::new()), "").literal_len() + tail_len;
-    let n = values.len() as u64;
+    let reduced_sections: Vec<Section> = sections
+        .iter()
+        .map(|(n, v)| {
+            let kept = if *n == "key" {
+                v.as_ref().map(|vs| {
+                    vs.iter()
+                        .map(|v| Value {
+                            column: v.column.clone(),
+                            sql: v.sql.clone(),
+                        })
+                        .collect()
+                })
+            } else {
+                None
+            };
+            (*n, kept)
+        })
+        .collect();
+    let reduced_lit = build(head, &reduced_sections, Some(&|_| String::new()), &tail).literal_len();
+    let n = keys.len().max(1) as u64;
     let room = bound
         .checked_sub(3 * reduced_lit + SLACK + n * PLACEHOLDER)
         .filter(|r| r / n >= 48)
         .ok_or_else(|| {
             format!(
-                "{bound} bytes cannot hold a payload of {n} values (the key, before and after): \
-                 raise it, or capture fewer columns"
+                "{bound} bytes cannot hold even the too_large form of this capture's payload \
+                 (its key and the names of its columns): raise it"
             )
         })?;
     let share = room / n;
-    let big = |column: &str| -> String {
-        let cond: Vec<String> = values
-            .iter()
-            .filter(|v| v.column == column)
-            .map(|v| format!("{}>{share}", estimate(&v.sql)))
-            .collect();
-        format!("({})", cond.join(" OR "))
-    };
-    let mut reduced = build(
+    let reduced = build(
         head,
-        sections,
+        &reduced_sections,
         Some(&|v: &Value| {
             format!(
-                "CASE WHEN {} THEN '{{\"$too_large\":'||length(CAST({x} AS BLOB))||'}}' ELSE {} END",
-                big(&v.column),
+                "CASE WHEN {}>{share} THEN '{{\"$too_large\":'||length(CAST({x} AS BLOB))||'}}' ELSE {} END",
+                estimate(&v.sql),
                 value(&v.sql),
                 x = v.sql
             )
         }),
-        ",\"too_large\":true,\"dropped\":[",
+        &tail,
     );
-    let dropped: Vec<String> = columns
-        .iter()
-        .zip(&names)
-        .map(|(c, name)| {
-            format!(
-                "CASE WHEN {} THEN {} ELSE '' END",
-                big(c),
-                super::super::sqltext::literal(&format!(",{name}"))
-            )
-        })
-        .collect();
-    reduced.expr(format!("substr({},2)", dropped.join("||")));
-    reduced.lit("]}");
-    let full_lit = full.literal_len();
-    let budget = bound.saturating_sub(3 * full_lit + SLACK);
-    let total: Vec<String> = values
-        .iter()
-        .map(|v| format!("({})", estimate(&v.sql)))
-        .collect();
+    let budget = bound.saturating_sub(3 * full.literal_len() + SLACK);
+    let total: Vec<String> = values.iter().map(|v| estimate(&v.sql)).collect();
     Ok(format!(
         "CASE WHEN {}>{budget} THEN {} ELSE {} END",
         total.join("+"),
