@@ -147,8 +147,7 @@ pub fn start(
         .map_err(Error::db("start a snapshot"))?;
     let (spec, table, installed_at) = match check_capture(&tx, name, None)? {
         Ok(c) => c,
-        Err(reason) if recorded(&tx, name)?.is_none() => {
-            let _ = reason;
+        Err(_) if recorded(&tx, name)?.is_none() => {
             return Err(Error::NotFound {
                 what: format!("a capture named {name:?}"),
             });
