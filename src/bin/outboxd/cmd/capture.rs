@@ -297,6 +297,7 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
     let conn = database::for_reading(&db)?;
     let now = Timestamp::now();
     let statuses = capture::inspect(&conn)?;
+    let running = capture::snapshot::running(&conn)?;
     let mut problems: Vec<String> = statuses.iter().filter_map(|s| s.problem(now)).collect();
     for s in &statuses {
         problems.extend(
@@ -346,6 +347,7 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
             "database": db.display().to_string(),
             "captures": listed,
             "not_installed": not_installed,
+            "snapshots_running": running,
             "healthy": problems.is_empty(),
             "problems": problems,
         });
@@ -385,6 +387,14 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
         }
         for t in &not_installed {
             writeln!(out, "{t}: NOT INSTALLED; in the config")?;
+        }
+        for r in &running {
+            let of = r.total.map(|t| format!("/{t}")).unwrap_or_default();
+            writeln!(
+                out,
+                "snapshot {} of {}: running (or stopped: run it again to resume), {}{of} rows read",
+                r.id, r.capture, r.scanned
+            )?;
         }
         if !problems.is_empty() {
             writeln!(out, "problems:")?;
