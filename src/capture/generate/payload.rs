@@ -21,8 +21,7 @@ const PLACEHOLDER: u64 = 52;
 /// Room for the hex form's own wrapper (`"payload_hex":"…"}`).
 const SLACK: u64 = 64;
 
-/// One value the payload renders: the section it is in (`key`, `before`,
-/// `after`), its column, and the SQL that reads it.
+/// One value the payload renders: its column, and the SQL that reads it.
 pub(super) struct Value {
     pub column: String,
     pub sql: String,

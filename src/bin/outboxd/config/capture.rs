@@ -75,9 +75,17 @@ pub(crate) fn check(
                     ),
                 ))
             }
-            None if relay_max.is_some() && relay < spec.payload_bound() => {
-                spec.max_payload_bytes = Some(relay.max(outboxd::capture::MIN_MAX_PAYLOAD_BYTES));
+            None if relay < outboxd::capture::MIN_MAX_PAYLOAD_BYTES => {
+                return Err(c.err(
+                    format!("capture[{i}].max_payload_bytes"),
+                    format!(
+                        "the relay's max_payload_bytes ({relay}) is below the smallest payload \
+                         bound a capture can keep ({}): raise [relay] max_payload_bytes",
+                        outboxd::capture::MIN_MAX_PAYLOAD_BYTES
+                    ),
+                ))
             }
+            None if relay < spec.payload_bound() => spec.max_payload_bytes = Some(relay),
             _ => {}
         }
     }
