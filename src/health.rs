@@ -46,12 +46,16 @@ pub use thresholds::{Thresholds, DEFAULT_MAX_DEAD};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct CaptureState {
+    /// The capture's name.
+    pub name: String,
     /// The captured table.
     pub table: String,
     /// The capture's event type (`page.{op}.v1`).
     pub capture: String,
     /// Every trigger installed as recorded.
     pub intact: bool,
+    /// Its open gaps (`outboxd_capture_gaps`).
+    pub open_gaps: u64,
 }
 
 /// The health of a database at one moment.
@@ -139,7 +143,7 @@ fn capture_verdict(
     captures: &[CaptureStatus],
     now: Timestamp,
 ) -> (Vec<Problem>, Vec<CaptureState>) {
-    let problems = captures
+    let mut problems: Vec<Problem> = captures
         .iter()
         .filter_map(|s| {
             s.problem(now).map(|p| Problem::CaptureDrift {
@@ -150,12 +154,33 @@ fn capture_verdict(
             })
         })
         .collect();
+    problems.extend(captures.iter().filter(|s| !s.gaps.is_empty()).map(|s| {
+        Problem::CaptureGap {
+            capture: s.name.clone(),
+            table: s.table.clone(),
+            gaps: s.gaps.len() as u64,
+            lost_after: s
+                .gaps
+                .iter()
+                .map(|g| g.lost_after)
+                .min()
+                .expect("not empty"),
+            lost_until: s
+                .gaps
+                .iter()
+                .map(|g| g.lost_until)
+                .max()
+                .expect("not empty"),
+        }
+    }));
     let states = captures
         .iter()
         .map(|s| CaptureState {
+            name: s.name.clone(),
             table: s.table.clone(),
             capture: s.spec.event_type.clone(),
             intact: s.is_intact(),
+            open_gaps: s.gaps.len() as u64,
         })
         .collect();
     (problems, states)

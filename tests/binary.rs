@@ -9,6 +9,8 @@ mod common;
 
 #[path = "binary/capture_cli.rs"]
 mod capture_cli;
+#[path = "binary/capture_console.rs"]
+mod capture_console;
 #[path = "binary/cli.rs"]
 mod cli;
 #[path = "binary/cli_ops.rs"]

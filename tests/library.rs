@@ -11,6 +11,8 @@ mod common;
 mod capture;
 #[path = "library/capture_props.rs"]
 mod capture_props;
+#[path = "library/capture_snapshot.rs"]
+mod capture_snapshot;
 #[path = "library/concurrency.rs"]
 mod concurrency;
 #[path = "library/enqueue.rs"]

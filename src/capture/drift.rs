@@ -9,14 +9,12 @@
 //! moved forward by `outboxd run`'s checks: [`mark_verified`]), and around the newest event
 //! the capture wrote that is still in the outbox.
 
-use std::collections::BTreeMap;
-
 use rusqlite::{params, Connection};
 use serde::Serialize;
 
+use super::gap::{open_gaps, Gap};
 use super::generate::EVENT_VIEW;
-use super::install::{installed_objects, recorded_objects};
-use super::resolve::resolve;
+use super::objects::installed_objects;
 use super::spec::CaptureSpec;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
@@ -58,7 +56,10 @@ pub struct ObjectStatus {
 
 /// A recorded capture and whether its triggers are intact.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct CaptureStatus {
+    /// The capture's name.
+    pub name: String,
     /// The captured table.
     pub table: String,
     /// The definition as it was applied.
@@ -77,9 +78,22 @@ pub struct CaptureStatus {
     /// When something is wrong: the time of the newest event of this
     /// capture's types still in the outbox, a hint to when it stopped.
     pub newest_event_at: Option<Timestamp>,
+    /// Its open gaps: windows in which its triggers were missing, not yet
+    /// covered by a snapshot nor acknowledged.
+    pub gaps: Vec<Gap>,
 }
 
 impl CaptureStatus {
+    /// "capture of pages", or "capture page-published of pages" for a
+    /// capture whose name is not its table's.
+    pub fn label(&self) -> String {
+        if self.name.eq_ignore_ascii_case(&self.table) {
+            format!("capture of {}", self.table)
+        } else {
+            format!("capture {} of {}", self.name, self.table)
+        }
+    }
+
     /// True when every trigger is installed as recorded.
     pub fn is_intact(&self) -> bool {
         self.table_exists
@@ -158,12 +172,14 @@ impl CaptureStatus {
             ));
         } else if !missing.is_empty() {
             parts.push(format!(
-                "capture of {}: trigger{} {} missing {since}: writes to {} made since then were \
-                 not captured and cannot be recovered",
-                self.table,
+                "{}: trigger{} {} missing {since}: writes to {} made since then were not captured; \
+                 once the triggers are back, `outboxd capture snapshot --capture {}` sends every \
+                 row as it is then",
+                self.label(),
                 plural(missing.len()),
                 names(&missing),
-                self.table
+                self.table,
+                self.name
             ));
         }
         let moved_to = changed.iter().find_map(|o| match &o.state {
@@ -179,9 +195,9 @@ impl CaptureStatus {
                 self.table
             )),
             (None, false) => parts.push(format!(
-                "capture of {}: trigger{} {} rewritten since outboxd installed {} (an ALTER TABLE \
+                "{}: trigger{} {} rewritten since outboxd installed {} (an ALTER TABLE \
                  renamed a column?): {} still capture, but not as the capture says",
-                self.table,
+                self.label(),
                 plural(changed.len()),
                 names(&changed),
                 if changed.len() == 1 { "it" } else { "them" },
@@ -220,7 +236,7 @@ pub fn inspect(conn: &Connection) -> Result<Vec<CaptureStatus>> {
     let recorded: Vec<(String, String, String, String)> = {
         let mut stmt = conn
             .prepare(
-                "SELECT name, type, table_name, sql FROM outboxd_capture_object ORDER BY rowid",
+                "SELECT name, type, capture_name, sql FROM outboxd_capture_object ORDER BY rowid",
             )
             .map_err(Error::db("read the recorded capture triggers"))?;
         let rows = stmt
@@ -247,20 +263,23 @@ pub fn inspect(conn: &Connection) -> Result<Vec<CaptureStatus>> {
         .filter(|r| r.2.is_empty())
         .map(status)
         .collect();
-    let captures: Vec<(String, String, i64, i64)> = {
+    let mut gaps = open_gaps(conn)?;
+    let captures: Vec<(String, String, String, i64, i64)> = {
         let mut stmt = conn
             .prepare(
-                "SELECT table_name, spec, installed_at, verified_at FROM outboxd_capture ORDER BY table_name",
+                "SELECT name, table_name, spec, installed_at, verified_at FROM outboxd_capture ORDER BY table_name, name",
             )
             .map_err(Error::db("read the recorded captures"))?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
             .map_err(Error::db("read the recorded captures"))?;
         rows.collect::<rusqlite::Result<_>>()
             .map_err(Error::db("read the recorded captures"))?
     };
     let mut out = Vec::new();
-    for (table, spec, installed_at, verified_at) in captures {
+    for (name, table, spec, installed_at, verified_at) in captures {
         let spec: CaptureSpec = serde_json::from_str(&spec).map_err(|e| {
             Error::from(super::CaptureError::Record {
                 table: table.clone(),
@@ -276,11 +295,16 @@ pub fn inspect(conn: &Connection) -> Result<Vec<CaptureStatus>> {
             .map_err(Error::db("look for a captured table"))?;
         let mut objects: Vec<ObjectStatus> = recorded
             .iter()
-            .filter(|r| r.2 == table)
+            .filter(|r| r.2 == name)
             .map(status)
             .collect();
         objects.extend(shared.iter().cloned());
+        let (mine, rest): (Vec<Gap>, Vec<Gap>) = gaps
+            .into_iter()
+            .partition(|g| g.capture.eq_ignore_ascii_case(&name));
+        gaps = rest;
         let mut status = CaptureStatus {
+            name,
             table,
             spec,
             installed_at: Timestamp::from_millis(installed_at),
@@ -288,6 +312,7 @@ pub fn inspect(conn: &Connection) -> Result<Vec<CaptureStatus>> {
             table_exists,
             objects,
             newest_event_at: None,
+            gaps: mine,
         };
         if !status.is_intact() {
             status.newest_event_at = newest_event(conn, &status.spec)?;
@@ -295,6 +320,48 @@ pub fn inspect(conn: &Connection) -> Result<Vec<CaptureStatus>> {
         out.push(status);
     }
     Ok(out)
+}
+
+/// One recorded capture, by name (any case): its spec, table and
+/// `installed_at`.
+pub(crate) fn recorded(
+    conn: &Connection,
+    name: &str,
+) -> Result<Option<(CaptureSpec, String, i64)>> {
+    use rusqlite::OptionalExtension;
+    let row: Option<(String, String, String, i64)> = conn
+        .query_row(
+            "SELECT name, table_name, spec, installed_at FROM outboxd_capture WHERE name = ?1",
+            [name],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()
+        .map_err(Error::db("read the recorded captures"))?;
+    let Some((name, table, spec, installed_at)) = row else {
+        return Ok(None);
+    };
+    let mut spec: CaptureSpec = serde_json::from_str(&spec).map_err(|e| {
+        Error::from(super::CaptureError::Record {
+            table: table.clone(),
+            reason: e.to_string(),
+        })
+    })?;
+    spec.name = Some(name);
+    Ok(Some((spec, table, installed_at)))
+}
+
+/// The recorded captures of a table (any case): their names.
+pub(crate) fn names_of(conn: &Connection, table: &str) -> Result<Vec<String>> {
+    let mut stmt = conn
+        .prepare(
+            "SELECT name FROM outboxd_capture WHERE table_name = ?1 COLLATE NOCASE ORDER BY name",
+        )
+        .map_err(Error::db("read the recorded captures"))?;
+    let rows = stmt
+        .query_map([table], |r| r.get(0))
+        .map_err(Error::db("read the recorded captures"))?;
+    rows.collect::<rusqlite::Result<_>>()
+        .map_err(Error::db("read the recorded captures"))
 }
 
 /// The newest event of a capture's types still in the outbox. Scans the
@@ -316,11 +383,11 @@ fn newest_event(conn: &Connection, spec: &CaptureSpec) -> Result<Option<Timestam
     .map_err(Error::db("find the newest captured event"))
 }
 
-/// Records when captures were seen intact: for each `(table, at)`,
+/// Records when captures were seen intact: for each `(name, at)`,
 /// `verified_at` moves forward to `at` (never back), all in one `BEGIN
 /// IMMEDIATE` transaction; returns how many moved. `at` must be the time of
 /// an [`inspect`] that found the capture intact: the value is what a later
-/// warning's "missing since some time after …" rests on. A table with no
+/// warning's "missing since some time after …" rests on. A name with no
 /// capture is skipped; a capture already verified at or after `at` is not
 /// written at all.
 pub fn mark_verified(conn: &mut Connection, seen: &[(String, Timestamp)]) -> Result<usize> {
@@ -331,123 +398,14 @@ pub fn mark_verified(conn: &mut Connection, seen: &[(String, Timestamp)]) -> Res
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .map_err(Error::db("record a capture check"))?;
     let mut moved = 0;
-    for (table, at) in seen {
+    for (name, at) in seen {
         moved += tx
             .execute(
-                "UPDATE outboxd_capture SET verified_at = ?2 WHERE table_name = ?1 AND verified_at < ?2",
-                params![table, at.as_millis()],
+                "UPDATE outboxd_capture SET verified_at = ?2 WHERE name = ?1 AND verified_at < ?2",
+                params![name, at.as_millis()],
             )
             .map_err(Error::db("record a capture check"))?;
     }
     tx.commit().map_err(Error::db("record a capture check"))?;
     Ok(moved)
-}
-
-/// How a capture in a config compares with what is installed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum ConfigMatch {
-    /// Installed exactly as the config would install it now.
-    Matches,
-    /// Installed, but the config would install something else.
-    Differs {
-        /// Why: the config's definition changed, or the table did (a column
-        /// added that `"*"` would now include), or this outboxd generates
-        /// different SQL than the one that installed it.
-        reason: String,
-    },
-    /// In the config, not installed.
-    NotInstalled,
-    /// In the config, but it cannot be installed as written (the table or a
-    /// column is gone).
-    Invalid {
-        /// The error `capture apply` would report.
-        error: String,
-    },
-    /// Installed, but not in the config.
-    NotInConfig,
-}
-
-/// One table's comparison.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Comparison {
-    /// The table, as the config or the record spells it.
-    pub table: String,
-    /// How they compare.
-    #[serde(flatten)]
-    pub state: ConfigMatch,
-}
-
-/// Compares the captures of a config with what is recorded. Reads only.
-pub fn compare(conn: &Connection, specs: &[CaptureSpec]) -> Result<Vec<Comparison>> {
-    schema::ensure_current(conn)?;
-    let mut recorded: BTreeMap<String, (String, BTreeMap<String, String>)> = BTreeMap::new();
-    {
-        let mut stmt = conn
-            .prepare("SELECT table_name, spec FROM outboxd_capture")
-            .map_err(Error::db("read the recorded captures"))?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
-            .map_err(Error::db("read the recorded captures"))?;
-        for row in rows {
-            let (t, s) = row.map_err(Error::db("read the recorded captures"))?;
-            let objects = recorded_objects(conn, &t)?;
-            recorded.insert(t.to_ascii_lowercase(), (s, objects));
-        }
-    }
-    let mut out = Vec::new();
-    let mut seen = Vec::new();
-    for spec in specs {
-        let lower = spec.table.to_ascii_lowercase();
-        seen.push(lower.clone());
-        let state = match (resolve(conn, spec), recorded.get(&lower)) {
-            (Err(e), _) => ConfigMatch::Invalid {
-                error: e.to_string(),
-            },
-            (Ok(_), None) => ConfigMatch::NotInstalled,
-            (Ok(plan), Some((recorded_spec, triggers))) => {
-                let wanted: BTreeMap<String, String> = plan
-                    .triggers()
-                    .into_iter()
-                    .map(|t| (t.name, t.sql))
-                    .collect();
-                let spec_json = serde_json::to_string(&plan.spec).expect("a spec serializes");
-                if wanted == *triggers && spec_json == *recorded_spec {
-                    ConfigMatch::Matches
-                } else if wanted == *triggers {
-                    ConfigMatch::Differs {
-                        reason: "the definition changed (a setting that does not change the \
-                                 triggers, such as auto_repair)"
-                            .into(),
-                    }
-                } else if spec_json != *recorded_spec {
-                    ConfigMatch::Differs {
-                        reason: "the config's definition is not the one installed".into(),
-                    }
-                } else {
-                    ConfigMatch::Differs {
-                        reason: "the table changed since the capture was applied (a column added \
-                                 or removed), or this outboxd writes different triggers"
-                            .into(),
-                    }
-                }
-            }
-        };
-        out.push(Comparison {
-            table: spec.table.clone(),
-            state,
-        });
-    }
-    for (lower, (spec, _)) in &recorded {
-        if !seen.contains(lower) {
-            let table = serde_json::from_str::<CaptureSpec>(spec)
-                .map(|s| s.table)
-                .unwrap_or_else(|_| lower.clone());
-            out.push(Comparison {
-                table,
-                state: ConfigMatch::NotInConfig,
-            });
-        }
-    }
-    Ok(out)
 }

@@ -1,21 +1,24 @@
 //! Installing and removing capture triggers, and recording what was
-//! installed (`outboxd_capture`, `outboxd_capture_object`).
-
-use std::collections::BTreeMap;
+//! installed (`outboxd_capture`, `outboxd_capture_object`) and what a
+//! reinstall ended (`outboxd_capture_gap`).
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::Serialize;
 
-use super::generate::{event_objects, Plan, SqlObject, EVENT_VIEW, TRIGGER_PREFIX};
+use super::gap::{self, Gap, GapEnd};
+use super::generate::{event_objects, Plan, EVENT_VIEW};
+use super::objects::{
+    check_compiles, compile_check, damaged, drop_named, drop_objects, install, installed_objects,
+    is_shared, named_for, recorded_objects,
+};
 use super::resolve::resolve;
 use super::spec::{CaptureSpec, Operation};
-use super::sqltext::ident;
 use super::CaptureError;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::schema;
 
-/// What [`apply`] did to one table.
+/// What [`apply`] did to one capture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Change {
@@ -28,22 +31,39 @@ pub enum Change {
     Unchanged,
 }
 
-/// One table in an [`ApplyReport`].
+/// One capture in an [`ApplyReport`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct TableChange {
+    /// The capture's name.
+    pub name: String,
     /// The table, as SQLite spells it.
     pub table: String,
     /// What happened.
     pub change: Change,
     /// The triggers it has now.
     pub triggers: Vec<String>,
+    /// The triggers that were missing before and are back now.
+    pub reinstalled: Vec<String>,
+    /// The triggers that had been rewritten (by an `ALTER TABLE`) and were
+    /// replaced.
+    pub replaced: Vec<String>,
+    /// Why it was updated, when it was: the settings that changed.
+    pub reason: Option<String>,
 }
 
 /// What [`apply`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct ApplyReport {
-    /// One entry per captured table, in the order given.
+    /// One entry per capture, in the order given.
     pub tables: Vec<TableChange>,
+    /// The shared view and its triggers, when they were installed or
+    /// reinstalled (None: already installed as they should be).
+    pub shared: Option<Change>,
+    /// The gaps this apply ended (triggers that were missing): writes made
+    /// while they were may not have become events.
+    pub gaps: Vec<Gap>,
     /// Things that work, but not as one might assume (a REPLACE that
     /// deletes a row through an expression index makes no delete event).
     pub warnings: Vec<String>,
@@ -52,7 +72,7 @@ pub struct ApplyReport {
 impl ApplyReport {
     /// True when nothing was written.
     pub fn unchanged(&self) -> bool {
-        self.tables.iter().all(|t| t.change == Change::Unchanged)
+        self.shared.is_none() && self.tables.iter().all(|t| t.change == Change::Unchanged)
     }
 }
 
@@ -62,63 +82,119 @@ impl ApplyReport {
 /// its table first; a table or column that does not exist, a key that is not
 /// unique or a condition that does not compile is an error naming it, and
 /// nothing is changed. Captures installed earlier but absent from `specs`
-/// are kept (remove them with [`remove`]).
+/// are kept (remove them with [`remove`]). Names are assigned as
+/// [`assign_names`](super::assign_names) does; two captures with one name
+/// are an error. A capture whose triggers were missing gets a gap record
+/// (ended by `apply`).
 pub fn apply(conn: &mut Connection, specs: &[CaptureSpec], now: Timestamp) -> Result<ApplyReport> {
+    apply_as(conn, specs, now, GapEnd::Apply)
+}
+
+/// [`apply`], recording the gaps it ends as ended by `by` (`run`'s
+/// `auto_repair` says [`GapEnd::Repair`]).
+pub fn apply_as(
+    conn: &mut Connection,
+    specs: &[CaptureSpec],
+    now: Timestamp,
+    by: GapEnd,
+) -> Result<ApplyReport> {
     schema::ensure_current(conn)?;
+    let mut specs = specs.to_vec();
+    super::spec::assign_names(&mut specs);
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(Error::db("start installing capture triggers"))?;
     let mut plans: Vec<Plan> = Vec::new();
-    for spec in specs {
+    for spec in &specs {
         let plan = resolve(&tx, spec)?;
         if plans
             .iter()
-            .any(|p| p.table.name.eq_ignore_ascii_case(&plan.table.name))
+            .any(|p| p.name.eq_ignore_ascii_case(&plan.name))
         {
-            return Err(CaptureError::DuplicateTable {
+            return Err(CaptureError::DuplicateName {
                 table: plan.table.name.clone(),
+                name: plan.name.clone(),
             }
             .into());
         }
         plans.push(plan);
     }
     let mut report = ApplyReport::default();
-    if !plans.is_empty() && install(&tx, "", &event_objects())? {
-        check_compiles(
-            &tx,
-            EVENT_VIEW,
-            Operation::Insert,
-            &format!("INSERT INTO {EVENT_VIEW} (event_type, payload) VALUES ('outboxd.check.v1', '{{}}')"),
-        )?;
+    if !plans.is_empty() {
+        let had = !recorded_objects(&tx, "")?.is_empty();
+        if install(&tx, "", "", &event_objects())? {
+            check_compiles(
+                &tx,
+                EVENT_VIEW,
+                Operation::Insert,
+                &format!("INSERT INTO {EVENT_VIEW} (event_type, payload) VALUES ('outboxd.check.v1', '{{}}')"),
+            )?;
+            report.shared = Some(if had {
+                Change::Updated
+            } else {
+                Change::Installed
+            });
+        }
     }
     for plan in &plans {
         let triggers = plan.triggers();
         let spec_json = serde_json::to_string(&plan.spec).expect("a spec serializes");
-        let recorded_spec: Option<String> = tx
+        let recorded: Option<(String, i64)> = tx
             .query_row(
-                "SELECT spec FROM outboxd_capture WHERE table_name = ?1",
-                [&plan.table.name],
-                |r| r.get(0),
+                "SELECT spec, verified_at FROM outboxd_capture WHERE name = ?1",
+                [&plan.name],
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()
             .map_err(Error::db("read the recorded captures"))?;
-        let changed = install(&tx, &plan.table.name, &triggers)?;
+        let installed = installed_objects(&tx)?;
+        let (missing, replaced) = damaged(&tx, &plan.name, &installed)?;
+        let changed = install(&tx, &plan.name, &plan.table.name, &triggers)?;
         if changed {
             compile_check(&tx, plan)?;
         }
-        let change = match (&recorded_spec, changed) {
+        let change = match (&recorded, changed) {
             (None, _) => Change::Installed,
-            (Some(s), false) if *s == spec_json => Change::Unchanged,
+            (Some((s, _)), false) if *s == spec_json => Change::Unchanged,
             _ => Change::Updated,
         };
+        let reason = match &recorded {
+            Some((s, _)) if change == Change::Updated => {
+                super::compare::spec_difference(s, &plan.spec)
+                    .map(|d| format!("the config sets {d}"))
+                    .or_else(|| {
+                        (missing.is_empty() && replaced.is_empty()).then(|| {
+                            "the table changed, or this outboxd writes different triggers".into()
+                        })
+                    })
+            }
+            _ => None,
+        };
+        if let (Some((_, verified_at)), false) = (&recorded, missing.is_empty()) {
+            report.gaps.push(gap::record(
+                &tx,
+                &plan.name,
+                &plan.table.name,
+                Timestamp::from_millis(*verified_at),
+                now,
+                by,
+            )?);
+        }
         tx.execute(
-            "INSERT INTO outboxd_capture (table_name, spec, installed_at, verified_at)
-             VALUES (?1, ?2, ?3, ?3)
-             ON CONFLICT (table_name) DO UPDATE SET
+            "INSERT INTO outboxd_capture (name, table_name, spec, installed_at, verified_at)
+             VALUES (?1, ?2, ?3, ?4, ?4)
+             ON CONFLICT (name) DO UPDATE SET
+                 table_name = excluded.table_name,
                  spec = excluded.spec,
-                 installed_at = CASE WHEN ?4 THEN excluded.installed_at ELSE installed_at END,
+                 installed_at = CASE WHEN ?5 THEN excluded.installed_at ELSE installed_at END,
                  verified_at = excluded.verified_at",
-            params![plan.table.name, spec_json, now.as_millis(), changed],
+            params![
+                plan.name,
+                plan.table.name,
+                spec_json,
+                now.as_millis(),
+                changed
+            ],
         )
         .map_err(Error::db("record a capture"))?;
         if plan.handles_replace() {
@@ -131,9 +207,13 @@ pub fn apply(conn: &mut Connection, specs: &[CaptureSpec], now: Timestamp) -> Re
             }
         }
         report.tables.push(TableChange {
+            name: plan.name.clone(),
             table: plan.table.name.clone(),
             change,
             triggers: triggers.into_iter().map(|t| t.name).collect(),
+            reinstalled: if changed { missing } else { Vec::new() },
+            replaced: if changed { replaced } else { Vec::new() },
+            reason,
         });
     }
     tx.commit()
@@ -141,11 +221,22 @@ pub fn apply(conn: &mut Connection, specs: &[CaptureSpec], now: Timestamp) -> Re
     Ok(report)
 }
 
+/// Checks one capture against its table as [`apply`] would (the table and
+/// every column it names exist, the key is unique, each `when` compiles,
+/// the size bound can hold its payload), changing nothing and needing no
+/// outboxd table: what `check-config` runs.
+pub fn check(conn: &Connection, spec: &CaptureSpec) -> Result<()> {
+    resolve(conn, spec).map(drop)
+}
+
 /// Which captures [`remove`] takes away.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Removal {
-    /// The capture of one table.
+    /// Every capture of one table.
     Table(String),
+    /// One capture, by name.
+    Capture(String),
     /// Every capture, and the shared event view and its trigger.
     All,
 }
@@ -153,7 +244,7 @@ pub enum Removal {
 /// What [`remove`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RemoveReport {
-    /// The tables no longer captured.
+    /// The captures removed, by name.
     pub tables: Vec<String>,
     /// The triggers dropped.
     pub triggers: Vec<String>,
@@ -161,316 +252,89 @@ pub struct RemoveReport {
 
 /// Drops capture triggers and their records in one `BEGIN IMMEDIATE`
 /// transaction. Removing the last capture also removes the shared event
-/// view and its trigger. A table that is not captured is
+/// view and its trigger. A table or name that is not captured is
 /// [`Error::NotFound`].
 pub fn remove(conn: &mut Connection, which: &Removal) -> Result<RemoveReport> {
     schema::ensure_current(conn)?;
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(Error::db("start removing capture triggers"))?;
-    let recorded: Vec<String> = {
+    let recorded: Vec<(String, String)> = {
         let mut stmt = tx
-            .prepare("SELECT table_name FROM outboxd_capture ORDER BY table_name")
+            .prepare("SELECT name, table_name FROM outboxd_capture ORDER BY name")
             .map_err(Error::db("read the recorded captures"))?;
         let rows = stmt
-            .query_map([], |r| r.get(0))
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
             .map_err(Error::db("read the recorded captures"))?;
         rows.collect::<rusqlite::Result<_>>()
             .map_err(Error::db("read the recorded captures"))?
     };
     let installed = installed_objects(&tx)?;
-    let on_a_table = |o: &Installed| o.kind == "trigger" && !is_shared(o);
     let mut report = RemoveReport::default();
-    let tables: Vec<String> = match which {
-        Removal::All => {
-            let mut all = recorded.clone();
-            for o in installed.values().filter(|o| on_a_table(o)) {
-                if !all.iter().any(|a| a.eq_ignore_ascii_case(&o.on)) {
-                    all.push(o.on.clone());
-                }
-            }
-            all
-        }
-        Removal::Table(t) => {
-            let on_table = recorded
-                .iter()
-                .find(|r| r.eq_ignore_ascii_case(t))
-                .cloned()
-                .or_else(|| {
-                    installed
-                        .values()
-                        .filter(|o| on_a_table(o))
-                        .map(|o| &o.on)
-                        .find(|table| table.eq_ignore_ascii_case(t))
-                        .cloned()
-                });
-            match on_table {
-                Some(name) => vec![name],
-                None => {
-                    return Err(Error::NotFound {
-                        what: format!("a capture of table {t:?}"),
-                    })
-                }
-            }
-        }
+    // Triggers named like capture's on the tables concerned that no
+    // recorded capture owns (installed by an older outboxd): dropped too.
+    let strays = |table: Option<&str>| -> Vec<String> {
+        installed
+            .iter()
+            .filter(|(_, o)| o.kind == "trigger" && !is_shared(o))
+            .filter(|(_, o)| table.is_none_or(|t| o.on.eq_ignore_ascii_case(t)))
+            .filter(|(n, _)| !recorded.iter().any(|(name, _)| named_for(n, name)))
+            .map(|(n, _)| n.clone())
+            .collect()
     };
-    for table in &tables {
+    let (names, stray): (Vec<String>, Vec<String>) = match which {
+        Removal::All => (recorded.iter().map(|r| r.0.clone()).collect(), strays(None)),
+        Removal::Table(t) => {
+            let names: Vec<String> = recorded
+                .iter()
+                .filter(|(_, tb)| tb.eq_ignore_ascii_case(t))
+                .map(|r| r.0.clone())
+                .collect();
+            let stray = strays(Some(t));
+            if names.is_empty() && stray.is_empty() {
+                return Err(Error::NotFound {
+                    what: format!("a capture of table {t:?}"),
+                });
+            }
+            (names, stray)
+        }
+        Removal::Capture(c) => match recorded.iter().find(|r| r.0.eq_ignore_ascii_case(c)) {
+            Some(r) => (vec![r.0.clone()], Vec::new()),
+            None => {
+                return Err(Error::NotFound {
+                    what: format!("a capture named {c:?}"),
+                })
+            }
+        },
+    };
+    for name in &names {
+        let table = recorded
+            .iter()
+            .find(|r| r.0 == *name)
+            .map_or("", |r| r.1.as_str());
         report
             .triggers
-            .extend(drop_objects(&tx, table, &installed)?);
-        tx.execute("DELETE FROM outboxd_capture WHERE table_name = ?1", [table])
-            .map_err(Error::db("forget a capture"))?;
-        tx.execute(
+            .extend(drop_objects(&tx, name, table, &installed)?);
+        for sql in [
+            "DELETE FROM outboxd_capture WHERE name = ?1",
             "DELETE FROM outboxd_capture_replaced WHERE table_name = ?1",
-            [table],
-        )
-        .map_err(Error::db("forget a capture"))?;
-        report.tables.push(table.clone());
+        ] {
+            tx.execute(sql, [name])
+                .map_err(Error::db("forget a capture"))?;
+        }
+        report.tables.push(name.clone());
     }
+    drop_named(&tx, &stray, &installed)?;
+    report.triggers.extend(stray);
     let left: i64 = tx
         .query_row("SELECT count(*) FROM outboxd_capture", [], |r| r.get(0))
         .map_err(Error::db("read the recorded captures"))?;
     if left == 0 {
-        report.triggers.extend(drop_objects(&tx, "", &installed)?);
+        report
+            .triggers
+            .extend(drop_objects(&tx, "", "", &installed)?);
     }
     tx.commit()
         .map_err(Error::db("commit removing capture triggers"))?;
     Ok(report)
-}
-
-/// A trigger or view named like capture's, as sqlite_master holds it.
-#[derive(Debug, Clone)]
-pub(crate) struct Installed {
-    /// `trigger` or `view`.
-    pub kind: String,
-    /// The table (or view) it is on; a view's own name for a view.
-    pub on: String,
-    /// Its SQL.
-    pub sql: String,
-}
-
-/// Every trigger and view named like capture's, by name.
-pub(crate) fn installed_objects(conn: &Connection) -> Result<BTreeMap<String, Installed>> {
-    let mut stmt = conn
-        .prepare(
-            "SELECT name, type, tbl_name, sql FROM sqlite_master
-             WHERE type IN ('trigger', 'view') AND substr(name, 1, ?1) = ?2",
-        )
-        .map_err(Error::db("read the installed capture triggers"))?;
-    let rows = stmt
-        .query_map(params![TRIGGER_PREFIX.len() as i64, TRIGGER_PREFIX], |r| {
-            Ok((
-                r.get(0)?,
-                Installed {
-                    kind: r.get(1)?,
-                    on: r.get(2)?,
-                    sql: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
-                },
-            ))
-        })
-        .map_err(Error::db("read the installed capture triggers"))?;
-    rows.collect::<rusqlite::Result<_>>()
-        .map_err(Error::db("read the installed capture triggers"))
-}
-
-/// True for the shared view and triggers (on the view and on outboxd's own
-/// tables, which cannot be captured).
-fn is_shared(o: &Installed) -> bool {
-    [EVENT_VIEW, "event_outbox", "outboxd_capture_replaced"]
-        .iter()
-        .any(|v| o.on.eq_ignore_ascii_case(v))
-}
-
-/// The objects recorded for `table` ('' for the shared ones): name → SQL.
-pub(crate) fn recorded_objects(conn: &Connection, table: &str) -> Result<BTreeMap<String, String>> {
-    let mut stmt = conn
-        .prepare("SELECT name, sql FROM outboxd_capture_object WHERE table_name = ?1")
-        .map_err(Error::db("read the recorded capture triggers"))?;
-    let rows = stmt
-        .query_map([table], |r| Ok((r.get(0)?, r.get(1)?)))
-        .map_err(Error::db("read the recorded capture triggers"))?;
-    rows.collect::<rusqlite::Result<_>>()
-        .map_err(Error::db("read the recorded capture triggers"))
-}
-
-/// Drops the objects of `table` ('' for the shared ones), recorded or
-/// found on it, and their records. Returns their names.
-fn drop_objects(
-    conn: &Connection,
-    table: &str,
-    installed: &BTreeMap<String, Installed>,
-) -> Result<Vec<String>> {
-    let mut names: Vec<String> = recorded_objects(conn, table)?.into_keys().collect();
-    for (name, o) in installed {
-        let belongs = if table.is_empty() {
-            is_shared(o)
-        } else {
-            o.kind == "trigger" && o.on.eq_ignore_ascii_case(table)
-        };
-        if belongs && !names.contains(name) {
-            names.push(name.clone());
-        }
-    }
-    // Triggers first: dropping a view drops its triggers with it.
-    names.sort_by_key(|n| installed.get(n).is_some_and(|o| o.kind == "view"));
-    for name in &names {
-        let kind = match installed.get(name) {
-            Some(o) if o.kind == "view" => "VIEW",
-            _ => "TRIGGER",
-        };
-        conn.execute(&format!("DROP {kind} IF EXISTS {}", ident(name)), [])
-            .map_err(Error::db("drop a capture trigger"))?;
-    }
-    conn.execute(
-        "DELETE FROM outboxd_capture_object WHERE table_name = ?1",
-        [table],
-    )
-    .map_err(Error::db("forget a capture trigger"))?;
-    Ok(names)
-}
-
-/// Makes `table`'s capture objects ('' for the shared ones) exactly
-/// `wanted`; returns false when they already were (recorded and installed
-/// as generated).
-fn install(conn: &Connection, table: &str, wanted: &[SqlObject]) -> Result<bool> {
-    let installed = installed_objects(conn)?;
-    let recorded = recorded_objects(conn, table)?;
-    let same = recorded.len() == wanted.len()
-        && wanted.iter().all(|t| {
-            recorded.get(&t.name) == Some(&t.sql)
-                && installed
-                    .get(&t.name)
-                    .is_some_and(|o| o.kind == t.kind && o.sql == t.sql)
-        })
-        && (table.is_empty()
-            || installed
-                .values()
-                .filter(|o| o.kind == "trigger" && o.on.eq_ignore_ascii_case(table))
-                .count()
-                == wanted.len());
-    if same {
-        return Ok(false);
-    }
-    drop_objects(conn, table, &installed)?;
-    for t in wanted {
-        // Not taken by an object capture does not own (what it owned for
-        // this table was dropped just now): a host's trigger, or one
-        // recorded for another table by an outboxd that named them
-        // differently.
-        let taken: Option<String> = conn
-            .query_row(
-                "SELECT tbl_name FROM sqlite_master WHERE name = ?1 COLLATE NOCASE",
-                [&t.name],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(Error::db("look for a capture trigger's name"))?;
-        if let Some(on) = taken {
-            return Err(CaptureError::NameTaken {
-                table: if table.is_empty() { EVENT_VIEW } else { table }.to_string(),
-                name: t.name.clone(),
-                on,
-            }
-            .into());
-        }
-        // One statement each: `execute` refuses SQL with a second statement
-        // after the first (execute_batch would run it).
-        conn.execute(&t.sql, []).map_err(|e| {
-            Error::from(CaptureError::DoesNotCompile {
-                table: if table.is_empty() { EVENT_VIEW } else { table }.to_string(),
-                operation: None,
-                message: e.to_string(),
-            })
-        })?;
-        // Record the text as SQLite stores it, which is what drift checks
-        // compare against.
-        let stored: String = conn
-            .query_row(
-                "SELECT sql FROM sqlite_master WHERE type = ?1 AND name = ?2",
-                [t.kind, &t.name],
-                |r| r.get(0),
-            )
-            .map_err(Error::db("read back a capture trigger"))?;
-        conn.execute(
-            "INSERT INTO outboxd_capture_object (name, type, table_name, sql) VALUES (?1, ?2, ?3, ?4)",
-            params![t.name, t.kind, table, stored],
-        )
-        .map_err(Error::db("record a capture trigger"))?;
-    }
-    Ok(true)
-}
-
-/// Compiles a statement of each kind on the table without running it:
-/// SQLite compiles triggers only then, so an error in one (a `when` naming a
-/// column that does not exist, NEW in a delete's condition) would otherwise
-/// surface as a failure of the host's next write.
-fn compile_check(conn: &Connection, plan: &Plan) -> Result<()> {
-    let t = ident(&plan.table.name);
-    let settable = plan
-        .table
-        .columns
-        .iter()
-        .find(|c| !c.generated)
-        .map(|c| ident(&c.name))
-        .expect("a table has a column that is not generated");
-    check_compiles(
-        conn,
-        &plan.table.name,
-        Operation::Insert,
-        &format!("INSERT INTO {t} DEFAULT VALUES"),
-    )?;
-    check_compiles(
-        conn,
-        &plan.table.name,
-        Operation::Update,
-        &format!("UPDATE {t} SET {settable} = {settable}"),
-    )?;
-    check_compiles(
-        conn,
-        &plan.table.name,
-        Operation::Delete,
-        &format!("DELETE FROM {t}"),
-    )
-}
-
-fn check_compiles(conn: &Connection, table: &str, op: Operation, sql: &str) -> Result<()> {
-    conn.prepare(sql).map(drop).map_err(|e| {
-        CaptureError::DoesNotCompile {
-            table: table.to_string(),
-            operation: Some(op),
-            message: e.to_string(),
-        }
-        .into()
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_object_is_created_by_one_statement_and_never_more() {
-        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
-        crate::schema::migrate(&mut conn).unwrap();
-        conn.execute_batch("CREATE TABLE pages (id INTEGER PRIMARY KEY); CREATE TABLE victim (x)")
-            .unwrap();
-        let sneaky = SqlObject {
-            name: "outboxd_capture_insert_pages".into(),
-            kind: "trigger",
-            table: "pages".into(),
-            sql: "CREATE TRIGGER outboxd_capture_insert_pages AFTER INSERT ON pages BEGIN SELECT 1; END; \
-                  DROP TABLE victim"
-                .into(),
-        };
-        let e = install(&conn, "pages", &[sneaky]).unwrap_err();
-        assert!(e.to_string().contains("pages"), "{e}");
-        let victim: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM sqlite_master WHERE name = 'victim'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        assert_eq!(victim, 1, "the second statement did not run");
-    }
 }

@@ -37,23 +37,48 @@
 //! # Ok(()) }
 //! ```
 
+mod compare;
 mod drift;
+mod gap;
 pub(crate) mod generate;
 mod install;
+mod objects;
 mod resolve;
+pub mod snapshot;
 mod spec;
 mod sqltext;
 mod table;
 
-pub use drift::{
-    compare, inspect, mark_verified, CaptureStatus, Comparison, ConfigMatch, ObjectStatus,
-    TriggerState,
-};
+pub use compare::{compare, Comparison, ConfigMatch};
+pub use drift::{inspect, mark_verified, CaptureStatus, ObjectStatus, TriggerState};
+pub use gap::{ack, gaps, open_gaps, Gap, GapEnd, GapSelection};
+#[allow(deprecated)]
 pub use generate::MAX_CHANGE_BYTES;
-pub use install::{apply, remove, ApplyReport, Change, Removal, RemoveReport, TableChange};
-pub use spec::{CaptureSpec, Columns, Operation, When, DEFAULT_ORDERING_KEY};
+pub use install::{
+    apply, apply_as, check, remove, ApplyReport, Change, Removal, RemoveReport, TableChange,
+};
+pub use spec::{
+    assign_names, CaptureSpec, Columns, Operation, When, AUTO_SNAPSHOT_EVERY, DEFAULT_ORDERING_KEY,
+    MIN_MAX_PAYLOAD_BYTES,
+};
 
 use crate::envelope::EnvelopeError;
+
+/// The triggers and views a capture would install on `conn` (shared ones
+/// first), as (name, kind, SQL): for tests that build the records an
+/// earlier schema held.
+#[cfg(test)]
+pub(crate) fn objects_of(
+    conn: &rusqlite::Connection,
+    spec: &CaptureSpec,
+) -> Vec<(String, &'static str, String)> {
+    let plan = resolve::resolve(conn, spec).unwrap();
+    generate::event_objects()
+        .into_iter()
+        .chain(plan.triggers())
+        .map(|o| (o.name, o.kind, o.sql))
+        .collect()
+}
 
 /// outboxd's own tables, which cannot be captured.
 const OWN_TABLES: &[&str] = &["event_outbox", "delivered_events", "publish_intents"];
@@ -120,11 +145,28 @@ pub enum CaptureError {
         /// The key's columns.
         key: String,
     },
-    /// Two captures name the same table.
+    /// Two captures name the same table (no longer refused: a table may
+    /// have several captures, each with its own name).
     #[error("capture of {table}: the table is captured twice; merge the two entries")]
     DuplicateTable {
         /// The table.
         table: String,
+    },
+    /// Two captures have the same name.
+    #[error("capture of {table}: the name {name:?} is taken by another capture; give each capture of a table its own `name`")]
+    DuplicateName {
+        /// The table.
+        table: String,
+        /// The name.
+        name: String,
+    },
+    /// A snapshot cannot start or go on.
+    #[error("snapshot of capture {capture}: {reason}")]
+    Snapshot {
+        /// The capture's name.
+        capture: String,
+        /// Why, and what to do.
+        reason: String,
     },
     /// The record of an installed capture (`outboxd_capture.spec`) cannot be
     /// read: written by a newer outboxd, or edited by hand.

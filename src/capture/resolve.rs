@@ -118,8 +118,10 @@ pub(crate) fn resolve(conn: &Connection, spec: &CaptureSpec) -> Result<Plan, Err
     for op in &operations {
         event_types.insert(*op, spec.event_type_for(*op)?.to_string());
     }
-    Ok(Plan {
+    let name = spec.name.clone().unwrap_or_else(|| table.name.clone());
+    let plan = Plan {
         spec: spec.clone(),
+        name,
         table,
         columns,
         key,
@@ -128,7 +130,13 @@ pub(crate) fn resolve(conn: &Connection, spec: &CaptureSpec) -> Result<Plan, Err
         ordering,
         operations,
         event_types,
-    })
+    };
+    plan.check_bound().map_err(|reason| CaptureError::Invalid {
+        table: plan.table.name.clone(),
+        field: "max_payload_bytes",
+        reason,
+    })?;
+    Ok(plan)
 }
 
 /// Checks every `when` condition before it is pasted into a trigger: each

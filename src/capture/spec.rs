@@ -208,6 +208,12 @@ pub const DEFAULT_ORDERING_KEY: &str = "{table}:{key}";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CaptureSpec {
+    /// The capture's name: what `capture list`, `capture snapshot
+    /// --capture` and its triggers' names know it by. None: the table's
+    /// name (the second capture of a table in a config is `<table>-2`, and
+    /// so on: [`assign_names`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// The table (a rowid or WITHOUT ROWID table of the main database).
     pub table: String,
     /// Which writes make events; all three by default.
@@ -241,6 +247,57 @@ pub struct CaptureSpec {
     /// them missing or changed (default false: it only warns).
     #[serde(default)]
     pub auto_repair: bool,
+    /// Whether `outboxd run` starts a snapshot of this capture after it
+    /// reinstalled its triggers (`auto_repair`), so the writes lost in
+    /// between reach the consumers as `r` events (default false). At most
+    /// one such snapshot per capture per [`AUTO_SNAPSHOT_EVERY`].
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub auto_snapshot: bool,
+    /// The largest payload the triggers write (default the relay's
+    /// [`DEFAULT_MAX_PAYLOAD_BYTES`](crate::limits::DEFAULT_MAX_PAYLOAD_BYTES)):
+    /// a change whose values could make a larger one is sent with those
+    /// values left out (`too_large`). Keep it at or below the relay's
+    /// `max_payload_bytes`, and below a host's lowered
+    /// `SQLITE_LIMIT_LENGTH`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_payload_bytes: Option<u64>,
+}
+
+/// How often `outboxd run` may start an automatic snapshot of one capture
+/// (`auto_snapshot`): a table rebuilt by every deploy is not read whole on
+/// each one.
+pub const AUTO_SNAPSHOT_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The smallest `max_payload_bytes` a capture accepts: room for the
+/// payload's own fields and the `too_large` form of a few columns.
+pub const MIN_MAX_PAYLOAD_BYTES: u64 = 4096;
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// Fills in the default names of `specs`: the table's for its first
+/// capture, `<table>-2`, `<table>-3`… for the next ones without a name
+/// (skipping names taken by another capture). Names given are kept.
+pub fn assign_names(specs: &mut [CaptureSpec]) {
+    let mut taken: Vec<String> = specs
+        .iter()
+        .filter_map(|s| s.name.as_ref().map(|n| n.to_ascii_lowercase()))
+        .collect();
+    for spec in specs.iter_mut().filter(|s| s.name.is_none()) {
+        let table = spec.table.clone();
+        if !taken.contains(&table.to_ascii_lowercase()) {
+            taken.push(table.to_ascii_lowercase());
+            continue;
+        }
+        let mut n = 2;
+        while taken.contains(&format!("{table}-{n}").to_ascii_lowercase()) {
+            n += 1;
+        }
+        let name = format!("{table}-{n}");
+        taken.push(name.to_ascii_lowercase());
+        spec.name = Some(name);
+    }
 }
 
 fn all_operations() -> Vec<Operation> {
@@ -281,7 +338,32 @@ impl CaptureSpec {
             tenant_column: None,
             ordering_key: None,
             auto_repair: false,
+            auto_snapshot: false,
+            max_payload_bytes: None,
+            name: None,
         }
+    }
+
+    /// The capture's name as given, or its table's.
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.table)
+    }
+
+    /// The payload bound in force ([`CaptureSpec::max_payload_bytes`]).
+    pub fn payload_bound(&self) -> u64 {
+        self.max_payload_bytes
+            .unwrap_or(crate::limits::DEFAULT_MAX_PAYLOAD_BYTES)
+    }
+
+    /// The event type for a snapshot's `r` events (`{op}` as `snapshot`)
+    /// or its markers (`snapshot_started`, `snapshot_completed`).
+    pub fn event_type_with(&self, verb: &str) -> Result<EventType, CaptureError> {
+        let ty = self.event_type.replace("{op}", verb);
+        EventType::parse(&ty).map_err(|source| CaptureError::Invalid {
+            table: self.table.clone(),
+            field: "event_type",
+            reason: format!("for a snapshot it gives {ty:?}: {source}"),
+        })
     }
 
     /// The event type for one operation, validated.
@@ -312,6 +394,26 @@ impl CaptureSpec {
         };
         if self.table.trim().is_empty() {
             return Err(bad("table", "it is empty".into()));
+        }
+        if let Some(name) = &self.name {
+            let fine = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+            if name.is_empty() || name.len() > 100 || !name.chars().all(fine) {
+                return Err(bad(
+                    "name",
+                    format!(
+                        "{name:?}: a name is 1 to 100 of the characters a-z, A-Z, 0-9, _, - and ."
+                    ),
+                ));
+            }
+        }
+        if let Some(n) = self.max_payload_bytes {
+            let most = crate::limits::MAX_PAYLOAD_BYTES;
+            if !(MIN_MAX_PAYLOAD_BYTES..=most).contains(&n) {
+                return Err(bad(
+                    "max_payload_bytes",
+                    format!("{n} is outside {MIN_MAX_PAYLOAD_BYTES} to {most}"),
+                ));
+            }
         }
         if self.operations.is_empty() {
             return Err(bad(

@@ -160,6 +160,12 @@ pub(crate) fn rename_row(sql: &str, from: &str, to: &str) -> String {
     out
 }
 
+/// Whether `sql` refers to `row.column` for the row `row` (any case,
+/// quoted or not): a condition that reads OLD.
+pub(crate) fn refers_to(sql: &str, row: &str) -> bool {
+    rename_row(sql, row, "\u{1}") != sql
+}
+
 /// Checks that `sql` is at most one expression when capture pastes it
 /// between parentheses (a trigger's `WHEN (…)`, `CASE WHEN (…)`, `WHERE
 /// … AND (…)`): it holds no `;` (the end of a statement), never closes a
@@ -221,6 +227,14 @@ mod tests {
             r#"o.status = 'OLD.x' AND o . "id" > 0 AND o.a -- OLD.b
                    AND o.c /* OLD.d */ AND oldish.e AND t.old.f AND lower(o.g)"#
         );
+    }
+
+    #[test]
+    fn finds_row_references() {
+        assert!(refers_to("NEW.live = 1 AND (OLD.live IS NULL)", "old"));
+        assert!(refers_to("\"old\" . x", "old"));
+        assert!(!refers_to("NEW.live = 'OLD.live' /* OLD.x */", "old"));
+        assert!(!refers_to("NEW.old_value = 1", "old"));
     }
 
     #[test]

@@ -75,6 +75,21 @@ pub enum Problem {
         /// What is wrong and what to do, measured at the check.
         message: String,
     },
+    /// A capture lost a window of writes (its triggers were missing until
+    /// reinstalled) that no snapshot has covered and no one acknowledged.
+    CaptureGap {
+        /// The capture's name.
+        capture: String,
+        /// Its table.
+        table: String,
+        /// How many open gaps it has.
+        gaps: u64,
+        /// The start of the earliest window (an upper bound: the last
+        /// time outboxd saw the triggers intact before it).
+        lost_after: Timestamp,
+        /// The end of the latest window (when the triggers came back).
+        lost_until: Timestamp,
+    },
 }
 
 /// Every [`Problem::kind`], in the order problems are listed: a gauge per
@@ -86,6 +101,7 @@ pub const KINDS: &[&str] = &[
     "clock_step",
     "implausible_delay",
     "capture",
+    "capture_gap",
 ];
 
 impl Problem {
@@ -99,6 +115,7 @@ impl Problem {
             Problem::ClockStep { .. } => "clock_step",
             Problem::ImplausibleDelay { .. } => "implausible_delay",
             Problem::CaptureDrift { .. } => "capture",
+            Problem::CaptureGap { .. } => "capture_gap",
         }
     }
 
@@ -113,6 +130,7 @@ impl Problem {
             Problem::ClockStep { .. } => "clock-step",
             Problem::ImplausibleDelay { .. } => "implausible-delay",
             Problem::CaptureDrift { .. } => "capture",
+            Problem::CaptureGap { .. } => "capture-gap",
         }
     }
 
@@ -180,6 +198,19 @@ impl Problem {
                 count(*n, "event is", "events are")
             ),
             Problem::CaptureDrift { message, .. } => message.clone(),
+            Problem::CaptureGap {
+                capture,
+                table,
+                gaps,
+                lost_after,
+                lost_until,
+            } => format!(
+                "capture {capture} of {table} lost {}: writes made between {lost_after} and \
+                 {lost_until} (at most) may not have become events; send the rows as they are \
+                 now with `outboxd capture snapshot --capture {capture}`, or acknowledge with \
+                 `outboxd capture ack --capture {capture}`",
+                count(*gaps, "window", "windows")
+            ),
         }
     }
 }

@@ -85,9 +85,11 @@ fn a_dropped_capture_trigger_is_a_problem_and_a_broken_capture() {
     assert_eq!(
         v.captures,
         [CaptureState {
+            name: "pages".into(),
             table: "pages".into(),
             capture: "page.{op}.v1".into(),
-            intact: true
+            intact: true,
+            open_gaps: 0
         }]
     );
     let trigger: String = conn
@@ -117,6 +119,45 @@ fn a_dropped_capture_trigger_is_a_problem_and_a_broken_capture() {
     }
 }
 
+/// A capture reinstalled after its triggers went missing leaves a gap: a
+/// problem of its own (kind `capture_gap`) once the drift is gone, until a
+/// snapshot covers it or it is acknowledged.
+#[test]
+fn a_capture_gap_is_a_problem_until_acknowledged() {
+    let (_dir, mut conn) = migrated();
+    conn.execute_batch("CREATE TABLE pages (id INTEGER PRIMARY KEY, title TEXT)")
+        .unwrap();
+    let spec = CaptureSpec::new("pages", "page.{op}.v1", Columns::List(vec!["title".into()]));
+    capture::apply(&mut conn, std::slice::from_ref(&spec), at(0)).unwrap();
+    conn.execute_batch("DROP TRIGGER outboxd_capture_insert_pages")
+        .unwrap();
+    let report = capture::apply(&mut conn, std::slice::from_ref(&spec), at(60_000)).unwrap();
+    assert_eq!(report.gaps.len(), 1);
+    let v = check(&conn, &Thresholds::default(), at(61_000)).unwrap();
+    assert_eq!(kinds(&v), ["capture_gap"]);
+    assert_eq!(v.captures[0].open_gaps, 1);
+    assert!(v.captures[0].intact);
+    let m = v.problems[0].message();
+    assert!(
+        m.contains(&at(0).to_string()) && m.contains(&at(60_000).to_string()),
+        "{m}"
+    );
+    assert!(
+        m.contains("(at most)") && m.contains("capture snapshot"),
+        "{m}"
+    );
+    assert_eq!(v.problems[0].threshold(), "capture-gap");
+    capture::ack(
+        &conn,
+        &capture::GapSelection::Capture("pages".into()),
+        at(62_000),
+    )
+    .unwrap();
+    assert!(check(&conn, &Thresholds::default(), at(63_000))
+        .unwrap()
+        .is_healthy());
+}
+
 #[test]
 fn every_kind_is_listed() {
     let examples = [
@@ -144,6 +185,13 @@ fn every_kind_is_listed() {
             capture: "t.{op}.v1".into(),
             unseen_since: at(0),
             message: "m".into(),
+        },
+        Problem::CaptureGap {
+            capture: "t".into(),
+            table: "t".into(),
+            gaps: 1,
+            lost_after: at(0),
+            lost_until: at(1),
         },
     ];
     let kinds: Vec<_> = examples.iter().map(Problem::kind).collect();

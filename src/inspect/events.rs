@@ -78,6 +78,26 @@ pub struct EventFilter {
     pub until: Option<Timestamp>,
     /// Only rows with a smaller id (the page's key).
     pub before: Option<i64>,
+    /// Exact ordering key (a captured row's `cms_page:42`).
+    pub ordering_key: Option<String>,
+    /// A captured row's key: its payload's `key` values joined by `:`
+    /// (`42`, or `acme:hello` for a two-column key).
+    pub key: Option<String>,
+}
+
+/// A payload's `key` object (captured events), as its values joined by
+/// `:`, strings unquoted; None for anything else.
+fn key_text(json: Option<&str>) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(json?).ok()?;
+    let parts: Vec<String> = v
+        .as_object()?
+        .values()
+        .map(|x| match x {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .collect();
+    Some(parts.join(":"))
 }
 
 impl EventFilter {
@@ -110,7 +130,17 @@ pub struct EventsPage {
 const SQL_EVENTS_WALK: &str = concat!(
     "SELECT ",
     row_columns!(),
-    ", substr(last_error, 1, 300) FROM event_outbox WHERE id < ?1 ORDER BY id DESC LIMIT ?2"
+    ", substr(last_error, 1, 300), ordering_key, NULL FROM event_outbox WHERE id < ?1 ORDER BY id DESC LIMIT ?2"
+);
+
+/// The walk, with each row's payload `key` (only when a key is looked for:
+/// it reads every payload).
+const SQL_EVENTS_WALK_KEYS: &str = concat!(
+    "SELECT ",
+    row_columns!(),
+    ", substr(last_error, 1, 300), ordering_key, \
+     CASE WHEN json_valid(payload) THEN json_extract(payload, '$.key') END \
+     FROM event_outbox WHERE id < ?1 ORDER BY id DESC LIMIT ?2"
 );
 
 /// Walks rows newest first from `f.before`, keeping those that match,
@@ -120,7 +150,12 @@ pub fn events_page(conn: &Connection, f: &EventFilter, now: Timestamp) -> Result
 }
 
 fn walk_events(conn: &Connection, f: &EventFilter, now: Timestamp) -> rusqlite::Result<EventsPage> {
-    let mut walk = conn.prepare_cached(SQL_EVENTS_WALK)?;
+    let sql = if f.key.is_some() {
+        SQL_EVENTS_WALK_KEYS
+    } else {
+        SQL_EVENTS_WALK
+    };
+    let mut walk = conn.prepare_cached(sql)?;
     let mut page = EventsPage::default();
     let mut rows = walk.query(params![f.before.unwrap_or(i64::MAX), SCAN_BUDGET as i64])?;
     let mut last_seen = None;
@@ -130,6 +165,17 @@ fn walk_events(conn: &Connection, f: &EventFilter, now: Timestamp) -> rusqlite::
         last_seen = Some(row.id);
         if !f.matches(&row, now) {
             continue;
+        }
+        if let Some(k) = &f.ordering_key {
+            if r.get::<_, Option<String>>(11).ok().flatten().as_deref() != Some(k.as_str()) {
+                continue;
+            }
+        }
+        if let Some(k) = &f.key {
+            let json: Option<String> = r.get(12).ok().flatten();
+            if key_text(json.as_deref()).as_deref() != Some(k.as_str()) {
+                continue;
+            }
         }
         if let Some(consumer) = &f.consumer {
             let key = dedup::key(row.event_id.as_deref(), row.id);
@@ -278,8 +324,9 @@ fn detail(r: &rusqlite::Row<'_>, row_id: i64) -> rusqlite::Result<EventDetail> {
 }
 
 #[cfg(test)]
-pub(super) const STATEMENTS: [(&str, &str); 3] = [
+pub(super) const STATEMENTS: [(&str, &str); 4] = [
     ("events walk", SQL_EVENTS_WALK),
+    ("events walk with keys", SQL_EVENTS_WALK_KEYS),
     ("event", SQL_EVENT),
     ("rows with event id", SQL_ROWS_WITH_EVENT_ID),
 ];

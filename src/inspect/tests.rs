@@ -109,6 +109,53 @@ fn events_page_by_key_with_filters() {
     assert!(page.rows.iter().all(|r| r.status == "dead"));
 }
 
+/// "What happened to page 42?": the events of one captured row, by its
+/// ordering key or its payload's key (issue 33, item 7).
+#[test]
+fn events_are_found_by_ordering_key_and_by_key() {
+    let (_dir, conn) = db();
+    let now = Timestamp::from_millis(T0 + 1000);
+    for (payload, key) in [
+        (
+            r#"{"op":"c","table":"cms_page","key":{"id":42}}"#,
+            "cms_page:42",
+        ),
+        (
+            r#"{"op":"c","table":"cms_page","key":{"id":7}}"#,
+            "cms_page:7",
+        ),
+        (
+            r#"{"op":"u","table":"cms_page","key":{"id":42}}"#,
+            "cms_page:42",
+        ),
+        ("not json", "x"),
+    ] {
+        conn.execute(
+            "INSERT INTO event_outbox (event_type, payload, ordering_key, occurred_at) VALUES ('page.x.v1', ?1, ?2, ?3)",
+            params![payload, key, T0],
+        )
+        .unwrap();
+    }
+    let by = |f: EventFilter| -> Vec<i64> {
+        events_page(&conn, &f, now)
+            .unwrap()
+            .rows
+            .iter()
+            .map(|r| r.id)
+            .collect()
+    };
+    let okey = by(EventFilter {
+        ordering_key: Some("cms_page:42".into()),
+        ..EventFilter::default()
+    });
+    assert_eq!(okey.len(), 2);
+    let key = by(EventFilter {
+        key: Some("42".into()),
+        ..EventFilter::default()
+    });
+    assert_eq!(key, okey);
+}
+
 #[test]
 fn consumer_filter_reads_the_ledger() {
     let (_dir, conn) = db();

@@ -66,6 +66,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "checks_without_functions",
         sql: include_str!("../../migrations/0007_checks_without_functions.sql"),
     },
+    Migration {
+        version: 8,
+        name: "capture_names_gaps_snapshots",
+        sql: include_str!("../../migrations/0008_capture_names_gaps_snapshots.sql"),
+    },
 ];
 
 /// A fresh database at the latest schema in a temporary directory, for
@@ -523,6 +528,59 @@ mod tests {
             .query_row("SELECT count(*) FROM event_outbox", [], |r| r.get(0))
             .unwrap();
         assert_eq!(n, 1);
+    }
+
+    /// Version 8 keys captures by name. A capture recorded by version 7 (by
+    /// its table) keeps its triggers' names and records: it is intact after
+    /// the upgrade, a dropped trigger is still reported missing, and apply
+    /// reinstalls it, recording the gap.
+    #[test]
+    fn a_version_7_capture_keeps_its_drift_check_across_version_8() {
+        use crate::capture::{self, CaptureSpec, Columns};
+        let (_dir, mut conn) = migrated_to(7);
+        conn.execute_batch("CREATE TABLE pages (id INTEGER PRIMARY KEY, title TEXT)")
+            .unwrap();
+        let spec = CaptureSpec::new("pages", "page.{op}.v1", Columns::All);
+        for (name, kind, sql) in capture::objects_of(&conn, &spec) {
+            conn.execute(&sql, []).unwrap();
+            let owner = if name.ends_with("_pages") {
+                "pages"
+            } else {
+                ""
+            };
+            conn.execute(
+                "INSERT INTO outboxd_capture_object (name, type, table_name, sql)
+                 SELECT name, ?2, ?3, sql FROM sqlite_master WHERE name = ?1",
+                rusqlite::params![name, kind, owner],
+            )
+            .unwrap();
+        }
+        conn.execute(
+            "INSERT INTO outboxd_capture (table_name, spec, installed_at, verified_at) VALUES ('pages', ?1, 5, 7)",
+            [serde_json::to_string(&spec).unwrap()],
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let status = capture::inspect(&conn).unwrap();
+        assert_eq!(status.len(), 1);
+        assert_eq!(
+            (status[0].name.as_str(), status[0].table.as_str()),
+            ("pages", "pages")
+        );
+        assert!(status[0].is_intact(), "{status:?}");
+        assert_eq!(status[0].verified_at, Timestamp::from_millis(7));
+        conn.execute_batch("DROP TRIGGER outboxd_capture_update_pages")
+            .unwrap();
+        let status = capture::inspect(&conn).unwrap();
+        assert_eq!(status[0].missing(), ["outboxd_capture_update_pages"]);
+        let report = capture::apply(&mut conn, &[spec], Timestamp::from_millis(9)).unwrap();
+        assert_eq!(
+            report.tables[0].reinstalled,
+            ["outboxd_capture_update_pages"]
+        );
+        assert_eq!(report.gaps.len(), 1);
+        assert_eq!(report.gaps[0].lost_after, Timestamp::from_millis(7));
+        assert!(capture::inspect(&conn).unwrap()[0].is_intact());
     }
 
     /// The look-up of an event's ledger entries that the claim makes for

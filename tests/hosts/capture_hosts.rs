@@ -270,3 +270,55 @@ ordering_key = "page:{{page_slug}}"
     assert_eq!(seen, committed);
     assert_eq!(comment_pages.len(), comments);
 }
+
+/// Issue 30, item 8: a host that lowers SQLITE_LIMIT_LENGTH (here Python's
+/// sqlite3 to 1,000,000 bytes) updates a 400 KB blob in a captured table.
+/// The trigger's payload would be twice that in hex, twice again with
+/// `before` and `after`: with the capture's `max_payload_bytes` set below
+/// the host's limit, as docs/capture.md tells such hosts, the trigger sends
+/// the key without the values (`too_large`, naming the columns) and the
+/// host's own write succeeds.
+#[test]
+fn a_host_with_a_lowered_length_limit_keeps_its_writes_under_capture() {
+    if !available("python3", &["--version"]) {
+        return;
+    }
+    let db = TestDb::new();
+    let mut conn = db.conn();
+    conn.execute_batch(
+        "CREATE TABLE files (id INTEGER PRIMARY KEY, name TEXT, data BLOB);
+         INSERT INTO files (name, data) VALUES ('f', zeroblob(10));",
+    )
+    .unwrap();
+    let mut spec = CaptureSpec::new(
+        "files",
+        "file.{op}.v1",
+        Columns::List(vec!["name".into(), "data".into()]),
+    );
+    spec.max_payload_bytes = Some(900_000);
+    capture::apply(&mut conn, &[spec], Timestamp::now()).unwrap();
+    let code = r#"
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1000000)
+c.execute("UPDATE files SET data = zeroblob(400000), name = 'g' WHERE id = 1")
+c.execute("UPDATE files SET name = 'h' WHERE id = 1")
+print("ok")
+"#;
+    let out = run("python3", &["-c", code, db.path.to_str().unwrap()]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    let evs = stored_events(&conn);
+    assert_eq!(evs.len(), 2);
+    for e in &evs {
+        assert_eq!(e.payload["too_large"], json!(true), "{}", e.payload);
+        assert_eq!(e.payload["dropped"], json!(["name", "data"]));
+        assert_eq!(e.payload["key"], json!({"id": 1}));
+        assert_eq!(e.ordering_key.as_deref(), Some("files:1"));
+    }
+    let longest: i64 = conn
+        .query_row("SELECT max(length(payload)) FROM event_outbox", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert!(longest <= 900_000, "{longest}");
+}

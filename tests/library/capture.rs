@@ -352,45 +352,80 @@ fn text_json_cannot_hold_sends_the_change_as_hex() {
     }
 }
 
+/// A change whose values could make a payload over the capture's
+/// `max_payload_bytes` (issue 33, item 4) is sent without its values, its
+/// key (and so its ordering key) kept and the columns left out named; a
+/// BLOB counts at its hex size and more, text at six bytes a byte, so even
+/// the hex form stays under the bound.
 #[test]
-fn a_change_too_large_to_carry_is_sent_without_its_values() {
+fn a_change_too_large_to_carry_keeps_its_key_and_names_what_it_left_out() {
     let db = TestDb::new();
     let mut conn = db.conn();
     conn.execute_batch("CREATE TABLE files (id INTEGER PRIMARY KEY, name TEXT, data BLOB)")
         .unwrap();
-    apply(
-        &mut conn,
-        &[CaptureSpec::new(
-            "files",
-            "file.{op}.v1",
-            cols(&["name", "data"]),
-        )],
-    );
-    // key + name + data: three values share the limit.
-    let limit = capture::MAX_CHANGE_BYTES / 3;
+    let mut spec = CaptureSpec::new("files", "file.{op}.v1", cols(&["name", "data"]));
+    spec.max_payload_bytes = Some(1_000_000);
+    apply(&mut conn, &[spec]);
+    // 200 KB of blob is 400 KB of hex: it fits. 300 KB could not (its
+    // estimate, 1.2 MB, is over the bound).
     conn.execute(
-        "INSERT INTO files (name, data) VALUES ('big', zeroblob(?1))",
-        [limit + 1],
+        "INSERT INTO files (name, data) VALUES ('fits', zeroblob(200000))",
+        [],
     )
     .unwrap();
     conn.execute(
-        "INSERT INTO files (name, data) VALUES ('fits', zeroblob(?1))",
-        [1_000_000],
+        "INSERT INTO files (name, data) VALUES ('big', zeroblob(300000))",
+        [],
     )
     .unwrap();
+    conn.execute("UPDATE files SET name = 'bigger' WHERE id = 2", [])
+        .unwrap();
     let evs = events(&conn);
     assert_eq!(
-        evs[0].payload,
-        json!({"op": "c", "table": "files", "key": null, "before": null, "after": null, "too_large": true})
-    );
-    assert_eq!(evs[0].ordering_key.as_deref(), Some("files:1"));
-    assert_eq!(
-        evs[1].payload["after"]["data"]["$blob"]
+        evs[0].payload["after"]["data"]["$blob"]
             .as_str()
             .unwrap()
             .len(),
-        2_000_000
+        400_000
     );
+    assert!(evs[0].payload.get("too_large").is_none());
+    assert_eq!(
+        evs[1].payload,
+        json!({"op": "c", "table": "files", "key": {"id": 2}, "before": null,
+               "after": null, "too_large": true, "dropped": ["name", "data"]})
+    );
+    assert_eq!(evs[1].ordering_key.as_deref(), Some("files:2"));
+    assert_eq!(
+        evs[2].payload,
+        json!({"op": "u", "table": "files", "key": {"id": 2}, "before": null,
+               "after": null, "too_large": true, "dropped": ["name", "data"]})
+    );
+    // Text the fix trigger sends as hex (a NUL) stays under the bound too.
+    conn.execute(
+        "INSERT INTO files (name) VALUES (CAST(zeroblob(150000) AS TEXT))",
+        [],
+    )
+    .unwrap();
+    let stored: Vec<i64> = conn
+        .prepare("SELECT length(payload) FROM event_outbox ORDER BY id")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(stored.iter().all(|n| *n <= 1_000_000), "{stored:?}");
+    // A bound too small for even the too_large form (the columns' names)
+    // is refused when applied, naming it.
+    let mut tiny = CaptureSpec::new("files", "file.{op}.v1", Columns::All);
+    tiny.max_payload_bytes = Some(4096);
+    let mut wide = String::from("CREATE TABLE wide (id INTEGER PRIMARY KEY");
+    for i in 0..60 {
+        wide.push_str(&format!(", column_with_a_rather_long_name_{i} TEXT"));
+    }
+    conn.execute_batch(&format!("{wide})")).unwrap();
+    tiny.table = "wide".into();
+    let e = capture::apply(&mut conn, &[tiny], Timestamp::now()).unwrap_err();
+    assert!(e.to_string().contains("max_payload_bytes"), "{e}");
 }
 
 #[test]
@@ -644,8 +679,10 @@ fn names_that_do_not_exist_are_errors_naming_them_and_nothing_changes() {
         );
         assert!(capture::inspect(&conn).unwrap().is_empty());
     }
-    let e = capture::apply(&mut conn, &[pages_spec(), pages_spec()], Timestamp::now()).unwrap_err();
-    assert!(e.to_string().contains("captured twice"), "{e}");
+    let mut named = pages_spec();
+    named.name = Some("x".into());
+    let e = capture::apply(&mut conn, &[named.clone(), named], Timestamp::now()).unwrap_err();
+    assert!(e.to_string().contains("the name \"x\" is taken"), "{e}");
 }
 
 /// A `when` is pasted into trigger SQL: text that is not one condition
@@ -864,7 +901,7 @@ fn triggers_installed_under_the_earlier_names_are_checked_and_renamed_by_apply()
     // Rename every trigger of pages as the earlier naming had it.
     let objects: Vec<(String, String)> = {
         let mut stmt = conn
-            .prepare("SELECT name, sql FROM outboxd_capture_object WHERE table_name = 'pages'")
+            .prepare("SELECT name, sql FROM outboxd_capture_object WHERE capture_name = 'pages'")
             .unwrap();
         stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap()
@@ -1009,7 +1046,11 @@ fn a_table_rebuilt_by_a_migration_is_reported_and_apply_restores_it() {
         .problem(Timestamp::now().plus(Duration::from_secs(90)))
         .unwrap();
     assert!(problem.contains("missing"), "{problem}");
-    assert!(problem.contains("cannot be recovered"), "{problem}");
+    assert!(problem.contains("were not captured"), "{problem}");
+    assert!(
+        problem.contains("capture snapshot --capture pages"),
+        "{problem}"
+    );
     assert!(
         problem.contains("(1m") || problem.contains("(9"),
         "{problem}"

@@ -754,20 +754,27 @@ fn webhook_carries_the_tenant_and_the_legacy_flag_in_headers_not_the_body() {
     let sink = sink(&server.url("/ok"));
     let mut d = delivery(AWKWARD_PAYLOADS[0]);
     d.tenant_id = Some("a b/é%".into());
+    d.ordering_key = Some("cms_page:42 é".into());
     d.legacy = true;
     assert_eq!(sink.deliver(&d), Outcome::Delivered);
     let req = server.next();
     assert_eq!(req.header("outboxd-tenant-id"), Some("a%20b%2F%C3%A9%25"));
+    assert_eq!(
+        req.header("outboxd-ordering-key"),
+        Some("cms_page%3A42%20%C3%A9")
+    );
     assert_eq!(req.header("outboxd-legacy"), Some("true"));
     // The body is the envelope as ever, the payload's bytes as stored.
     assert_eq!(req.body, d.envelope.to_json().as_bytes());
     assert!(String::from_utf8_lossy(&req.body).contains(AWKWARD_PAYLOADS[0].trim_end()));
 
     d.tenant_id = None;
+    d.ordering_key = None;
     d.legacy = false;
     assert_eq!(sink.deliver(&d), Outcome::Delivered);
     let req = server.next();
     assert_eq!(req.header("outboxd-tenant-id"), None);
+    assert_eq!(req.header("outboxd-ordering-key"), None);
     assert_eq!(req.header("outboxd-legacy"), None);
 
     // They are the sink's own headers.

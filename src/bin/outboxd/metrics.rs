@@ -171,6 +171,11 @@ const METRICS: &[Metric] = &[
         "1 when every trigger of the table's capture is installed as recorded.",
         Read::Health(capture_intact),
     ),
+    gauge(
+        "outboxd_capture_gaps",
+        "Open gaps of the capture: windows its triggers were missing, not yet covered by a snapshot nor acknowledged.",
+        Read::Health(capture_gaps),
+    ),
 ];
 
 fn one(v: f64) -> Vec<Sample> {
@@ -211,6 +216,24 @@ fn capture_intact(v: &Verdict, database: &str) -> Vec<Sample> {
                     escape(&c.capture)
                 ),
                 f64::from(u8::from(c.intact)),
+            )
+        })
+        .collect()
+}
+
+fn capture_gaps(v: &Verdict, database: &str) -> Vec<Sample> {
+    let database = escape(database);
+    v.captures
+        .iter()
+        .map(|c| {
+            (
+                format!(
+                    "{{database=\"{database}\",table=\"{}\",capture=\"{}\",name=\"{}\"}}",
+                    escape(&c.table),
+                    escape(&c.capture),
+                    escape(&c.name)
+                ),
+                c.open_gaps as f64,
             )
         })
         .collect()

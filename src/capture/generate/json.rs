@@ -51,14 +51,13 @@ impl Concat {
         self.parts.push((false, e));
     }
 
-    pub(super) fn append(&mut self, other: Concat) {
-        for (is_lit, s) in other.parts {
-            if is_lit {
-                self.lit(&s);
-            } else {
-                self.expr(s);
-            }
-        }
+    /// The bytes of text its literals add to the value.
+    pub(super) fn literal_len(&self) -> u64 {
+        self.parts
+            .iter()
+            .filter(|(is_lit, _)| *is_lit)
+            .map(|(_, s)| s.len() as u64)
+            .sum()
     }
 
     pub(super) fn sql(&self) -> String {

@@ -29,22 +29,23 @@
 //!   statement fires whenever it is prepared.
 
 mod json;
+mod payload;
 mod per_table;
 mod shared;
+mod snapshot;
 mod utf8;
 
 pub(crate) use per_table::Plan;
+pub(crate) use per_table::KINDS;
 pub(crate) use shared::{event_objects, EVENT_VIEW};
 
 /// Prefix of every trigger capture installs.
 pub(crate) const TRIGGER_PREFIX: &str = "outboxd_capture_";
 
-/// The most bytes the values of one change may carry: a change with a value
-/// longer than this divided by the number of values it renders (key,
-/// before and after) is sent without them (`"too_large":true`). Escaping
-/// can grow text six-fold and the hex form doubles it again, and the
-/// payload must stay under SQLite's default length limit of 1e9 bytes, or
-/// the host's write would fail with "string or blob too big".
+/// The bound older versions used for the values of one change. A capture's
+/// bound is now its `max_payload_bytes` ([`CaptureSpec::payload_bound`](crate::capture::CaptureSpec::payload_bound)),
+/// by default the relay's.
+#[deprecated(note = "a capture's bound is its max_payload_bytes (CaptureSpec::payload_bound)")]
 pub const MAX_CHANGE_BYTES: i64 = 48 * 1024 * 1024;
 
 /// How every capture trigger writes an event.

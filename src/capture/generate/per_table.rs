@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use super::json::{object, Concat};
-use super::{SqlObject, INSERT_EVENT, MAX_CHANGE_BYTES, REPLACED_TABLE, TRIGGER_PREFIX};
+use super::payload::{Section, Value};
+use super::{SqlObject, INSERT_EVENT, REPLACED_TABLE, TRIGGER_PREFIX};
 use crate::capture::spec::{CaptureSpec, Operation, TemplatePart};
 use crate::capture::sqltext::{ident, literal, rename_row};
 use crate::capture::table::Table;
@@ -34,6 +35,9 @@ const REPLACED: &str = "o";
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
     pub spec: CaptureSpec,
+    /// The capture's name: its triggers are named after it, and its
+    /// REPLACE notes carry it.
+    pub name: String,
     pub table: Table,
     /// The captured columns, as the table spells them.
     pub columns: Vec<String>,
@@ -49,7 +53,7 @@ pub(crate) struct Plan {
 
 /// Where a trigger reads a row from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Row {
+pub(super) enum Row {
     New,
     Old,
     /// The row of the captured table a REPLACE is about to delete.
@@ -68,7 +72,7 @@ impl Row {
 
 impl Plan {
     /// `row."column"`, or `row.rowid` for the rowid key.
-    fn col(&self, row: Row, name: &str) -> String {
+    pub(super) fn col(&self, row: Row, name: &str) -> String {
         if self.key_is_rowid && self.table.rowid.as_deref() == Some(name) {
             format!("{}.{name}", row.prefix())
         } else {
@@ -76,7 +80,7 @@ impl Plan {
         }
     }
 
-    fn rowid(&self, row: Row) -> Option<String> {
+    pub(super) fn rowid(&self, row: Row) -> Option<String> {
         self.table
             .rowid
             .as_ref()
@@ -86,7 +90,7 @@ impl Plan {
     /// `outboxd_capture_<kind>_<table>`; see [`KINDS`].
     fn trigger_name(&self, kind: &str) -> String {
         debug_assert!(KINDS.contains(&kind), "{kind} is not in KINDS");
-        format!("{TRIGGER_PREFIX}{kind}_{}", self.table.name)
+        format!("{TRIGGER_PREFIX}{kind}_{}", self.name)
     }
 
     /// The key as a JSON object.
@@ -99,66 +103,52 @@ impl Plan {
         c
     }
 
-    /// The captured columns as a JSON object.
-    fn columns_json(&self, row: Row) -> Concat {
-        let mut c = Concat::default();
-        object(
-            &mut c,
-            self.columns.iter().map(|k| (k.as_str(), self.col(row, k))),
-        );
-        c
+    /// The payload: `{"op","table","key","before","after"}`, within the
+    /// capture's size bound ([`payload`](super::payload)). `code` is the
+    /// payload's `op`.
+    pub(super) fn payload(
+        &self,
+        code: &str,
+        key_row: Row,
+        before: Option<Row>,
+        after: Option<Row>,
+    ) -> String {
+        self.payload_with(code, "", key_row, before, after)
     }
 
-    /// The payload: `{"op","table","key","before","after"}`, or the
-    /// `too_large` form when the values are too big to carry.
-    fn payload(
+    /// [`payload`](Self::payload) with `extra` (JSON members, each after a
+    /// comma) after `table`.
+    pub(super) fn payload_with(
         &self,
-        op: Operation,
+        code: &str,
+        extra: &str,
         key_row: Row,
         before: Option<Row>,
         after: Option<Row>,
     ) -> String {
         let head = format!(
-            "{{\"op\":\"{}\",\"table\":{},\"key\":",
-            op.code(),
+            "{{\"op\":\"{code}\",\"table\":{}{extra}",
             serde_json::to_string(&self.table.name).expect("a string serializes")
         );
-        let mut c = Concat::default();
-        c.lit(&head);
-        c.append(self.key_json(key_row));
-        c.lit(",\"before\":");
-        match before {
-            Some(r) => c.append(self.columns_json(r)),
-            None => c.lit("null"),
-        }
-        c.lit(",\"after\":");
-        match after {
-            Some(r) => c.append(self.columns_json(r)),
-            None => c.lit("null"),
-        }
-        c.lit("}");
-        // Any value too long to carry? (length() of NULL is NULL, which
-        // OR treats as false.)
-        let mut sized: Vec<String> = self.key.iter().map(|k| self.col(key_row, k)).collect();
-        for r in [before, after].into_iter().flatten() {
-            sized.extend(self.columns.iter().map(|k| self.col(r, k)));
-        }
-        let limit = MAX_CHANGE_BYTES / sized.len().max(1) as i64;
-        sized.sort();
-        sized.dedup();
-        let too_long = sized
-            .iter()
-            .map(|x| format!("length(CAST({x} AS BLOB))>{limit}"))
-            .collect::<Vec<_>>()
-            .join(" OR ");
-        let too_large = literal(&format!(
-            "{head}null,\"before\":null,\"after\":null,\"too_large\":true}}"
-        ));
-        format!("CASE WHEN {too_long} THEN {too_large} ELSE {} END", c.sql())
+        let values = |row: Row, cols: &[String]| -> Vec<Value> {
+            cols.iter()
+                .map(|k| Value {
+                    column: k.clone(),
+                    sql: self.col(row, k),
+                })
+                .collect()
+        };
+        let sections: [Section; 3] = [
+            ("key", Some(values(key_row, &self.key))),
+            ("before", before.map(|r| values(r, &self.columns))),
+            ("after", after.map(|r| values(r, &self.columns))),
+        ];
+        super::payload::payload(&head, &sections, self.spec.payload_bound())
+            .expect("the bound is checked when the plan is made")
     }
 
     /// The tenant of the event, from the row.
-    fn tenant(&self, row: Row) -> String {
+    pub(super) fn tenant(&self, row: Row) -> String {
         match &self.tenant {
             Some(col) => {
                 let x = self.col(row, col);
@@ -169,7 +159,7 @@ impl Plan {
     }
 
     /// The ordering key of the event, from the row.
-    fn ordering_key(&self, row: Row) -> String {
+    pub(super) fn ordering_key(&self, row: Row) -> String {
         let mut parts = Vec::new();
         for part in &self.ordering {
             match part {
@@ -190,7 +180,7 @@ impl Plan {
     }
 
     /// The user's condition for an operation, if any.
-    fn when(&self, op: Operation) -> Option<String> {
+    pub(super) fn when(&self, op: Operation) -> Option<String> {
         self.spec
             .when
             .as_ref()
@@ -230,7 +220,7 @@ impl Plan {
             Operation::Update => (Row::New, Some(Row::Old), Some(Row::New), Row::New),
             Operation::Delete => (Row::Old, Some(Row::Old), None, Row::Old),
         };
-        let payload = self.payload(op, key_row, before, after);
+        let payload = self.payload(op.code(), key_row, before, after);
         let payload = match condition {
             Some(cond) => format!("CASE WHEN {cond} THEN {payload} END"),
             None => payload,
@@ -243,6 +233,30 @@ impl Plan {
         )
     }
 
+    /// Checks that the size bound can hold this capture's largest payload
+    /// (an update's key, before and after).
+    pub fn check_bound(&self) -> Result<(), String> {
+        let values = |row: Row, cols: &[String]| -> Vec<Value> {
+            cols.iter()
+                .map(|k| Value {
+                    column: k.clone(),
+                    sql: self.col(row, k),
+                })
+                .collect()
+        };
+        let sections: [Section; 3] = [
+            ("key", Some(values(Row::New, &self.key))),
+            ("before", Some(values(Row::Old, &self.columns))),
+            ("after", Some(values(Row::New, &self.columns))),
+        ];
+        super::payload::payload(
+            "{\"op\":\"u\",\"table\":\"\"",
+            &sections,
+            self.spec.payload_bound(),
+        )
+        .map(drop)
+    }
+
     /// Whether REPLACE handling is installed: only deletes need it.
     pub fn handles_replace(&self) -> bool {
         self.operations.contains(&Operation::Delete)
@@ -253,7 +267,7 @@ impl Plan {
         let mut out = Vec::new();
         let on = ident(&self.table.name);
         let replace = self.handles_replace();
-        let table_lit = literal(&self.table.name);
+        let table_lit = literal(&self.name);
         if replace {
             out.push(self.before_trigger(Operation::Insert));
             out.push(self.before_trigger(Operation::Update));
@@ -294,7 +308,7 @@ impl Plan {
                     self.event_insert(op, None)
                 )
             };
-            out.push(SqlObject::trigger(name, &self.table.name, sql));
+            out.push(SqlObject::trigger(name, &self.name, sql));
         }
         if self.operations.contains(&Operation::Delete) {
             let name = self.trigger_name("delete");
@@ -312,7 +326,7 @@ impl Plan {
                 self.event_insert(Operation::Delete, None),
                 self.key_json(Row::Old).sql()
             );
-            out.push(SqlObject::trigger(name, &self.table.name, sql));
+            out.push(SqlObject::trigger(name, &self.name, sql));
         }
         out
     }
@@ -322,7 +336,7 @@ impl Plan {
     fn before_trigger(&self, op: Operation) -> SqlObject {
         let o = Row::Replaced;
         let table = ident(&self.table.name);
-        let table_lit = literal(&self.table.name);
+        let table_lit = literal(&self.name);
         // Each UNIQUE constraint the incoming row matches, as a condition on
         // a row read under `alias`. (A comparison with NULL is NULL: no
         // match, as in a UNIQUE constraint.)
@@ -444,13 +458,13 @@ impl Plan {
             op.keyword(),
             self.key_json(o).sql(),
             literal(&self.event_types[&Operation::Delete]),
-            self.payload(Operation::Delete, o, Some(o), None),
+            self.payload(Operation::Delete.code(), o, Some(o), None),
             self.tenant(o),
             self.ordering_key(o),
             lookups.join("\n  UNION ALL "),
             join.join(" AND "),
         );
-        SqlObject::trigger(name, &self.table.name, sql)
+        SqlObject::trigger(name, &self.name, sql)
     }
 
     /// Statements of an AFTER INSERT or UPDATE trigger that turn the rows
@@ -458,7 +472,7 @@ impl Plan {
     /// them, then delete every note of the table; the shared trigger on
     /// outboxd_capture_replaced writes the marked ones.
     fn flush(&self, op: Operation) -> String {
-        let table_lit = literal(&self.table.name);
+        let table_lit = literal(&self.name);
         let confirmed = match (op, self.rowid(Row::New)) {
             (Operation::Insert, Some(new)) => format!(" AND (exact OR row_id = {new})"),
             _ => String::new(),

@@ -14,11 +14,11 @@ use super::signature::WebhookSecret;
 use super::sink::WebhookSink;
 use super::{
     WebhookError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT,
-    LEGACY_HEADER, TENANT_HEADER,
+    LEGACY_HEADER, ORDERING_KEY_HEADER, TENANT_HEADER,
 };
 
 /// Headers the sink sets itself; configured headers may not replace them.
-const RESERVED_HEADERS: [&str; 9] = [
+const RESERVED_HEADERS: [&str; 10] = [
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
@@ -28,6 +28,7 @@ const RESERVED_HEADERS: [&str; 9] = [
     "transfer-encoding",
     TENANT_HEADER,
     LEGACY_HEADER,
+    ORDERING_KEY_HEADER,
 ];
 
 /// Builds a [`WebhookSink`]; [`build`](Self::build) validates everything.

@@ -68,6 +68,10 @@ pub const TENANT_HEADER: &str = "outboxd-tenant-id";
 /// client's buffer for a request's head (128 KiB) could never send it, and
 /// HTTP servers commonly take 8 to 16 KiB of headers in all.
 pub const MAX_TENANT_HEADER_BYTES: usize = 64 * 1024;
+/// The header carrying the event's ordering key (percent-encoded like the
+/// tenant): a receiver orders or groups by it (a captured row's
+/// `{table}:{key}`) without parsing the payload.
+pub const ORDERING_KEY_HEADER: &str = "outboxd-ordering-key";
 
 /// The header marking a legacy row.
 pub const LEGACY_HEADER: &str = "outboxd-legacy";

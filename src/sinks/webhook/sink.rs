@@ -12,7 +12,8 @@ use super::address::AddressRefused;
 use super::redact::{Redactor, Shown};
 use super::signature::{sign, WebhookSecret};
 use super::{
-    BODY_SNIPPET_BYTES, LEGACY_HEADER, MAX_RETRY_AFTER, MAX_TENANT_HEADER_BYTES, TENANT_HEADER,
+    BODY_SNIPPET_BYTES, LEGACY_HEADER, MAX_RETRY_AFTER, MAX_TENANT_HEADER_BYTES,
+    ORDERING_KEY_HEADER, TENANT_HEADER,
 };
 use crate::consumer::{Consumer, Delivery, Outcome};
 
@@ -59,16 +60,19 @@ impl WebhookSink {
 
     fn post(&self, delivery: &Delivery) -> Outcome {
         let tenant = delivery.tenant_id.as_deref().map(percent_encode);
-        if let Some(value) = tenant
-            .as_ref()
-            .filter(|v| v.len() > MAX_TENANT_HEADER_BYTES)
-        {
-            return Outcome::poison(format!(
-                "the tenant id makes a {TENANT_HEADER} header of {} bytes, more than the \
-                 {MAX_TENANT_HEADER_BYTES} a request carries (HTTP servers commonly take 8 to 16 KiB \
-                 of headers in all)",
-                value.len()
-            ));
+        let ordering_key = delivery.ordering_key.as_deref().map(percent_encode);
+        for (header, what, value) in [
+            (TENANT_HEADER, "tenant id", &tenant),
+            (ORDERING_KEY_HEADER, "ordering key", &ordering_key),
+        ] {
+            if let Some(value) = value.as_ref().filter(|v| v.len() > MAX_TENANT_HEADER_BYTES) {
+                return Outcome::poison(format!(
+                    "the {what} makes a {header} header of {} bytes, more than the \
+                     {MAX_TENANT_HEADER_BYTES} a request carries (HTTP servers commonly take 8 to \
+                     16 KiB of headers in all)",
+                    value.len()
+                ));
+            }
         }
         let body = match crate::sinks::buffer::envelope_json(&delivery.envelope) {
             Ok(body) => body,
@@ -92,6 +96,9 @@ impl WebhookSink {
             );
         if let Some(tenant) = tenant {
             request = request.header(TENANT_HEADER, tenant);
+        }
+        if let Some(key) = ordering_key {
+            request = request.header(ORDERING_KEY_HEADER, key);
         }
         if delivery.legacy {
             request = request.header(LEGACY_HEADER, "true");

@@ -1,22 +1,23 @@
 //! `outboxd capture`: install, list and drop the triggers that turn a
-//! host's own writes into events (docs/capture.md). Also the capture checks
-//! `status`, `doctor` and `run` make.
+//! host's own writes into events (docs/capture.md), acknowledge the gaps
+//! they left; `capture snapshot` is in snapshot.rs, `run`'s watch in
+//! capture_watch.rs.
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
-use anyhow::{Context, Result};
-use outboxd::capture::{self, CaptureSpec, CaptureStatus, ConfigMatch, Removal};
+use anyhow::Result;
+use outboxd::capture::{self, CaptureStatus, Change, ConfigMatch, GapSelection, Removal};
 use outboxd::Timestamp;
-use rusqlite::Connection;
 use serde::Serialize;
 
 use super::config_arg::ConfigArg;
 use super::support::not_found;
 use super::{database, Global};
 use crate::exit::{Exit, Failure};
+
+pub(crate) use super::capture_watch::Watch;
 
 /// Shown under `outboxd capture --help`.
 pub(crate) const EXAMPLES: &str = "\
@@ -25,11 +26,13 @@ with triggers that run inside the host's own statements: no change to the
 host's code. Define captures in the config ([[capture]] entries), install
 them with `capture apply`, check them with `capture list` (and `status`,
 `doctor`, `run`): a host migration that rebuilds a table drops its
-triggers, and writes made while they are missing are not captured.
+triggers, and writes made while they are missing are not captured; a
+snapshot (`capture snapshot`) sends the rows as they are.
 
 Examples:
   outboxd capture apply --config /etc/outboxd/outboxd.toml
   outboxd capture list --config /etc/outboxd/outboxd.toml || page-someone
+  outboxd capture snapshot --config /etc/outboxd/outboxd.toml --table cms_page
   outboxd --db cms.db capture drop --table pages";
 
 /// The `capture` subcommands.
@@ -39,33 +42,44 @@ pub(crate) enum Args {
     /// one transaction; a capture already installed as defined is left alone.
     #[command(after_help = APPLY_HELP)]
     Apply(ApplyArgs),
-    /// Show what is installed, whether its triggers are intact and whether it
-    /// matches the config; exit 1 when something is wrong.
+    /// Show what is installed, whether its triggers are intact, its gaps and
+    /// whether it matches the config; exit 1 when something is wrong.
     #[command(after_help = LIST_HELP)]
     List(ListArgs),
-    /// Remove the triggers of one captured table, or of all.
+    /// Remove the triggers of one capture, of a table's captures, or of all.
     #[command(after_help = DROP_HELP)]
     Drop(DropArgs),
+    /// Send one `r` event per existing row of a captured table, in short
+    /// chunks, resumable; or show (--status) or cancel (--cancel) snapshots.
+    #[command(after_help = super::snapshot::HELP)]
+    Snapshot(super::snapshot::SnapshotArgs),
+    /// Acknowledge recorded capture gaps, so they are no longer a problem.
+    #[command(after_help = ACK_HELP)]
+    Ack(AckArgs),
 }
 
 const APPLY_HELP: &str = "\
-Creates or upgrades outboxd's tables first (as `outboxd migrate`). Every
-capture is checked against its table before anything changes: a table or
-column that does not exist, a key that is not unique, or a `when` that does
-not compile is an error naming it (exit 6), and nothing is installed.
-Captures installed earlier but no longer in the config are kept; remove
-them with `capture drop`. The database is --db, OUTBOXD_DB, else the
-config's `database`.
+Creates or upgrades outboxd's tables first (as `outboxd migrate`), and
+switches the database to WAL (it says so when it was not). Every capture is
+checked against its table before anything changes: a table or column that
+does not exist, a key that is not unique, or a `when` that does not compile
+is an error naming it (exit 6), and nothing is installed. Prints what it did
+to each capture: installed, updated (and why: the settings that changed, the
+triggers that were missing and are back), or unchanged; a capture whose
+triggers were missing gets a gap record. Captures installed earlier but no
+longer in the config are kept; remove them with `capture drop`. The database
+is --db, OUTBOXD_DB, else the config's `database`.
 
 Examples:
   outboxd capture apply --config outboxd.toml
   outboxd --db cms.db capture apply --config capture.toml --json";
 
 const LIST_HELP: &str = "\
-Reads only. For each capture: its operations and event type, whether its
-triggers are installed as outboxd installed them, since when they have not
-been, and (with --config) whether the config would install the same. Exits 0
-when all is well and 1 otherwise.
+Reads only. For each capture: its name, table, operations and event type,
+whether its triggers are installed as outboxd installed them, since when they
+have not been, its open gaps, and (with --config) whether the config would
+install the same, and what differs. Exits 0 when all is well and 1
+otherwise.
 
 Examples:
   outboxd --db cms.db capture list
@@ -74,11 +88,23 @@ Examples:
 const DROP_HELP: &str = "\
 Drops the triggers and forgets the capture; writes to the table are no
 longer captured. Dropping the last capture also drops the shared view the
-triggers write through. Exit code 5 when the table is not captured.
+triggers write through. Exit code 5 when there is no such capture.
 
 Examples:
   outboxd --db cms.db capture drop --table pages
+  outboxd capture drop --config outboxd.toml --capture page-published
   outboxd --db cms.db capture drop --all";
+
+const ACK_HELP: &str = "\
+A gap is a window in which a capture's triggers were missing: the host's
+writes in it may not have become events. It is a health problem until a
+complete snapshot of the capture started after it covers it, or until it is
+acknowledged here (you reconciled another way, or accept the loss).
+
+Examples:
+  outboxd capture ack --config outboxd.toml --capture cms_page
+  outboxd --db cms.db capture ack --gap 3
+  outboxd --db cms.db capture ack --all";
 
 /// Options of `capture apply`.
 #[derive(Debug, clap::Args)]
@@ -106,13 +132,40 @@ pub(crate) struct ListArgs {
 
 /// Options of `capture drop`.
 #[derive(Debug, clap::Args)]
-#[group(required = true, multiple = false)]
+#[command(group(clap::ArgGroup::new("which").required(true)))]
+#[command(mut_arg("config", |a| a.help("The config file naming the database")))]
 pub(crate) struct DropArgs {
-    /// The captured table.
-    #[arg(long, value_name = "TABLE")]
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Every capture of this table.
+    #[arg(long, value_name = "TABLE", group = "which")]
     table: Option<String>,
+    /// The capture of this name.
+    #[arg(long, value_name = "NAME", group = "which")]
+    capture: Option<String>,
     /// Every capture.
-    #[arg(long)]
+    #[arg(long, group = "which")]
+    all: bool,
+}
+
+/// Options of `capture ack`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("which").required(true)))]
+#[command(mut_arg("config", |a| a.help("The config file naming the database")))]
+pub(crate) struct AckArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// The open gaps of this capture.
+    #[arg(long, value_name = "NAME", group = "which")]
+    capture: Option<String>,
+    /// The open gaps of this table's captures.
+    #[arg(long, value_name = "TABLE", group = "which")]
+    table: Option<String>,
+    /// One gap, by its id (`capture list` shows them).
+    #[arg(long, value_name = "ID", group = "which")]
+    gap: Option<i64>,
+    /// Every open gap.
+    #[arg(long, group = "which")]
     all: bool,
 }
 
@@ -122,6 +175,30 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
         Args::Apply(a) => apply(global, a),
         Args::List(a) => list(global, a),
         Args::Drop(a) => drop_captures(global, a),
+        Args::Snapshot(a) => super::snapshot::exec(global, a),
+        Args::Ack(a) => ack(global, a),
+    }
+}
+
+/// The journal mode of an existing database file, read without changing
+/// it; None when there is no file yet.
+fn journal_mode(db: &Path) -> Option<String> {
+    if !db.exists() {
+        return None;
+    }
+    let conn =
+        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .ok()?;
+    conn.query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))
+        .ok()
+}
+
+/// "pages" or "page-published (pages)": a capture as apply and list name it.
+fn label(name: &str, table: &str) -> String {
+    if name.eq_ignore_ascii_case(table) {
+        table.to_string()
+    } else {
+        format!("{name} ({table})")
     }
 }
 
@@ -138,25 +215,69 @@ fn apply(global: &Global, args: &ApplyArgs) -> Result<Exit> {
         ))
         .into());
     }
+    let was = journal_mode(&db);
     database::migrate(&db)?;
     let mut conn = database::for_writing(&db)?;
     let report = capture::apply(&mut conn, &config.captures, Timestamp::now())?;
+    let switched = was.filter(|m| !m.eq_ignore_ascii_case("wal"));
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer(&mut out, &report)?;
+        let mut value = serde_json::to_value(&report)?;
+        value["switched_to_wal_from"] = serde_json::json!(switched);
+        serde_json::to_writer(&mut out, &value)?;
         writeln!(out)?;
-    } else {
-        for t in &report.tables {
-            let what = match t.change {
-                capture::Change::Installed => "installed",
-                capture::Change::Updated => "updated",
-                capture::Change::Unchanged => "unchanged",
-            };
-            writeln!(out, "{}: {what} ({} triggers)", t.table, t.triggers.len())?;
-        }
-        for w in &report.warnings {
-            writeln!(out, "warning: {w}")?;
-        }
+        return Ok(Exit::Ok);
+    }
+    if let Some(mode) = &switched {
+        writeln!(
+            out,
+            "switched {} to WAL journal mode (it was {mode}): outboxd needs it, and the host's \
+             connections use it from now on (docs/sql-contract.md)",
+            db.display()
+        )?;
+    }
+    if report.shared == Some(Change::Updated) {
+        writeln!(
+            out,
+            "reinstalled the shared view outboxd_capture_event and its triggers (they were \
+             missing or changed: the host's writes to captured tables were failing)"
+        )?;
+    }
+    for t in &report.tables {
+        let what = match t.change {
+            Change::Installed => format!("installed ({} triggers)", t.triggers.len()),
+            Change::Updated => {
+                let mut why = Vec::new();
+                if !t.reinstalled.is_empty() {
+                    why.push(format!("reinstalled missing {}", t.reinstalled.join(", ")));
+                }
+                if !t.replaced.is_empty() {
+                    why.push(format!("replaced rewritten {}", t.replaced.join(", ")));
+                }
+                if let Some(r) = &t.reason {
+                    why.push(r.clone());
+                }
+                format!(
+                    "updated ({} triggers): {}",
+                    t.triggers.len(),
+                    why.join("; ")
+                )
+            }
+            Change::Unchanged => format!("unchanged ({} triggers)", t.triggers.len()),
+        };
+        writeln!(out, "{}: {what}", label(&t.name, &t.table))?;
+    }
+    for g in &report.gaps {
+        writeln!(
+            out,
+            "gap {} recorded: {}; send the rows as they are now with `outboxd capture snapshot --capture {}`",
+            g.id,
+            g.describe(),
+            g.capture
+        )?;
+    }
+    for w in &report.warnings {
+        writeln!(out, "warning: {w}")?;
     }
     Ok(Exit::Ok)
 }
@@ -176,34 +297,40 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
     let conn = database::for_reading(&db)?;
     let now = Timestamp::now();
     let statuses = capture::inspect(&conn)?;
+    let running = capture::snapshot::running(&conn)?;
     let mut problems: Vec<String> = statuses.iter().filter_map(|s| s.problem(now)).collect();
-    let mut by_table: BTreeMap<String, ConfigMatch> = BTreeMap::new();
+    for s in &statuses {
+        problems.extend(
+            s.gaps
+                .iter()
+                .map(|g| format!("gap {}: {}", g.id, g.describe())),
+        );
+    }
+    let mut by_name: BTreeMap<String, ConfigMatch> = BTreeMap::new();
     let mut not_installed = Vec::new();
     if let Some(config) = &config {
         for c in capture::compare(&conn, &config.captures)? {
+            let who = label(&c.name, &c.table);
             match &c.state {
                 ConfigMatch::NotInstalled => {
                     problems.push(format!(
-                        "capture of {} is in the config but not installed; run `outboxd capture apply`",
-                        c.table
+                        "capture {who} is in the config but not installed; run `outboxd capture apply`"
                     ));
-                    not_installed.push(c.table.clone());
+                    not_installed.push(c.name.clone());
                 }
                 ConfigMatch::Differs { reason } => problems.push(format!(
-                    "capture of {} differs from the config ({reason}); run `outboxd capture apply`",
-                    c.table
+                    "capture {who} differs from the config: {reason}; run `outboxd capture apply`"
                 )),
                 ConfigMatch::Invalid { error } => problems.push(format!(
-                    "capture of {} cannot be installed as configured: {error}",
-                    c.table
+                    "capture {who} cannot be installed as configured: {error}"
                 )),
                 ConfigMatch::NotInConfig => problems.push(format!(
-                    "capture of {} is installed but not in the config; remove it with `outboxd capture drop --table {}`",
-                    c.table, c.table
+                    "capture {who} is installed but not in the config; remove it with `outboxd capture drop --capture {}`",
+                    c.name
                 )),
                 ConfigMatch::Matches => {}
             }
-            by_table.insert(c.table.to_ascii_lowercase(), c.state);
+            by_name.insert(c.name.to_ascii_lowercase(), c.state);
         }
     }
     let mut out = std::io::stdout().lock();
@@ -212,7 +339,7 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
             .into_iter()
             .map(|s| Listed {
                 intact: s.is_intact(),
-                config: by_table.get(&s.table.to_ascii_lowercase()).cloned(),
+                config: by_name.get(&s.name.to_ascii_lowercase()).cloned(),
                 status: s,
             })
             .collect();
@@ -220,6 +347,7 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
             "database": db.display().to_string(),
             "captures": listed,
             "not_installed": not_installed,
+            "snapshots_running": running,
             "healthy": problems.is_empty(),
             "problems": problems,
         });
@@ -231,14 +359,23 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
         }
         for s in &statuses {
             let state = if s.is_intact() { "intact" } else { "PROBLEM" };
-            let config = match by_table.get(&s.table.to_ascii_lowercase()) {
-                Some(ConfigMatch::Matches) => "; matches the config",
-                Some(ConfigMatch::NotInConfig) => "; not in the config",
-                Some(_) => "; differs from the config",
-                None => "",
+            let config = match by_name.get(&s.name.to_ascii_lowercase()) {
+                Some(ConfigMatch::Matches) => "; matches the config".to_string(),
+                Some(ConfigMatch::NotInConfig) => "; not in the config".to_string(),
+                Some(ConfigMatch::Differs { reason }) => {
+                    format!("; differs from the config: {reason}")
+                }
+                Some(ConfigMatch::Invalid { .. }) => {
+                    "; the config's entry cannot be installed".to_string()
+                }
+                _ => String::new(),
+            };
+            let gaps = match s.gaps.len() {
+                0 => String::new(),
+                n => format!("; {n} open gap{}", if n == 1 { "" } else { "s" }),
             };
             let ops: Vec<&str> = s.spec.operations().iter().map(|o| o.name()).collect();
-            writeln!(out, "{}: {state}{config}", s.table)?;
+            writeln!(out, "{}: {state}{gaps}{config}", label(&s.name, &s.table))?;
             writeln!(
                 out,
                 "  {} -> {}; installed {}, last seen intact {}",
@@ -250,6 +387,14 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
         }
         for t in &not_installed {
             writeln!(out, "{t}: NOT INSTALLED; in the config")?;
+        }
+        for r in &running {
+            let of = r.total.map(|t| format!("/{t}")).unwrap_or_default();
+            writeln!(
+                out,
+                "snapshot {} of {}: running (or stopped: run it again to resume), {}{of} rows read",
+                r.id, r.capture, r.scanned
+            )?;
         }
         if !problems.is_empty() {
             writeln!(out, "problems:")?;
@@ -266,314 +411,37 @@ fn list(global: &Global, args: &ListArgs) -> Result<Exit> {
 }
 
 fn drop_captures(global: &Global, args: &DropArgs) -> Result<Exit> {
-    let mut conn = database::for_writing(&global.db)?;
-    let which = match &args.table {
-        Some(t) => Removal::Table(t.clone()),
-        None => Removal::All,
+    let (db, _) = args.config.captures(global)?;
+    let mut conn = database::for_writing(&db)?;
+    let which = match (&args.table, &args.capture) {
+        (Some(t), _) => Removal::Table(t.clone()),
+        (_, Some(c)) => Removal::Capture(c.clone()),
+        _ => Removal::All,
     };
     let report = capture::remove(&mut conn, &which)
         .map_err(not_found("see the captures with `outboxd capture list`"))?;
     let mut out = std::io::stdout().lock();
     for t in &report.tables {
-        writeln!(out, "dropped the capture of {t}")?;
+        writeln!(out, "dropped capture {t}")?;
     }
     writeln!(out, "{} triggers and views dropped", report.triggers.len())?;
     Ok(Exit::Ok)
 }
 
-/// How often `run` repeats a warning about a problem that has not changed.
-const REMIND_EVERY: Duration = Duration::from_secs(600);
-
-/// How often `run` records that intact captures are still intact
-/// (`verified_at`). Between these writes the watch only reads: every write
-/// is a WAL commit that wakes the relay (data_version) and costs an idle
-/// machine CPU. A capture that breaks is recorded at once, with the time of
-/// the last check that saw it intact, so the warning's "missing since" is
-/// as precise as the check interval; only across a restart of `run` is it
-/// as coarse as this.
-const RECORD_INTACT_EVERY: Duration = Duration::from_secs(600);
-
-/// `run`'s watch over the captures: at start and at every housekeeping
-/// interval it checks every recorded capture (one [`capture::inspect`],
-/// reading only), warns about drift (once when it appears or changes, then
-/// every ten minutes), reinstalls the captures whose config entry sets
-/// `auto_repair`, and records when captures were seen intact
-/// ([`capture::mark_verified`], rarely: see [`RECORD_INTACT_EVERY`]), so a
-/// later warning can say since when a trigger has been missing. It keeps one
-/// connection of its own (reopened after an error); the relay is not
-/// involved.
-pub(crate) struct Watch {
-    db: PathBuf,
-    conn: Option<Connection>,
-    /// The config's captures, by table (lower case).
-    config: BTreeMap<String, CaptureSpec>,
-    interval: Duration,
-    last: Option<Instant>,
-    /// When `verified_at` was last written for the intact captures.
-    recorded: Option<Instant>,
-    /// Per table (lower case): the last check that saw it intact, not yet
-    /// written.
-    seen_intact: BTreeMap<String, Timestamp>,
-    /// What was last said about each table, and when.
-    said: BTreeMap<String, (String, Instant)>,
-}
-
-impl Watch {
-    /// A watch of `db` with the config's captures; checks once at once.
-    pub(crate) fn start(db: &Path, captures: &[CaptureSpec], interval: Duration) -> Watch {
-        let mut w = Watch::new(db, captures, interval);
-        w.compare_config();
-        w.tick();
-        w
-    }
-
-    fn new(db: &Path, captures: &[CaptureSpec], interval: Duration) -> Watch {
-        Watch {
-            db: db.to_path_buf(),
-            conn: None,
-            config: captures
-                .iter()
-                .map(|s| (s.table.to_ascii_lowercase(), s.clone()))
-                .collect(),
-            interval,
-            last: None,
-            recorded: None,
-            seen_intact: BTreeMap::new(),
-            said: BTreeMap::new(),
-        }
-    }
-
-    /// Checks when an interval has passed since the last check.
-    pub(crate) fn tick(&mut self) {
-        if self.last.is_some_and(|t| t.elapsed() < self.interval) {
-            return;
-        }
-        self.last = Some(Instant::now());
-        if let Err(e) = self.check(Timestamp::now()) {
-            // Open afresh next time: the file may have been replaced.
-            self.conn = None;
-            tracing::warn!(error = %format!("{e:#}"), "cannot check the capture triggers");
-        }
-    }
-
-    /// One check, as of `now`.
-    fn check(&mut self, now: Timestamp) -> Result<()> {
-        let mut conn = match self.conn.take() {
-            Some(c) => c,
-            None => {
-                let conn = outboxd::connection::open(&self.db)
-                    .with_context(|| format!("cannot open {}", self.db.display()))?;
-                // Kept open for the life of `run`, reading a few rows
-                // every housekeeping interval.
-                outboxd::connection::small_cache(&conn)?;
-                conn
-            }
-        };
-        let result = self.check_on(&mut conn, now);
-        self.conn = Some(conn);
-        result
-    }
-
-    fn check_on(&mut self, conn: &mut Connection, now: Timestamp) -> Result<()> {
-        let record_intact = self
-            .recorded
-            .is_none_or(|t| t.elapsed() >= RECORD_INTACT_EVERY);
-        let mut record: Vec<(String, Timestamp)> = Vec::new();
-        for mut s in capture::inspect(conn)? {
-            let key = s.table.to_ascii_lowercase();
-            if !s.is_intact() {
-                // Broken now: record when it was last seen intact, which
-                // the database does not know yet, and say so.
-                if let Some(at) = self.seen_intact.remove(&key) {
-                    record.push((s.table.clone(), at));
-                    s.verified_at = s.verified_at.max(at);
-                }
-            }
-            let Some(problem) = s.problem(now) else {
-                if self.said.remove(&key).is_some() {
-                    tracing::info!(table = %s.table, "capture triggers are intact again");
-                }
-                if record_intact {
-                    record.push((s.table.clone(), now));
-                    self.seen_intact.remove(&key);
-                } else {
-                    self.seen_intact.insert(key, now);
-                }
-                continue;
-            };
-            let repair = self.config.get(&key).filter(|c| c.auto_repair);
-            if let Some(spec) = repair {
-                match capture::apply(conn, std::slice::from_ref(spec), now) {
-                    Ok(_) => {
-                        tracing::warn!(table = %s.table, was = %problem, "capture triggers reinstalled (capture.auto_repair)");
-                        self.said.remove(&key);
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::error!(table = %s.table, error = %e, "cannot reinstall the capture triggers (capture.auto_repair)")
-                    }
-                }
-            }
-            let repeat = match self.said.get(&key) {
-                Some((said, at)) => *said != problem || at.elapsed() >= REMIND_EVERY,
-                None => true,
-            };
-            if repeat {
-                tracing::warn!(table = %s.table, "{problem}; reinstall with `outboxd capture apply`, or set auto_repair = true in its [[capture]]");
-                self.said.insert(key, (problem, Instant::now()));
-            }
-        }
-        capture::mark_verified(conn, &record)?;
-        if record_intact {
-            self.recorded = Some(Instant::now());
-        }
-        Ok(())
-    }
-
-    /// Warns at start about config captures that are not installed as
-    /// configured (run does not install them: `capture apply` does).
-    fn compare_config(&self) {
-        if self.config.is_empty() {
-            return;
-        }
-        let specs: Vec<CaptureSpec> = self.config.values().cloned().collect();
-        let compared = outboxd::connection::open_read_only(&self.db)
-            .map_err(anyhow::Error::from)
-            .and_then(|conn| Ok(capture::compare(&conn, &specs)?));
-        match compared {
-            Ok(list) => {
-                for c in list {
-                    match c.state {
-                        ConfigMatch::Matches => {}
-                        ConfigMatch::NotInstalled => {
-                            tracing::warn!(table = %c.table, "capture is in the config but not installed: run `outboxd capture apply`")
-                        }
-                        ConfigMatch::Differs { reason } => {
-                            tracing::warn!(table = %c.table, %reason, "capture differs from the config: run `outboxd capture apply`")
-                        }
-                        ConfigMatch::Invalid { error } => {
-                            tracing::warn!(table = %c.table, %error, "capture in the config cannot be installed")
-                        }
-                        ConfigMatch::NotInConfig => {}
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "cannot compare the captures with the config")
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use outboxd::capture::Columns;
-
-    fn captured(dir: &Path) -> (PathBuf, CaptureSpec) {
-        let db = dir.join("cms.db");
-        let mut conn = outboxd::connection::open(&db).unwrap();
-        outboxd::schema::migrate(&mut conn).unwrap();
-        conn.execute_batch("CREATE TABLE pages (id INTEGER PRIMARY KEY, title TEXT)")
-            .unwrap();
-        let spec = CaptureSpec::new("pages", "page.{op}.v1", Columns::All);
-        capture::apply(&mut conn, std::slice::from_ref(&spec), Timestamp::now()).unwrap();
-        (db, spec)
-    }
-
-    fn intact(db: &Path) -> bool {
-        let conn = outboxd::connection::open_read_only(db).unwrap();
-        capture::inspect(&conn)
-            .unwrap()
-            .iter()
-            .all(CaptureStatus::is_intact)
-    }
-
-    fn drop_trigger(db: &Path) {
-        let conn = outboxd::connection::open(db).unwrap();
-        conn.execute_batch("DROP TRIGGER outboxd_capture_insert_pages")
-            .unwrap();
-    }
-
-    #[test]
-    fn run_repairs_at_start_and_at_every_check_only_with_auto_repair() {
-        let dir = tempfile::tempdir().unwrap();
-        let (db, mut spec) = captured(dir.path());
-        drop_trigger(&db);
-        let watch = Watch::start(&db, std::slice::from_ref(&spec), Duration::ZERO);
-        assert!(!intact(&db), "without auto_repair run only warns");
-        assert!(watch.said.contains_key("pages"));
-
-        spec.auto_repair = true;
-        let mut watch = Watch::start(&db, std::slice::from_ref(&spec), Duration::ZERO);
-        assert!(intact(&db), "repaired at start");
-        drop_trigger(&db);
-        watch.tick();
-        assert!(intact(&db), "repaired at the next check");
-        assert!(watch.said.is_empty());
-    }
-
-    fn verified_at(db: &Path) -> Timestamp {
-        let conn = outboxd::connection::open_read_only(db).unwrap();
-        capture::inspect(&conn).unwrap()[0].verified_at
-    }
-
-    /// Regression (review of issue 14): every check wrote `verified_at`,
-    /// one commit per table every 10 s, which woke the relay through
-    /// data_version and kept an idle machine busy.
-    #[test]
-    fn checks_between_records_write_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let (db, spec) = captured(dir.path());
-        let mut watch = Watch::start(&db, &[spec], Duration::ZERO);
-        let other = outboxd::connection::open_read_only(&db).unwrap();
-        let version = || -> i64 {
-            other
-                .query_row("PRAGMA data_version", [], |r| r.get(0))
-                .unwrap()
-        };
-        let before = version();
-        for _ in 0..3 {
-            watch.tick();
-        }
-        assert!(watch.said.is_empty());
-        assert_eq!(version(), before, "a check committed a write");
-    }
-
-    #[test]
-    fn a_capture_that_breaks_is_recorded_with_the_last_check_that_saw_it_intact() {
-        let dir = tempfile::tempdir().unwrap();
-        let (db, spec) = captured(dir.path());
-        let hour = Duration::from_secs(3600);
-        let (t0, t1, t2) = (
-            Timestamp::now().plus(hour),
-            Timestamp::now().plus(2 * hour),
-            Timestamp::now().plus(3 * hour),
-        );
-        let mut watch = Watch::new(&db, &[spec], Duration::ZERO);
-        watch.check(t0).unwrap();
-        assert_eq!(verified_at(&db), t0, "the first check records");
-        watch.check(t1).unwrap();
-        assert_eq!(verified_at(&db), t0, "a later one only reads");
-        drop_trigger(&db);
-        watch.check(t2).unwrap();
-        assert_eq!(verified_at(&db), t1, "the last check that saw it intact");
-        let (said, _) = &watch.said["pages"];
-        assert!(said.contains(&format!("after {t1}")), "{said}");
-    }
-
-    #[test]
-    fn each_check_records_that_the_triggers_were_intact() {
-        let dir = tempfile::tempdir().unwrap();
-        let (db, spec) = captured(dir.path());
-        outboxd::connection::open(&db)
-            .unwrap()
-            .execute_batch("UPDATE outboxd_capture SET verified_at = 0")
-            .unwrap();
-        let before = Timestamp::now();
-        let mut watch = Watch::start(&db, &[spec], Duration::from_secs(3600));
-        watch.tick(); // within the interval: no second check
-        let conn = outboxd::connection::open_read_only(&db).unwrap();
-        assert!(capture::inspect(&conn).unwrap()[0].verified_at >= before);
-    }
+fn ack(global: &Global, args: &AckArgs) -> Result<Exit> {
+    let (db, _) = args.config.captures(global)?;
+    let conn = database::for_writing(&db)?;
+    let which = match (&args.capture, &args.table, args.gap) {
+        (Some(c), ..) => GapSelection::Capture(c.clone()),
+        (_, Some(t), _) => GapSelection::Table(t.clone()),
+        (_, _, Some(id)) => GapSelection::Id(id),
+        _ => GapSelection::All,
+    };
+    let n = capture::ack(&conn, &which, Timestamp::now())?;
+    writeln!(
+        std::io::stdout().lock(),
+        "{}",
+        super::support::count(n as u64, "gap acknowledged", "gaps acknowledged")
+    )?;
+    Ok(Exit::Ok)
 }

@@ -25,9 +25,15 @@ read-only, and only for sql sinks (a JSONL sink's file is created if
 missing). The console and metrics addresses are checked but not bound, so
 this works while outboxd runs.
 
+Each [[capture]] is checked against the database as `capture apply` would
+(its table and columns exist, its `when` compiles), with or without
+--offline: a capture of a missing table is an error (run the host's own
+migrations first).
+
 With --offline, only the file's syntax and values are checked (sinks are
 built, so a missing program or secret is still found): no server is asked,
-the database is not opened and sql statements are not prepared. That is the
+sql statements are not prepared, and the database is opened (read-only)
+only for [[capture]] entries. That is the
 check to run before starting the service (the systemd unit's ExecStartPre),
 so an unreachable receiver or a database not created yet cannot keep it from
 starting; `outboxd run` reports those itself.
@@ -66,6 +72,7 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
         c.check_database(&db).map_err(Failure::from)?;
         probes
     };
+    crate::config::capture::check_database(file, &c.captures, &db).map_err(Failure::from)?;
     let mut out = std::io::stdout().lock();
     if args.offline {
         writeln!(

@@ -196,13 +196,13 @@ fn captures(verdict: &Verdict) -> Vec<Finding> {
     const CHECK: &str = "capture";
     let found: Vec<Finding> = verdict
         .iter()
-        .filter(|p| p.kind == CHECK)
+        .filter(|p| p.kind == CHECK || p.kind == "capture_gap")
         .map(|p| Finding::new(CHECK, Severity::Error, p.message.clone()))
         .collect();
     if found.is_empty() {
         vec![Finding::ok(
             CHECK,
-            "no capture trigger is missing or changed",
+            "no capture trigger is missing or changed, and no capture gap is open",
         )]
     } else {
         found

@@ -9,6 +9,7 @@ use crate::exit::Exit;
 use anyhow::Result;
 
 pub(crate) mod capture;
+pub(crate) mod capture_watch;
 pub(crate) mod check_config;
 pub(crate) mod config_arg;
 pub(crate) mod console;
@@ -23,6 +24,7 @@ pub(crate) mod purge;
 pub(crate) mod replay;
 pub(crate) mod run;
 pub(crate) mod signals;
+pub(crate) mod snapshot;
 pub(crate) mod status;
 pub(crate) mod support;
 

@@ -33,7 +33,7 @@ pub(super) fn validate_in(
 ) -> Result<Config, ConfigError> {
     let file = c.file;
     let s = check_settings(c, &raw)?;
-    let captures = capture::check(c, raw.capture)?;
+    let captures = capture::check(c, raw.capture, s.relay.max_payload_bytes)?;
     let consumers = consumer::build(c, raw.consumer, s.relay.lease, &s.retry, secret_vars)?;
     Ok(Config {
         file: Some(file.to_path_buf()),

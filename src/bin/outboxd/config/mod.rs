@@ -298,7 +298,7 @@ impl Config {
         Ok(capture::CaptureConfig {
             file: file.to_path_buf(),
             database: check::database(&c, &raw.database)?,
-            captures: capture::check(&c, raw.capture)?,
+            captures: capture::check(&c, raw.capture, raw.relay.max_payload_bytes)?,
         })
     }
 }

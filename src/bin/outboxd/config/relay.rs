@@ -64,7 +64,7 @@ pub(crate) struct RawRelay {
     workers: Option<Whole<1, { outboxd::relay::MAX_WORKERS as u64 }>>,
     batch_size: Option<Whole<1, { outboxd::relay::MAX_BATCH_SIZE as u64 }>>,
     batch_bytes: Option<u64>,
-    max_payload_bytes: Option<u64>,
+    pub(crate) max_payload_bytes: Option<u64>,
     lease: Option<Dur>,
     poll_interval: Option<Dur>,
     unrouted: Option<Unrouted>,

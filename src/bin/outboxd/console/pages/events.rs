@@ -23,6 +23,10 @@ pub(crate) struct EventsForm {
     pub(crate) since: String,
     /// until
     pub(crate) until: String,
+    /// ordering key
+    pub(crate) ordering_key: String,
+    /// a captured row's key
+    pub(crate) key: String,
 }
 
 impl EventsForm {
@@ -35,6 +39,8 @@ impl EventsForm {
             ("consumer", &self.consumer),
             ("since", &self.since),
             ("until", &self.until),
+            ("ordering_key", &self.ordering_key),
+            ("key", &self.key),
             ("missing", if self.missing { "1" } else { "" }),
         ];
         let given = filters.into_iter().filter(|(_, v)| !v.is_empty());
@@ -70,6 +76,8 @@ pub(crate) fn events(ctx: &Ctx<'_>, v: &EventsView) -> Markup {
             }
             label { "type pattern" input name="type" value=(f.event_type) placeholder="article.*.v1"; }
             label { "tenant" input name="tenant" value=(f.tenant); }
+            label { "ordering key" input name="ordering_key" value=(f.ordering_key) placeholder="cms_page:42"; }
+            label { "row key" input name="key" value=(f.key) placeholder="42"; }
             label { "consumer"
                 input name="consumer" value=(f.consumer) list="consumer-names";
                 datalist id="consumer-names" { @for c in &v.consumers { option value=(c) {} } }

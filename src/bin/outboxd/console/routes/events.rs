@@ -20,6 +20,8 @@ pub(super) fn events(app: &Visit, req: &Request) -> Result<Response> {
         missing: q.get("missing") == Some("1"),
         since: q.get("since").unwrap_or("").into(),
         until: q.get("until").unwrap_or("").into(),
+        ordering_key: q.get("ordering_key").unwrap_or("").into(),
+        key: q.get("key").unwrap_or("").into(),
     };
     let filter = (|| -> std::result::Result<EventFilter, String> {
         Ok(EventFilter {
@@ -42,6 +44,8 @@ pub(super) fn events(app: &Visit, req: &Request) -> Result<Response> {
                 .map(|s| parse_time("until", s, now))
                 .transpose()?,
             before: q.get("before").and_then(|b| b.parse().ok()),
+            ordering_key: q.get("ordering_key").map(str::to_string),
+            key: q.get("key").map(str::to_string),
         })
     })();
     let (error, page_rows) = match filter {

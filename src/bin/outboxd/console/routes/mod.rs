@@ -6,7 +6,7 @@
 //! | `GET /events`, `GET /events/{event id or row id}` | events and one event |
 //! | `GET /dead`, `POST /dead/confirm`, `POST /dead/apply` | dead letters, an action's confirmation, the action |
 //! | `GET /replay`, `POST /replay` | replay: count, then do |
-//! | `GET /intents`, `GET /capture` | open publish intents, capture |
+//! | `GET /intents`, `GET /capture`, `POST /capture/snapshot` | open publish intents; captures, their gaps and snapshots; start a snapshot |
 //! | `GET /metrics`, `GET /healthz` | Prometheus text, health verdict as JSON |
 //! | `GET /login`, `POST /login`, `POST /logout` | the token's session |
 //!
@@ -15,6 +15,7 @@
 //! [`Auth::check_post`](super::auth::Auth::check_post), and none is taken
 //! when the console is read-only.
 
+mod capture;
 mod dead;
 mod events;
 mod login;
@@ -32,7 +33,7 @@ use outboxd::Timestamp;
 use super::app::App;
 use super::auth::{Access, Refusal};
 use super::form::Params;
-use super::pages::{self, CaptureView, Ctx, IntentsView, Nav};
+use super::pages::{self, Ctx, IntentsView, Nav};
 use super::server::{Method, Request, Response};
 
 /// A measure this recent is reused rather than asked for again.
@@ -118,7 +119,8 @@ pub(crate) fn handle(app: &App, req: &Request) -> Response {
         (Method::Get, "/replay") => replay::replay(app, req),
         (Method::Post, "/replay") => post(app, req, replay::replay_apply),
         (Method::Get, "/intents") => intents(app),
-        (Method::Get, "/capture") => capture(app),
+        (Method::Get, "/capture") => capture::capture(app, req),
+        (Method::Post, "/capture/snapshot") => post(app, req, capture::snapshot),
         (Method::Get, "/login") => Ok(login::login_page(app, 200, None)),
         (Method::Post, "/login") => Ok(login::login(app, req)),
         (Method::Post, "/logout") => Ok(login::logout(app, req)),
@@ -234,7 +236,7 @@ fn known_consumers(app: &App) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------------------
-// Intents, capture.
+// Intents.
 
 fn intents(app: &Visit) -> Result<Response> {
     let conn = app.pool.get()?;
@@ -245,18 +247,6 @@ fn intents(app: &Visit) -> Result<Response> {
         "Intents",
         Nav::Intents,
         pages::intents(&ctx(app), &IntentsView { open }),
-    ))
-}
-
-fn capture(app: &Visit) -> Result<Response> {
-    let conn = app.pool.get()?;
-    let captures = outboxd::capture::inspect(&conn)?;
-    Ok(page(
-        app,
-        200,
-        "Capture",
-        Nav::Capture,
-        pages::capture(&ctx(app), &CaptureView { captures }),
     ))
 }
 

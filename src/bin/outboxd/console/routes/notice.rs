@@ -22,6 +22,8 @@ pub(super) enum Notice {
     Discarded(u64),
     /// Events replayed to a consumer.
     Replayed { events: u64, to: String },
+    /// A snapshot of a capture started.
+    SnapshotStarted(String),
 }
 
 impl Notice {
@@ -33,6 +35,7 @@ impl Notice {
             Notice::Requeued(_) => "requeued",
             Notice::Discarded(_) => "discarded",
             Notice::Replayed { .. } => "replayed",
+            Notice::SnapshotStarted(_) => "snapshot",
         }
     }
 
@@ -41,6 +44,7 @@ impl Notice {
         match self {
             Notice::Requeued(n) | Notice::Discarded(n) => format!("{}:{n}", self.verb()),
             Notice::Replayed { events, to } => format!("{}:{events}:{to}", self.verb()),
+            Notice::SnapshotStarted(c) => format!("{}:{c}", self.verb()),
         }
     }
 
@@ -49,6 +53,7 @@ impl Notice {
         match verb {
             "requeued" => rest.parse().ok().map(Notice::Requeued),
             "discarded" => rest.parse().ok().map(Notice::Discarded),
+            "snapshot" => Some(Notice::SnapshotStarted(rest.to_string())),
             "replayed" => {
                 let (n, to) = rest.split_once(':')?;
                 Some(Notice::Replayed {
@@ -73,6 +78,9 @@ impl Notice {
             Notice::Replayed { events, to } => format!(
                 "Replayed {} to {to}; the relay delivers them now.",
                 count(*events, "event", "events")
+            ),
+            Notice::SnapshotStarted(c) => format!(
+                "Started a snapshot of capture {c}; its progress is below (reload to follow it)."
             ),
         }
     }
