@@ -31,6 +31,10 @@ pub fn python_with(requirement: &str, check: &str) -> Option<PathBuf> {
             .output()
             .is_ok_and(|o| o.status.success())
     };
+    // Tests of one binary run on threads of one process: one builds, the
+    // others wait for it and then find the venv made.
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _building = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     if works(&python) {
         return Some(python);
     }

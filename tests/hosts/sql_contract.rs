@@ -434,6 +434,42 @@ fn doc_blocks(lang: &str) -> Vec<String> {
     blocks
 }
 
+/// The doc's blocks that use the contract, without the Django settings
+/// snippet (a fragment of a settings module, checked on its own below).
+fn contract_blocks(lang: &str) -> Vec<String> {
+    doc_blocks(lang)
+        .into_iter()
+        .filter(|b| !b.contains("DATABASES = "))
+        .collect()
+}
+
+#[test]
+fn the_docs_django_settings_ask_for_immediate_transactions() {
+    if !available("python3", &["--version"]) {
+        return;
+    }
+    let settings = doc_blocks("python")
+        .into_iter()
+        .find(|b| b.contains("DATABASES = "))
+        .expect("the Django settings example");
+    let program = format!(
+        "import pathlib\nBASE_DIR = pathlib.Path('/srv/site')\n{settings}\n\
+         o = DATABASES['default']['OPTIONS']\n\
+         print(o['transaction_mode'], o['timeout'])\n"
+    );
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(&program)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "IMMEDIATE 5");
+}
+
 /// A database for the doc's examples: `orders.ref` is not unique there, so
 /// placing one order twice reaches the duplicate-key path.
 fn doc_host() -> Host {
@@ -499,7 +535,7 @@ fn the_docs_python_example_runs() {
          a = place_order(conn, 'doc-1', 500, 'shop-9', 'req-doc')\n\
          b = place_order(conn, 'doc-1', 500, 'shop-9', 'req-doc')\n\
          print(a, b)\n",
-        doc_blocks("python").join("\n")
+        contract_blocks("python").join("\n")
     );
     let out = Command::new("python3")
         .arg("-c")
