@@ -42,6 +42,7 @@ pub mod command;
 pub mod jsonl;
 #[cfg(feature = "nats")]
 pub mod nats;
+mod reach;
 pub mod sql;
 pub mod webhook;
 

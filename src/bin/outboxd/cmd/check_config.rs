@@ -66,7 +66,7 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
         let probes = c
             .consumers
             .iter()
-            .map(|k| k.sink.probe(&k.name, &k.retry, c.relay.lease))
+            .map(|k| k.sink.probe(&k.name, &k.retry, &c.relay))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| Failure::config(e.to_string()))?;
         c.check_database(&db).map_err(Failure::from)?;
