@@ -24,7 +24,7 @@ use std::process::Output;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::common::bin::{code, Outboxd, Running};
+use crate::common::bin::{code, Outboxd};
 use crate::common::tls::{free_port, TestCa, TlsReceiver};
 use crate::common::TestDb;
 
@@ -154,6 +154,7 @@ fn a_webhook_receiver_tls_cannot_reach_is_refused_and_none_is_sent_a_request() {
 #[cfg(feature = "nats")]
 mod nats {
     use super::*;
+    use crate::common::bin::Running;
     use crate::common::nats_server::{NatsServer, Settings, StreamAdmin};
     use crate::common::nats_versions;
     use outboxd::sinks::nats::DuplicateWindowCheck;
