@@ -43,14 +43,16 @@ pub(crate) fn lookup(host: &str, port: u16) -> Lookup {
                 Lookup::Found(found)
             }
         }
-        Err(e) => {
-            let text = e.to_string();
-            if NO_SUCH_HOST.iter().any(|t| text.contains(t)) {
-                Lookup::NoSuchHost(text)
-            } else {
-                Lookup::Failed(text)
-            }
-        }
+        Err(e) => lookup_error(e.to_string()),
+    }
+}
+
+/// A failed lookup by the resolver's words.
+fn lookup_error(text: String) -> Lookup {
+    if NO_SUCH_HOST.iter().any(|t| text.contains(t)) {
+        Lookup::NoSuchHost(text)
+    } else {
+        Lookup::Failed(text)
     }
 }
 
@@ -121,6 +123,23 @@ mod tests {
     fn an_ip_literal_is_found_without_a_resolver() {
         assert!(matches!(lookup("127.0.0.1", 80), Lookup::Found(_)));
         assert!(matches!(lookup("[::1]", 80), Lookup::Found(_)));
+    }
+
+    #[test]
+    fn only_a_name_that_does_not_exist_is_a_configuration_error() {
+        let gai = |detail: &str| format!("failed to lookup address information: {detail}");
+        for permanent in [
+            "Name or service not known",
+            "No address associated with hostname",
+        ] {
+            assert!(matches!(
+                lookup_error(gai(permanent)),
+                Lookup::NoSuchHost(_)
+            ));
+        }
+        // EAI_AGAIN: SERVFAIL, a timeout, no resolver reached.
+        let again = gai("Temporary failure in name resolution");
+        assert!(matches!(lookup_error(again), Lookup::Failed(_)));
     }
 
     #[test]
