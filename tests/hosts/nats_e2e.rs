@@ -16,6 +16,10 @@
 //!   naming the field;
 //! - no log level prints the NATS token or password.
 //!
+//! Each scenario runs on Debian's nats-server and on the current release
+//! (tests/common/nats_versions.rs), the cluster one on the current release
+//! only (Debian's 2.9 loses acknowledged messages after a leader change).
+//!
 //! N is 2,000 in CI, 20,000 under scripts/soak.sh (`OUTBOXD_FULL=1`), or
 //! `OUTBOXD_NATS_EVENTS`. Synchronisation is by bounded polling of the database, the
 //! stream or the log, never by fixed sleeps (the 10 s outage is the

@@ -1,6 +1,8 @@
 //! The NATS sink as a library consumer, against a real `nats-server`
 //! (tests/common/nats_server.rs): what is published, what counts as
-//! delivered, what is poison, and every start-up error.
+//! delivered, what is poison, and every start-up error; each test that
+//! needs a server on Debian's and on the current release
+//! (tests/common/nats_versions.rs).
 #![cfg(feature = "nats")]
 
 use crate::common;
