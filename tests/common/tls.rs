@@ -15,11 +15,16 @@ use std::time::Duration;
 pub struct TestCa {
     /// The CA's certificate (PEM): what a client must trust.
     pub ca: PathBuf,
-    /// The server's certificate (PEM), signed by the CA.
+    /// The server's certificate (PEM), signed by the CA, for 127.0.0.1
+    /// and localhost.
     pub cert: PathBuf,
     /// The server's key (PEM).
     pub key: PathBuf,
+    dir: PathBuf,
 }
+
+/// A P-256 key: quick to make.
+const EC: [&str; 4] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
 
 impl TestCa {
     /// Makes one in `dir`; None (test skipped) without openssl outside CI.
@@ -27,56 +32,67 @@ impl TestCa {
         if !crate::common::available("openssl", &["version"]) {
             return None;
         }
-        let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+        let (ca, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
         openssl(
             &[
                 &["req", "-x509", "-nodes", "-days", "2"][..],
-                &ec,
-                &["-keyout", &p("ca.key"), "-out", &p("ca.pem")],
+                &EC,
+                &["-keyout", path(&ca_key), "-out", path(&ca)],
                 &["-subj", "/CN=outboxd-test-ca"],
                 &["-addext", "basicConstraints=critical,CA:TRUE"],
                 &["-addext", "keyUsage=critical,keyCertSign"],
             ]
             .concat(),
         );
+        let mut made = TestCa {
+            ca,
+            cert: PathBuf::new(),
+            key: PathBuf::new(),
+            dir: dir.to_path_buf(),
+        };
+        (made.cert, made.key) = made.issue("server", "IP:127.0.0.1,DNS:localhost");
+        Some(made)
+    }
+
+    /// A certificate and key the CA signs, for the subject alternative
+    /// names `san` (`DNS:elsewhere.test`), as `NAME.pem` and `NAME.key`.
+    pub fn issue(&self, name: &str, san: &str) -> (PathBuf, PathBuf) {
+        let file = |ext: &str| self.dir.join(format!("{name}.{ext}"));
+        let (cert, key, csr, ext) = (file("pem"), file("key"), file("csr"), file("ext"));
         openssl(
             &[
                 &["req", "-nodes"][..],
-                &ec,
-                &["-keyout", &p("server.key"), "-out", &p("server.csr")],
-                &["-subj", "/CN=localhost"],
+                &EC,
+                &["-keyout", path(&key), "-out", path(&csr)],
+                &["-subj", "/CN=outboxd-test-server"],
             ]
             .concat(),
         );
-        std::fs::write(
-            dir.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-        )
-        .unwrap();
+        std::fs::write(&ext, format!("subjectAltName={san}\n")).unwrap();
+        let ca_key = self.dir.join("ca.key");
         openssl(&[
             "x509",
             "-req",
             "-days",
             "2",
             "-in",
-            &p("server.csr"),
+            path(&csr),
             "-CA",
-            &p("ca.pem"),
+            path(&self.ca),
             "-CAkey",
-            &p("ca.key"),
+            path(&ca_key),
             "-CAcreateserial",
             "-extfile",
-            &p("server.ext"),
+            path(&ext),
             "-out",
-            &p("server.pem"),
+            path(&cert),
         ]);
-        Some(TestCa {
-            ca: dir.join("ca.pem"),
-            cert: dir.join("server.pem"),
-            key: dir.join("server.key"),
-        })
+        (cert, key)
     }
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
 }
 
 fn openssl(args: &[&str]) {

@@ -2,9 +2,10 @@
 //! with exit 6 naming the field and the fix, an outage is a warning.
 //!
 //! - NATS: a `tls://` server whose certificate the client cannot trust
-//!   (tls_ca_file), `require_tls` against a plain server (require_tls), a
-//!   `tls://` URL to a plain server and a host name that does not exist
-//!   (servers[0]); with the right CA the same server is fine;
+//!   (tls_ca_file), one whose certificate is for another host, a `tls://`
+//!   URL to a plain server (servers), `require_tls` against a plain server
+//!   (require_tls), a host name that does not exist (servers[0]); with the
+//!   right CA the TLS server is fine;
 //! - webhooks: a receiver whose certificate is signed by a private CA, an
 //!   https URL to a port without TLS, a host name that does not exist (url);
 //!   a plain receiver is connected to and sent no request, a refused port
@@ -202,6 +203,23 @@ mod nats {
                 &format!("{ca_file}create_stream = {{}}\n"),
             );
             accepted(&db, &cfg);
+
+            // A certificate the CA signs, but for another host.
+            let elsewhere = NatsServer::with(Settings {
+                tls: Some(ca.issue("elsewhere", "DNS:elsewhere.test")),
+                ..Settings::default()
+            });
+            let cfg = nats(
+                &db,
+                &format!("tls://127.0.0.1:{}", elsewhere.port),
+                &ca_file,
+            );
+            refused(
+                &db,
+                &cfg,
+                "consumer[0].sink.servers",
+                &["not valid for name", "subject alternative names"],
+            );
 
             let plain = NatsServer::start();
             let cfg = nats(&db, &plain.url(), "require_tls = true\n");
