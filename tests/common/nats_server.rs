@@ -121,6 +121,8 @@ pub struct Settings {
     pub no_jetstream: bool,
     /// Require TLS of clients with this certificate and key (PEM files).
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// With `tls`: require a client certificate this CA signs, too.
+    pub tls_verify_ca: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -130,6 +132,7 @@ impl Default for Settings {
             max_payload: None,
             no_jetstream: false,
             tls: None,
+            tls_verify_ca: None,
         }
     }
 }
@@ -405,8 +408,11 @@ fn write_conf(
         ));
     }
     if let Some((cert, key)) = &s.tls {
+        let verify = s.tls_verify_ca.as_ref().map_or(String::new(), |ca| {
+            format!(", ca_file: {:?}, verify: true", ca.display().to_string())
+        });
         conf.push_str(&format!(
-            "tls {{ cert_file: {:?}, key_file: {:?} }}\n",
+            "tls {{ cert_file: {:?}, key_file: {:?}{verify} }}\n",
             cert.display().to_string(),
             key.display().to_string()
         ));

@@ -2,8 +2,8 @@
 //! with exit 6 naming the field and the fix, an outage is a warning.
 //!
 //! - NATS: a `tls://` server whose certificate the client cannot trust
-//!   (tls_ca_file), one whose certificate is for another host, a `tls://`
-//!   URL to a plain server (servers), `require_tls` against a plain server
+//!   (tls_ca_file), one whose certificate is for another host, one that
+//!   wants a client certificate, a `tls://` URL to a plain server (servers), `require_tls` against a plain server
 //!   (require_tls), a host name that does not exist (servers[0]); with the
 //!   right CA the TLS server is fine;
 //! - webhooks: a receiver whose certificate is signed by a private CA, an
@@ -219,6 +219,20 @@ mod nats {
                 &cfg,
                 "consumer[0].sink.servers",
                 &["not valid for name", "subject alternative names"],
+            );
+
+            // A server that wants a client certificate (outboxd sends none).
+            let mutual = NatsServer::with(Settings {
+                tls: Some((ca.cert.clone(), ca.key.clone())),
+                tls_verify_ca: Some(ca.ca.clone()),
+                ..Settings::default()
+            });
+            let cfg = nats(&db, &format!("tls://127.0.0.1:{}", mutual.port), &ca_file);
+            refused(
+                &db,
+                &cfg,
+                "consumer[0].sink.servers",
+                &["refused the handshake", "client certificate"],
             );
 
             let plain = NatsServer::start();
