@@ -52,6 +52,12 @@ pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(10);
 pub const MIN_HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(1);
 /// The longest [`crate::RelayBuilder::housekeeping_interval`].
 pub const MAX_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(86_400);
+/// How long a consumer's pause (its destination unavailable) is allowed
+/// for when sizing a deduplication window: a repeat after a lost
+/// acknowledgement may come this much later than the retry schedule alone
+/// allows. A NATS stream outboxd creates without a `duplicate_window`
+/// gets the schedule's horizon plus this.
+pub const DEFAULT_MAX_PAUSE_FOR_DEDUP: Duration = Duration::from_secs(4 * 3600);
 /// The oldest due event may wait this long before the stale alert fires.
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(300);
 /// The oldest undelivered event (due, being delivered or retrying) may be

@@ -21,5 +21,7 @@ mod capture_hosts;
 mod nats_e2e;
 #[path = "hosts/nats_sink.rs"]
 mod nats_sink;
+#[path = "hosts/reach_errors.rs"]
+mod reach_errors;
 #[path = "hosts/sql_contract.rs"]
 mod sql_contract;

@@ -23,7 +23,11 @@
 //! read it as text), beside the one copy the relay keeps for the delivery.
 //!
 //! Every construction error is found before the first delivery: a missing
-//! program, a bad URL, a malformed secret.
+//! program, a bad URL, a malformed secret. [`WebhookSink::probe`] and
+//! [`NatsSinkBuilder::probe`](nats::NatsSinkBuilder::probe) look at the
+//! destination without delivering (check-config's look): what no retry can
+//! fix, a host name that does not exist or a TLS handshake that cannot
+//! succeed, is an error there; an outage is not.
 //!
 //! What each sink delivers:
 //!
@@ -42,6 +46,7 @@ pub mod command;
 pub mod jsonl;
 #[cfg(feature = "nats")]
 pub mod nats;
+mod reach;
 pub mod sql;
 pub mod webhook;
 

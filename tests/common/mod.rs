@@ -9,6 +9,9 @@ pub mod faultvfs;
 pub mod http;
 #[cfg(feature = "nats")]
 pub mod nats_server;
+#[cfg(feature = "nats")]
+pub mod nats_versions;
+pub mod tls;
 pub mod venv;
 
 use std::path::PathBuf;

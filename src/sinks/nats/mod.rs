@@ -252,6 +252,32 @@ pub enum NatsError {
         /// Why.
         reason: String,
     },
+    /// A server's host name does not exist (only from
+    /// [`NatsSinkBuilder::probe`]).
+    #[error("NATS server {url}: host {host} does not exist ({reason}); correct the host name")]
+    NoSuchHost {
+        /// The server, as `scheme://host:port`.
+        url: String,
+        /// Its host.
+        host: String,
+        /// The resolver's answer.
+        reason: String,
+    },
+    /// The TLS handshake cannot succeed (only from
+    /// [`NatsSinkBuilder::probe`]): the server's certificate is not
+    /// trusted or not for the host, or one side wants TLS and the other
+    /// does not speak it.
+    #[error("TLS with NATS server {servers} cannot work: {reason}; {fix}")]
+    TlsMismatch {
+        /// The servers.
+        servers: String,
+        /// The builder field to change.
+        field: &'static str,
+        /// What the handshake said.
+        reason: String,
+        /// What to change.
+        fix: String,
+    },
     /// No server could be reached (only from [`NatsSinkBuilder::probe`];
     /// [`NatsSinkBuilder::build`] keeps trying in the background instead).
     #[error("cannot connect to NATS server {servers}: {reason}")]
@@ -330,6 +356,7 @@ impl NatsError {
         match self {
             NatsError::NoServers
             | NatsError::Server { .. }
+            | NatsError::NoSuchHost { .. }
             | NatsError::Unreachable { .. }
             | NatsError::JetStreamUnavailable { .. }
             | NatsError::JetStreamDisabled { .. } => "servers",
@@ -340,7 +367,8 @@ impl NatsError {
             NatsError::Setting { field, .. }
             | NatsError::File { field, .. }
             | NatsError::Credential { field, .. }
-            | NatsError::Authorization { field, .. } => field,
+            | NatsError::Authorization { field, .. }
+            | NatsError::TlsMismatch { field, .. } => field,
             NatsError::Tls { .. } => "tls_ca_file",
             NatsError::CreateStream { .. } => "create_stream",
             NatsError::Runtime(_) => "runtime",

@@ -24,13 +24,15 @@
 //!
 //! The parts: `signature` (signing and checking), `address` (the guard
 //! against private addresses), `redact` (secrets kept out of reasons and
-//! `Debug`), `builder` (the configuration, checked) and `sink` (the request
-//! and the verdict on its answer).
+//! `Debug`), `builder` (the configuration, checked), `sink` (the request
+//! and the verdict on its answer) and `probe` (check-config's look at the
+//! receiver: a connection and a TLS handshake, no request).
 //!
 //! [Standard Webhooks]: https://www.standardwebhooks.com/
 
 mod address;
 mod builder;
+mod probe;
 mod redact;
 mod signature;
 mod sink;
@@ -39,6 +41,7 @@ use std::time::Duration;
 
 pub use address::is_non_public;
 pub use builder::WebhookSinkBuilder;
+pub use probe::ReceiverCheck;
 pub use redact::is_http_client_log_target;
 pub use signature::{sign, verify, SignatureError, WebhookSecret};
 pub use sink::WebhookSink;
@@ -157,6 +160,31 @@ pub enum WebhookError {
     Zero {
         /// Which setting.
         what: &'static str,
+    },
+    /// The URL's host name does not exist (only from
+    /// [`WebhookSink::probe`]): no delivery can reach it.
+    #[error(
+        "webhook URL {url}: host {host} does not exist ({reason}); correct the host name in url"
+    )]
+    NoSuchHost {
+        /// The URL without credentials or query.
+        url: String,
+        /// The host as written in the URL.
+        host: String,
+        /// The resolver's answer.
+        reason: String,
+    },
+    /// The TLS handshake with the receiver cannot succeed (only from
+    /// [`WebhookSink::probe`]): its certificate is not trusted or not for
+    /// the host, or it does not speak TLS on that port.
+    #[error("webhook URL {url}: TLS with the receiver cannot work: {reason}; {fix}")]
+    Tls {
+        /// The URL without credentials or query.
+        url: String,
+        /// What the handshake said.
+        reason: String,
+        /// What to change.
+        fix: &'static str,
     },
 }
 

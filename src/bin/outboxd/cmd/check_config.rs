@@ -16,9 +16,14 @@ program must exist and be executable, a webhook's URL must be http(s) and its
 secret variables or files must be present; a sql sink's statements must
 prepare against the database (its tables exist, its parameters are known).
 A nats sink's servers are asked about its stream (bounded by
-connect_timeout): a missing stream or refused credentials are errors; an
+connect_timeout): a missing stream, refused credentials, a certificate that
+cannot be trusted or is not for the host, TLS required on one side and not
+offered by the other, and a host name that does not exist are errors; an
 unreachable server, and a duplicate window that a retry of the consumer can
-outlast, are warnings. Prints a summary and exits 0, or prints the first
+outlast, are warnings. A webhook's receiver is connected to (for https, a TLS
+handshake) and sent no request: a host that does not exist, an untrusted or
+wrong certificate, or a port without TLS are errors; a receiver that is down
+is a warning. Prints a summary and exits 0, or prints the first
 problem (file, field path such as consumer[2].sink.statements[1], what is
 allowed) and exits 6. Nothing is claimed or written: the database is opened
 read-only, and only for sql sinks (a JSONL sink's file is created if
@@ -66,7 +71,7 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
         let probes = c
             .consumers
             .iter()
-            .map(|k| k.sink.probe(&k.name, &k.retry, c.relay.lease))
+            .map(|k| k.sink.probe(&k.name, &k.retry, &c.relay))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| Failure::config(e.to_string()))?;
         c.check_database(&db).map_err(Failure::from)?;

@@ -168,10 +168,9 @@ fn sinks(file: &Path) -> Vec<Finding> {
         Ok(c) => c,
         Err(e) => return vec![Finding::new(CONFIG, Severity::Error, e.to_string())],
     };
-    let lease = config.relay.lease;
     let mut findings = Vec::new();
     for c in &config.consumers {
-        match c.sink.probe(&c.name, &c.retry, lease) {
+        match c.sink.probe(&c.name, &c.retry, &config.relay) {
             Err(e) => findings.push(Finding::new(CHECK, Severity::Error, e.to_string())),
             Ok(found) => findings.extend(found.into_iter().map(|f| {
                 let severity = if f.warning {

@@ -98,7 +98,7 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     // touched: refused credentials or a missing stream are config errors.
     for c in &config.consumers {
         c.sink
-            .start(&c.name, &c.retry, config.relay.lease)
+            .start(&c.name, &c.retry, &config.relay)
             .map_err(|e| Failure::config(e.to_string()))?;
     }
 

@@ -1,9 +1,11 @@
-//! `[relay]`: how the relay claims, leases and shuts down. The ranges are
+//! `[relay]`: how the relay claims, leases and shuts down, and how long a
+//! pause a deduplication window allows for. The ranges are
 //! the library's (checked by `RelayBuilder::build`); only the shutdown
 //! grace, which the binary applies itself, is checked here.
 
 use std::time::Duration;
 
+use outboxd::limits::DEFAULT_MAX_PAUSE_FOR_DEDUP;
 use outboxd::relay::UnroutedPolicy;
 use serde::Deserialize;
 
@@ -40,6 +42,8 @@ pub(crate) struct RelaySettings {
     pub(crate) unrouted: UnroutedPolicy,
     /// How long in-flight deliveries may finish on shutdown.
     pub(crate) shutdown_grace: Duration,
+    /// How long a consumer's pause is allowed for in a dedup window.
+    pub(crate) max_pause_for_dedup: Duration,
 }
 
 impl Default for RelaySettings {
@@ -53,6 +57,7 @@ impl Default for RelaySettings {
             poll_interval: None,
             unrouted: UnroutedPolicy::default(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            max_pause_for_dedup: DEFAULT_MAX_PAUSE_FOR_DEDUP,
         }
     }
 }
@@ -69,6 +74,7 @@ pub(crate) struct RawRelay {
     poll_interval: Option<Dur>,
     unrouted: Option<Unrouted>,
     shutdown_grace: Option<Dur>,
+    max_pause_for_dedup: Option<Dur>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -103,5 +109,8 @@ pub(crate) fn check(c: &Checker<'_>, r: &RawRelay) -> Result<RelaySettings, Conf
             Some(Unrouted::Skip) => UnroutedPolicy::Skip,
         },
         shutdown_grace,
+        max_pause_for_dedup: r
+            .max_pause_for_dedup
+            .map_or(DEFAULT_MAX_PAUSE_FOR_DEDUP, |d| d.0),
     })
 }

@@ -27,6 +27,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
 use crate::sinks::nats::{CreateStream, NatsError, StreamSummary, SubjectTemplate};
+use crate::sinks::reach::{self, Lookup, TlsMismatch};
 use stream::{check_stream, Check};
 
 /// How often a stream that was refused (missing, wrong subjects) is checked
@@ -124,6 +125,66 @@ impl Plan {
             _ => None,
         }
     }
+
+    /// A connect error that says TLS cannot work, with the field to change.
+    fn tls_mismatch(&self, e: &async_nats::ConnectError) -> Option<NatsError> {
+        let (field, reason, fix) = match reach::tls_mismatch(e)? {
+            TlsMismatch::Untrusted(r) => (
+                "tls_ca_file",
+                r,
+                match &self.tls_ca_file {
+                    Some(p) => format!(
+                        "the CA in tls_ca_file ({}) does not sign the server's certificate: \
+                         give the CA certificate that does",
+                        p.display()
+                    ),
+                    None => "set tls_ca_file to the PEM file of the CA that signs the server's \
+                             certificate"
+                        .into(),
+                },
+            ),
+            TlsMismatch::WrongName(r) => (
+                "servers",
+                r,
+                "connect by a host name or address the server's certificate holds (its \
+                 subject alternative names)"
+                    .into(),
+            ),
+            TlsMismatch::Expired(r) => (
+                "servers",
+                r,
+                "renew the server's certificate (or, if it is new, check this machine's clock)"
+                    .into(),
+            ),
+            TlsMismatch::NotSpoken(r) if self.require_tls => (
+                "require_tls",
+                r,
+                "require_tls is on but the server offers no TLS: enable TLS on the server (a \
+                 tls block in its config), or set require_tls = false"
+                    .into(),
+            ),
+            TlsMismatch::NotSpoken(r) => (
+                "servers",
+                r,
+                "a tls:// URL but the server offers no TLS: enable TLS on the server, or use a \
+                 nats:// URL"
+                    .into(),
+            ),
+            TlsMismatch::Refused(r) => (
+                "servers",
+                r,
+                "the server refused the handshake (it may require a client certificate, which \
+                 outboxd does not send, or share no TLS version with it)"
+                    .into(),
+            ),
+        };
+        Some(NatsError::TlsMismatch {
+            servers: self.shown.clone(),
+            field,
+            reason,
+            fix,
+        })
+    }
 }
 
 fn on_event(event: Event, servers: &str, connected: &Notify) {
@@ -147,8 +208,20 @@ fn on_event(event: Event, servers: &str, connected: &Notify) {
     }
 }
 
-/// Connects without retrying and checks the stream, creating nothing.
+/// Connects without retrying and checks the stream, creating nothing. A
+/// host name that does not exist and a TLS handshake that cannot succeed
+/// are errors here (what no retry fixes); `start` leaves them to its
+/// retries.
 pub(super) fn probe(plan: Plan) -> Result<Option<StreamSummary>, NatsError> {
+    for s in &plan.servers {
+        if let Lookup::NoSuchHost(reason) = reach::lookup(s.host(), s.port()) {
+            return Err(NatsError::NoSuchHost {
+                url: format!("{}://{}:{}", s.scheme(), s.host(), s.port()),
+                host: s.host().to_string(),
+                reason,
+            });
+        }
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -157,10 +230,13 @@ pub(super) fn probe(plan: Plan) -> Result<Option<StreamSummary>, NatsError> {
         let client = match plan.options(None).connect(plan.servers.clone()).await {
             Ok(c) => c,
             Err(e) => {
-                return Err(plan.fatal(&e).unwrap_or_else(|| NatsError::Unreachable {
-                    servers: plan.shown.clone(),
-                    reason: e.to_string(),
-                }))
+                return Err(plan
+                    .fatal(&e)
+                    .or_else(|| plan.tls_mismatch(&e))
+                    .unwrap_or_else(|| NatsError::Unreachable {
+                        servers: plan.shown.clone(),
+                        reason: e.to_string(),
+                    }))
             }
         };
         let js = plan.context(client, plan.connect_timeout);

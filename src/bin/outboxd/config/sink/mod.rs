@@ -24,6 +24,7 @@ use serde::Deserialize;
 use super::checker::Checker;
 use super::error::ConfigError;
 use super::values::{Dur, Whole};
+use super::RelaySettings;
 
 pub(crate) mod command;
 pub(crate) mod jsonl;
@@ -32,16 +33,18 @@ pub(crate) mod sql;
 pub(crate) mod webhook;
 
 /// A kind's connection step, run by `outboxd run` before the relay starts,
-/// with the consumer's name, its retry policy and the lease: an error stops
-/// the start-up.
+/// with the consumer's name, its retry policy and the relay's settings (the
+/// lease, the pause a dedup window allows for): an error stops the start-up.
 pub(crate) type StartHook =
-    Box<dyn Fn(&str, &RetryPolicy, Duration) -> Result<(), ConfigError> + Send + Sync>;
+    Box<dyn Fn(&str, &RetryPolicy, &RelaySettings) -> Result<(), ConfigError> + Send + Sync>;
 
 /// A kind's look at its destination (reachable, set up to take the events),
 /// for check-config and doctor, with the same arguments: an error is a
 /// config error; the findings are notes and warnings.
 pub(crate) type ProbeHook = Box<
-    dyn Fn(&str, &RetryPolicy, Duration) -> Result<Vec<SinkFinding>, ConfigError> + Send + Sync,
+    dyn Fn(&str, &RetryPolicy, &RelaySettings) -> Result<Vec<SinkFinding>, ConfigError>
+        + Send
+        + Sync,
 >;
 
 /// What a [`ProbeHook`] found.
@@ -127,7 +130,6 @@ impl Sink {
     }
 
     /// A look at the destination for check-config and doctor.
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))] // only nats uses it so far
     pub(crate) fn with_probe(mut self, hook: ProbeHook) -> Sink {
         self.probe = Some(hook);
         self
@@ -143,11 +145,11 @@ impl Sink {
         &self,
         consumer: &str,
         retry: &RetryPolicy,
-        lease: Duration,
+        relay: &RelaySettings,
     ) -> Result<(), ConfigError> {
         self.start
             .as_ref()
-            .map_or(Ok(()), |f| f(consumer, retry, lease))
+            .map_or(Ok(()), |f| f(consumer, retry, relay))
     }
 
     /// Looks at the destination of `consumer`, if the kind can (nothing
@@ -156,11 +158,11 @@ impl Sink {
         &self,
         consumer: &str,
         retry: &RetryPolicy,
-        lease: Duration,
+        relay: &RelaySettings,
     ) -> Result<Vec<SinkFinding>, ConfigError> {
         self.probe
             .as_ref()
-            .map_or(Ok(Vec::new()), |f| f(consumer, retry, lease))
+            .map_or(Ok(Vec::new()), |f| f(consumer, retry, relay))
     }
 
     /// The longest one delivery may take; the lease must cover it.

@@ -79,6 +79,8 @@ mod with_nats {
     use crate::config::checker::Checker;
     use crate::config::error::ConfigError;
     use crate::config::sink::{at_most_one, env_secret, positive, RawSink, Sink, SinkFinding};
+    use crate::config::RelaySettings;
+    use outboxd::clock::format_duration as human;
 
     /// Builds a nats sink: every key checked, credentials read, nothing
     /// connected yet.
@@ -121,6 +123,10 @@ mod with_nats {
             None => None,
         };
         b = b.create_stream(create.clone());
+        let window_given = s
+            .create_stream
+            .as_ref()
+            .is_some_and(|raw| raw.duplicate_window.is_some());
         let errors = Errors {
             proto: c.err(at, ""),
             at: at.to_string(),
@@ -146,17 +152,17 @@ mod with_nats {
             sink: OnceLock::new(),
             errors,
             ack_timeout,
-            create_window: create.map(|c| c.duplicate_window),
+            create: create.map(|spec| (spec, window_given)),
         });
         let (start, probe) = (lazy.clone(), lazy.clone());
         Ok(Sink::new(NatsConsumer(lazy), description)
             .with_time_limit(ack_timeout)
             .with_time_limit_key("ack_timeout")
-            .with_start(Box::new(move |consumer, retry, lease| {
-                start.start(consumer, retry, lease)
+            .with_start(Box::new(move |consumer, retry, relay| {
+                start.start(consumer, retry, relay)
             }))
-            .with_probe(Box::new(move |consumer, retry, lease| {
-                probe.probe(consumer, retry, lease)
+            .with_probe(Box::new(move |consumer, retry, relay| {
+                probe.probe(consumer, retry, relay)
             })))
     }
 
@@ -245,15 +251,21 @@ mod with_nats {
     }
 
     impl Errors {
+        /// `servers[i]` for the first server `is` picks, else `servers`.
+        fn server_field(&self, is: impl Fn(&str) -> bool) -> String {
+            match self.servers.iter().position(|s| is(s)) {
+                Some(i) => format!("{}.servers[{i}]", self.at),
+                None => format!("{}.servers", self.at),
+            }
+        }
+
         fn of(&self, e: &NatsError) -> ConfigError {
             let at = &self.at;
             let mut message = e.to_string();
             let field = match e {
-                NatsError::Server { url, .. } => {
-                    match self.servers.iter().position(|s| s.ends_with(url.as_str())) {
-                        Some(i) => format!("{at}.servers[{i}]"),
-                        None => format!("{at}.servers"),
-                    }
+                NatsError::Server { url, .. } => self.server_field(|s| s.ends_with(url.as_str())),
+                NatsError::NoSuchHost { host, .. } => {
+                    self.server_field(|s| s.contains(&format!("//{host}")))
                 }
                 _ => match e.field() {
                     "token" => format!("{at}.token_env"),
@@ -283,30 +295,93 @@ mod with_nats {
         sink: OnceLock<NatsSink>,
         errors: Errors,
         ack_timeout: Duration,
-        /// `create_stream.duplicate_window`, if the sink may create the stream.
-        create_window: Option<Duration>,
+        /// `create_stream`, if the sink may create the stream, and whether
+        /// its `duplicate_window` was given (else it is sized here).
+        create: Option<(CreateStream, bool)>,
     }
 
     impl Lazy {
+        /// How `create_stream` makes the stream for `consumer`: without a
+        /// `duplicate_window`, with the one its repeats need (None: the
+        /// sink creates no stream), and the note saying so.
+        fn creation(
+            &self,
+            consumer: &str,
+            retry: &RetryPolicy,
+            relay: &RelaySettings,
+        ) -> Option<(CreateStream, Option<String>)> {
+            let (spec, given) = self.create.clone()?;
+            if given {
+                return Some((spec, None));
+            }
+            let horizon = DuplicateWindowCheck::new(
+                retry,
+                relay.lease,
+                self.ack_timeout,
+                DEFAULT_DUPLICATE_WINDOW,
+            )
+            .horizon();
+            let pause = relay.max_pause_for_dedup;
+            // Whole minutes up, so the figure shown is the sum of the two
+            // shown beside it.
+            let needed = horizon.saturating_add(pause).as_secs().div_ceil(60) * 60;
+            let mut window = Duration::from_secs(needed);
+            let mut capped = String::new();
+            if !spec.max_age.is_zero() && window > spec.max_age {
+                window = spec.max_age;
+                capped = format!(
+                    ", cut to create_stream.max_age ({}): a repeat after that is stored twice",
+                    human(spec.max_age)
+                );
+            }
+            let note = format!(
+                "stream {stream} is created with duplicate window {} (create_stream sets no \
+                 duplicate_window): consumer {consumer} may publish an event again up to {} \
+                 after its first publish (its retry schedule, ack_timeout and relay.lease), \
+                 plus relay.max_pause_for_dedup {}{capped}. The cost: JetStream keeps the id of \
+                 every message published within the window in the server's memory for that \
+                 long: at 100 events a second, {} ids (set create_stream.duplicate_window, or \
+                 shorten the schedule or max_pause_for_dedup, to hold fewer)",
+                human(window),
+                outboxd::clock::format_duration_at_least(horizon),
+                human(pause),
+                100 * window.as_secs(),
+                stream = self.builder.stream_name(),
+            );
+            Some((
+                CreateStream {
+                    duplicate_window: window,
+                    ..spec
+                },
+                Some(note),
+            ))
+        }
+
         fn start(
             &self,
             consumer: &str,
             retry: &RetryPolicy,
-            lease: Duration,
+            relay: &RelaySettings,
         ) -> Result<(), ConfigError> {
             if self.sink.get().is_some() {
                 return Ok(());
             }
+            let creation = self.creation(consumer, retry, relay);
+            let note = creation.as_ref().and_then(|(_, n)| n.clone());
             let sink = self
                 .builder
                 .clone()
+                .create_stream(creation.map(|(spec, _)| spec))
                 .build()
                 .map_err(|e| self.errors.of(&e))?;
             match sink.stream() {
                 Some(s) => {
+                    if let (true, Some(note)) = (s.created, &note) {
+                        tracing::info!(consumer, "{note}");
+                    }
                     let check = DuplicateWindowCheck::new(
                         retry,
-                        lease,
+                        relay.lease,
                         self.ack_timeout,
                         s.duplicate_window,
                     );
@@ -328,7 +403,7 @@ mod with_nats {
             &self,
             consumer: &str,
             retry: &RetryPolicy,
-            lease: Duration,
+            relay: &RelaySettings,
         ) -> Result<Vec<SinkFinding>, ConfigError> {
             let note = |message: String| SinkFinding {
                 warning: false,
@@ -339,6 +414,8 @@ mod with_nats {
                 message,
             };
             let stream = self.builder.stream_name();
+            let creation = self.creation(consumer, retry, relay);
+            let create_window = creation.as_ref().map(|(spec, _)| spec.duplicate_window);
             let mut found = Vec::new();
             let window = match self.builder.probe() {
                 Ok(Some(s)) => {
@@ -350,7 +427,10 @@ mod with_nats {
                         "stream {stream} does not exist yet; `outboxd run` creates it \
                          (create_stream)"
                     )));
-                    self.create_window
+                    if let Some((_, Some(sized))) = &creation {
+                        found.push(note(sized.clone()));
+                    }
+                    create_window
                 }
                 Err(
                     e @ (NatsError::Unreachable { .. } | NatsError::JetStreamUnavailable { .. }),
@@ -359,13 +439,13 @@ mod with_nats {
                         "{e}; the stream was not checked (outboxd run starts anyway and \
                          retries until it is reachable)"
                     )));
-                    self.create_window
+                    create_window
                 }
                 Err(e) => return Err(self.errors.of(&e)),
             };
             let check = DuplicateWindowCheck::new(
                 retry,
-                lease,
+                relay.lease,
                 self.ack_timeout,
                 window.unwrap_or(DEFAULT_DUPLICATE_WINDOW),
             );

@@ -1,8 +1,10 @@
 //! `kind = "webhook"`: a signed HTTP POST per event (Standard Webhooks).
 
+use outboxd::consumer::{Consumer, Delivery};
+use outboxd::sinks::webhook::ReceiverCheck;
 use outboxd::sinks::WebhookSink;
 
-use super::{at_most_one, env_secret, positive, RawSink, Sink};
+use super::{at_most_one, env_secret, positive, RawSink, Sink, SinkFinding};
 use crate::config::checker::Checker;
 use crate::config::error::ConfigError;
 use outboxd::clock::format_duration as human;
@@ -105,7 +107,9 @@ pub(crate) fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, Conf
             W::InvalidUrl { .. }
             | W::UrlScheme { .. }
             | W::UrlHost { .. }
-            | W::PrivateAddress { .. } => (format!("{at}.url"), None),
+            | W::PrivateAddress { .. }
+            | W::NoSuchHost { .. }
+            | W::Tls { .. } => (format!("{at}.url"), None),
             W::Header { .. } => (format!("{at}.headers"), None),
             W::SecretPrefix { index }
             | W::SecretBase64 { index }
@@ -128,5 +132,35 @@ pub(crate) fn build(c: &Checker<'_>, at: &str, s: &RawSink) -> Result<Sink, Conf
         human(sink.connect_timeout())
     );
     let limit = sink.timeout();
-    Ok(Sink::new(sink, description).with_time_limit(limit))
+    let sink = std::sync::Arc::new(sink);
+    let (deliver, probe) = (sink.clone(), sink);
+    let errors = c.err(format!("{at}.url"), "");
+    Ok(
+        Sink::new(move |d: &Delivery| deliver.deliver(d), description)
+            .with_time_limit(limit)
+            .with_probe(Box::new(move |_, _, _| {
+                look(&probe).map_err(|e| ConfigError {
+                    message: e.to_string(),
+                    ..errors.clone()
+                })
+            })),
+    )
+}
+
+/// check-config's look at the receiver: a connection, and for https a TLS
+/// handshake, never a request. An unreachable receiver is a warning.
+fn look(sink: &WebhookSink) -> Result<Vec<SinkFinding>, outboxd::sinks::WebhookError> {
+    Ok(vec![match sink.probe()? {
+        ReceiverCheck::Reached(what) => SinkFinding {
+            warning: false,
+            message: what,
+        },
+        ReceiverCheck::Unreachable(why) => SinkFinding {
+            warning: true,
+            message: format!(
+                "{why}; the receiver was not checked (outboxd run starts anyway and retries \
+                 until it answers)"
+            ),
+        },
+    }])
 }
