@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::senders::Senders;
 use super::IntentResult;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Setting, SettingError};
@@ -36,6 +37,8 @@ pub const MIN_INTENT_LEASE: Duration = Duration::from_secs(1);
 pub struct Intents {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) lease: Duration,
+    /// This sender's lock files, shared by its clones.
+    pub(super) senders: Senders,
 }
 
 impl fmt::Debug for Intents {
@@ -59,6 +62,7 @@ impl Intents {
         Intents {
             clock: Arc::new(SystemClock),
             lease: DEFAULT_INTENT_LEASE,
+            senders: Senders::default(),
         }
     }
 
