@@ -9,6 +9,7 @@ pub mod faultvfs;
 pub mod http;
 #[cfg(feature = "nats")]
 pub mod nats_server;
+pub mod peers;
 pub mod venv;
 
 use std::path::PathBuf;
