@@ -227,7 +227,11 @@ impl Intents {
                     key: key.clone(),
                     attempt: intent.attempts,
                     until,
-                    wait: if wait.is_zero() { MIN_INTENT_LEASE } else { wait },
+                    wait: if wait.is_zero() {
+                        MIN_INTENT_LEASE
+                    } else {
+                        wait
+                    },
                 });
             }
             tracing::warn!(

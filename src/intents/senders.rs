@@ -36,7 +36,9 @@ impl Senders {
     ) -> (String, Verdict) {
         let path = conn.path().unwrap_or_default().to_owned();
         let mut sites = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let site = sites.entry(path).or_insert_with_key(|path| join(path, lease));
+        let site = sites
+            .entry(path)
+            .or_insert_with_key(|path| join(path, lease));
         match site {
             Some(s) => {
                 let verdict = held.map_or(Verdict::Unknown, |t| {

@@ -100,7 +100,10 @@ impl Peers {
         let verdict = match look {
             Look::Missing => Verdict::Unknown,
             Look::Free => Verdict::Gone,
-            Look::Held { beat, lease: theirs } => {
+            Look::Held {
+                beat,
+                lease: theirs,
+            } => {
                 if beat != s.beat {
                     (s.beat, s.since) = (beat, now);
                 }
@@ -248,12 +251,18 @@ mod tests {
         let name = a.name().to_owned();
         drop(a);
         // Gone on the next look, however little time passed.
-        assert_eq!(peers.judge(&name, lease, t + Duration::from_secs(1)), Verdict::Gone);
+        assert_eq!(
+            peers.judge(&name, lease, t + Duration::from_secs(1)),
+            Verdict::Gone
+        );
         assert_eq!(peers.to_take(), vec![name.clone()]);
         peers.taken(&name, true);
         assert!(peers.to_take().is_empty());
         assert!(!d.path().join(lock_file(&name)).exists());
-        assert_eq!(peers.judge_token("01ARZ3NDEKTSV4RRFFQ69G5FAV", lease, t), Verdict::Unknown);
+        assert_eq!(
+            peers.judge_token("01ARZ3NDEKTSV4RRFFQ69G5FAV", lease, t),
+            Verdict::Unknown
+        );
     }
 
     #[test]

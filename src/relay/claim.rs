@@ -481,7 +481,11 @@ pub(crate) fn release(
 /// unchanged; its late writes are fenced out by the token. Walks the
 /// pending rows, once for each owner that ends while leasing. Returns the
 /// rows released.
-pub(crate) fn release_owner(conn: &Connection, owner: &str, now: Timestamp) -> rusqlite::Result<usize> {
+pub(crate) fn release_owner(
+    conn: &Connection,
+    owner: &str,
+    now: Timestamp,
+) -> rusqlite::Result<usize> {
     conn.prepare_cached(
         "UPDATE event_outbox INDEXED BY event_outbox_due
             SET claim_token = NULL, lease_until = NULL, available_at = min(available_at, ?2)
@@ -993,11 +997,12 @@ mod tests {
                         one_anyway,
                         max_payload: 10_000,
                     };
-                    let got: Vec<u64> = super::claim(&conn, "T", now, until, limit, budget, &mut TimeRule)
-                        .unwrap()
-                        .iter()
-                        .map(|r| r.payload_bytes)
-                        .collect();
+                    let got: Vec<u64> =
+                        super::claim(&conn, "T", now, until, limit, budget, &mut TimeRule)
+                            .unwrap()
+                            .iter()
+                            .map(|r| r.payload_bytes)
+                            .collect();
                     let stamped: i64 = conn
                         .query_row(
                             "SELECT count(*) FROM event_outbox WHERE claim_token = 'T'",

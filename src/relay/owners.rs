@@ -60,7 +60,9 @@ impl Owners {
 
     /// How long from `at` until the next look at the lock directory.
     pub(crate) fn next_scan(&self, at: Instant) -> Duration {
-        self.peers.next_scan().map_or(Duration::ZERO, |n| n.saturating_duration_since(at))
+        self.peers
+            .next_scan()
+            .map_or(Duration::ZERO, |n| n.saturating_duration_since(at))
     }
 
     /// Releases, in the caller's transaction, the rows of every member that

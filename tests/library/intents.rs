@@ -159,8 +159,7 @@ fn a_sender_without_a_lock_file_holds_the_intent_until_its_claim_ends() {
     let (a_posted, a_has_posted) = mpsc::channel();
     let (a_go, a_wait) = mpsc::channel::<()>();
     let a = thread::spawn({
-        let (intents, service, key, conn) =
-            (a_intents, service.clone(), key.clone(), db.open());
+        let (intents, service, key, conn) = (a_intents, service.clone(), key.clone(), db.open());
         move || {
             intents.send(
                 &conn,

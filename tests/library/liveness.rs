@@ -77,9 +77,16 @@ fn the_leases_of_a_relay_that_ended_are_taken_at_once_and_its_file_removed() {
     let db = TestDb::new();
     let ids = db.enqueue(&[event("a.b.v1", 1), event("a.b.v1", 2)]);
     let dead = Peer::ended(&db.path);
-    lease_all(&db, &dead.token(), Timestamp::now().plus(Duration::from_secs(600)));
+    lease_all(
+        &db,
+        &dead.token(),
+        Timestamp::now().plus(Duration::from_secs(600)),
+    );
     let got = Recorder::default();
-    let relay = db.relay().consumer("c", ["a.b.v1"], got.consumer()).started();
+    let relay = db
+        .relay()
+        .consumer("c", ["a.b.v1"], got.consumer())
+        .started();
     wait_until("the dead relay's rows delivered", LONG, || {
         db.count("status = 'delivered'") == 2
     });
@@ -98,8 +105,12 @@ fn a_stopped_relays_leases_are_taken_only_after_ten_leases_without_a_beat() {
     let db = TestDb::new();
     let stopped_ids = db.enqueue(&[event("a.b.v1", 1)]);
     let stopped = Peer::stopped(&db.path);
-    lease_all(&db, &stopped.token(), Timestamp::now().plus(Duration::from_secs(1)));
-    // Its lease ends by the clock long before ten leases.
+    // Its lease has ended by the clock already.
+    lease_all(
+        &db,
+        &stopped.token(),
+        Timestamp::from_millis(Timestamp::now().as_millis() - 1000),
+    );
     let got = Recorder::default();
     let relay = db
         .relay()
@@ -109,10 +120,16 @@ fn a_stopped_relays_leases_are_taken_only_after_ten_leases_without_a_beat() {
     let control = db.enqueue(&[event("a.b.v1", 2)]);
     relay.notify();
     wait_until("the control event delivered", LONG, || got.len() == 1);
-    assert_eq!(got.ids(), control, "the stopped relay's lease was taken early");
-    wait_until("the stopped relay's row taken after ten leases", LONG, || {
-        got.len() == 2
-    });
+    assert_eq!(
+        got.ids(),
+        control,
+        "the stopped relay's lease was taken early"
+    );
+    wait_until(
+        "the stopped relay's row taken after ten leases",
+        LONG,
+        || got.len() == 2,
+    );
     stop(relay);
     assert_eq!(got.ids()[1..], stopped_ids[..]);
     drop(stopped);
@@ -139,14 +156,22 @@ fn an_older_relays_leases_end_by_their_time() {
         )
         .unwrap();
     let got = Recorder::default();
-    let relay = db.relay().consumer("c", ["a.b.v1"], got.consumer()).started();
+    let relay = db
+        .relay()
+        .consumer("c", ["a.b.v1"], got.consumer())
+        .started();
     let control = db.enqueue(&[event("a.b.v1", 3)]);
     relay.notify();
-    wait_until("the expired and the control events", LONG, || got.len() == 2);
+    wait_until("the expired and the control events", LONG, || {
+        got.len() == 2
+    });
     stop(relay);
     assert_eq!(got.ids(), [expired[0], control[0]]);
     assert_eq!(
-        db.count(&format!("status = 'pending' AND event_id = '{}'", current[0])),
+        db.count(&format!(
+            "status = 'pending' AND event_id = '{}'",
+            current[0]
+        )),
         1
     );
 }
@@ -213,12 +238,17 @@ fn two_senders_post_once_when_the_clock_steps_forward() {
     };
     let (ca, cb) = (db.conn(), db.conn());
     let sent = a
-        .send(&ca, &key, |_| Ok::<_, String>(None), |m| {
-            clock.advance(HOUR);
-            let e = b.send(&cb, &key, |_| Ok(None), post).unwrap_err();
-            assert!(matches!(e, IntentError::InFlight { .. }), "{e}");
-            post(m)
-        })
+        .send(
+            &ca,
+            &key,
+            |_| Ok::<_, String>(None),
+            |m| {
+                clock.advance(HOUR);
+                let e = b.send(&cb, &key, |_| Ok(None), post).unwrap_err();
+                assert!(matches!(e, IntentError::InFlight { .. }), "{e}");
+                post(m)
+            },
+        )
         .unwrap();
     assert!(sent.posted());
     assert_eq!(*posts.lock().unwrap(), 1);

@@ -298,9 +298,9 @@ impl Writer {
                 .owners
                 .as_ref()
                 .map_or(Duration::MAX, |o| o.next_scan(at));
-            let wait = self
-                .planner
-                .wait(wake.timeout(at).min(timed).min(scan), self.shutdown_at, at);
+            let wait =
+                self.planner
+                    .wait(wake.timeout(at).min(timed).min(scan), self.shutdown_at, at);
             let mut signalled = false;
             select! {
                 recv(outcomes) -> o => if let Ok(o) = o { self.push_outcomes(o) },
