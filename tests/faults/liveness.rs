@@ -61,10 +61,14 @@ fn two_relays_under_clock_steps_both_ways_and_a_kill_9_deliver_each_event_once()
         );
         let offset = sb.write(&format!("offset-{name}"), "+0\n");
         let config = config.to_str().unwrap().to_owned();
-        let run = Running::spawn(&mut faked(sb.command(&["run", "--config", &config]), &offset));
+        let run = Running::spawn(&mut faked(
+            sb.command(&["run", "--config", &config]),
+            &offset,
+        ));
         (run, offset)
     };
-    let step = |offset: &std::path::Path, to: &str| std::fs::write(offset, format!("{to}\n")).unwrap();
+    let step =
+        |offset: &std::path::Path, to: &str| std::fs::write(offset, format!("{to}\n")).unwrap();
     let (mut a, offset_a) = relay("A");
     let (mut b, offset_b) = relay("B");
 
@@ -129,7 +133,12 @@ fn two_relays_under_clock_steps_both_ways_and_a_kill_9_deliver_each_event_once()
     let repeated: Vec<_> = by_id.iter().filter(|(_, rs)| rs.len() > 1).collect();
     // Only what A had in flight at the kill (its claims hold at most 4).
     assert!(repeated.len() <= 4, "{repeated:?}");
-    assert!(repeated.iter().all(|(_, rs)| rs.len() == 2 && rs.contains(&"A")), "{repeated:?}");
+    assert!(
+        repeated
+            .iter()
+            .all(|(_, rs)| rs.len() == 2 && rs.contains(&"A")),
+        "{repeated:?}"
+    );
     println!(
         "# liveness under clock steps: {written} written, {} delivered, {} repeated (each \
          across the kill of A), 0 lost",
