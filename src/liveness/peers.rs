@@ -153,6 +153,17 @@ impl Peers {
                 return false;
             }
         };
+        // Live ones whose file went (removed by hand): judged again, so
+        // their rows fall back to the time rule.
+        let gone_files: Vec<String> = self
+            .seen
+            .iter()
+            .filter(|(n, s)| s.verdict == Verdict::Live && !names.contains(&lock_file(n)))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for owner in gone_files {
+            self.judge(&owner, lease, now);
+        }
         for name in names {
             if let Some(owner) = name.strip_suffix(".lock") {
                 if owner_of(&format!("{owner}:")).is_some() {
@@ -263,6 +274,23 @@ mod tests {
             peers.judge_token("01ARZ3NDEKTSV4RRFFQ69G5FAV", lease, t),
             Verdict::Unknown
         );
+    }
+
+    /// A live member's file removed by hand: its leases fall back to the
+    /// time rule at the next look, rather than standing for good.
+    #[test]
+    fn a_live_member_whose_file_is_removed_is_judged_by_time() {
+        let d = tempfile::tempdir().unwrap();
+        let lease = Duration::from_secs(30);
+        let a = Member::join(d.path(), lease).unwrap();
+        let mut peers = Peers::new(d.path().to_owned(), "me");
+        let t = Instant::now();
+        assert!(!peers.scan(lease, t));
+        assert_eq!(peers.live().len(), 2);
+        std::fs::remove_file(d.path().join(lock_file(a.name()))).unwrap();
+        assert!(!peers.scan(lease, t + Duration::from_secs(2)));
+        assert_eq!(peers.live(), vec!["me".to_owned()]);
+        assert_eq!(peers.judge(a.name(), lease, t), Verdict::Unknown);
     }
 
     #[test]

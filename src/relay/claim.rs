@@ -4,9 +4,9 @@
 //! can never overwrite the outcome of the row's new owner. All functions run
 //! on the writer thread's connection, inside its transaction.
 
-use rusqlite::config::DbConfig;
 use std::rc::Rc;
 
+use rusqlite::config::DbConfig;
 use rusqlite::types::{Value, ValueRef};
 use rusqlite::{params, Connection};
 
