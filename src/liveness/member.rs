@@ -6,10 +6,11 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{RecvTimeoutError, Sender};
 use rustix::fs::{flock, FlockOperation};
 
 use super::lock_file;
@@ -31,9 +32,12 @@ pub(super) fn beat_interval(lease: Duration) -> Duration {
 pub(crate) struct Member {
     name: String,
     path: PathBuf,
-    stop: Option<Sender<()>>,
+    stop: Arc<AtomicBool>,
     beat: Option<JoinHandle<()>>,
 }
+
+/// The heartbeat thread's stack: it calls nothing deep.
+const BEAT_STACK: usize = 64 * 1024;
 
 impl Member {
     /// Creates a lock file of a new name in `dir` and holds it. The file is
@@ -63,14 +67,16 @@ impl Member {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
             }
-            let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+            let stop = Arc::new(AtomicBool::new(false));
+            let stopped = stop.clone();
             let beat = std::thread::Builder::new()
                 .name("outboxd-heartbeat".into())
+                .stack_size(BEAT_STACK)
                 .spawn(move || beat(&file, lease, &stopped))?;
             return Ok(Member {
                 name,
                 path,
-                stop: Some(stop),
+                stop,
                 beat: Some(beat),
             });
         }
@@ -100,8 +106,9 @@ impl Member {
     }
 
     fn stop_beating(&mut self) {
-        drop(self.stop.take());
+        self.stop.store(true, Ordering::Release);
         if let Some(beat) = self.beat.take() {
+            beat.thread().unpark();
             let _ = beat.join();
         }
     }
@@ -123,19 +130,23 @@ fn record(count: u64, lease: Duration) -> [u8; RECORD_LEN] {
 }
 
 /// The heartbeat thread: owns the file (and with it the lock) until the
-/// member stops it. A write that fails is tried again at the next beat:
-/// peers only wait longer.
-fn beat(file: &File, lease: Duration, stopped: &crossbeam_channel::Receiver<()>) {
+/// member stops it. It allocates nothing, so glibc gives it no malloc
+/// arena of its own (64 MB of address space, which a process under an
+/// address-space cap may not have). A write that fails is tried again at
+/// the next beat: peers only wait longer.
+fn beat(file: &File, lease: Duration, stopped: &AtomicBool) {
     let mut count = 0u64;
-    loop {
-        match stopped.recv_timeout(beat_interval(lease)) {
-            Err(RecvTimeoutError::Timeout) => {
-                count = count.wrapping_add(1);
-                if let Err(e) = file.write_all_at(&record(count, lease), 0) {
-                    tracing::debug!(error = %e, "cannot write the heartbeat");
-                }
-            }
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+    let interval = beat_interval(lease);
+    let mut next = Instant::now() + interval;
+    while !stopped.load(Ordering::Acquire) {
+        let now = Instant::now();
+        if now < next {
+            // Woken early by the member's stop, or spuriously.
+            std::thread::park_timeout(next - now);
+            continue;
         }
+        next = now + interval;
+        count = count.wrapping_add(1);
+        let _ = file.write_all_at(&record(count, lease), 0);
     }
 }

@@ -106,13 +106,14 @@ fn large_payloads_among_small_ones_never_abort_a_relay_under_a_memory_limit() {
     // loads several (on main: "memory allocation failed", abort).
     // Each includes room for the glibc malloc arenas (64 MB of address
     // space per allocating thread) of the relay's thread watching the -wal
-    // file (src/relay/wake.rs) and of its checkpoint thread
-    // (src/relay/checkpoint.rs); a batch of these payloads needs several
+    // file (src/relay/wake.rs), of its checkpoint thread
+    // (src/relay/checkpoint.rs) and of its heartbeat thread
+    // (src/liveness/member.rs); a batch of these payloads needs several
     // times one arena's room.
     let (large, bytes, limits) = if full() {
-        (8, 50_000_000, ["628000000", "828000000"])
+        (8, 50_000_000, ["692000000", "892000000"])
     } else {
-        (4, 40_000_000, ["528000000", "764000000"])
+        (4, 40_000_000, ["592000000", "828000000"])
     };
     let sb = Sandbox::migrated();
     let mut small = sb.enqueue(&(0..5).map(|n| event("small.one.v1", n)).collect::<Vec<_>>());
