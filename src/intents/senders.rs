@@ -25,6 +25,16 @@ struct Site {
     peers: Peers,
 }
 
+impl Drop for Site {
+    /// The last clone of the sender is dropped, so none of its sends runs:
+    /// its file goes with it, so files do not gather where no relay sweeps
+    /// them. A claim it left standing (a failed release) then ends at its
+    /// end time, as an older sender's does.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.member.path());
+    }
+}
+
 impl Senders {
     /// A claim token for `conn`'s database, and the verdict on the claim
     /// `held` (its token) that stands on the intent, if any.

@@ -97,6 +97,11 @@ impl Member {
         self.path.parent().unwrap_or(Path::new("/"))
     }
 
+    /// The lock file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Leaves for good, removing the lock file: for an owner that knows no
     /// row still names it. (Without this, a peer removes the file once it
     /// has taken the rows over.)
