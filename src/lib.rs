@@ -62,6 +62,7 @@ pub mod inspect;
 pub mod integrity;
 pub mod intents;
 pub mod limits;
+mod liveness;
 pub mod purge;
 pub mod relay;
 pub mod repair;

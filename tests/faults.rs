@@ -11,6 +11,8 @@ mod common;
 
 #[path = "faults/host_contention.rs"]
 mod host_contention;
+#[path = "faults/liveness.rs"]
+mod liveness;
 #[path = "faults/run_faults.rs"]
 mod run_faults;
 #[path = "faults/sink_memory.rs"]

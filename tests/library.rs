@@ -19,6 +19,8 @@ mod concurrency;
 mod enqueue;
 #[path = "library/intents.rs"]
 mod intents;
+#[path = "library/liveness.rs"]
+mod liveness;
 #[path = "library/migrations.rs"]
 mod migrations;
 #[path = "library/model.rs"]

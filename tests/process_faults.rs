@@ -589,7 +589,9 @@ fn lease_takeover(late_success: bool) -> u32 {
         std::thread::sleep(Duration::from_millis(rand::rng().random_range(1..=20)));
     }
 
-    // B takes the row over once A's lease (no heartbeat while frozen) runs out.
+    // B takes the row over once A, frozen, has not beaten its lock file for
+    // ten leases of B's monotonic clock (docs/liveness.md): A's lease ran
+    // out by the clock long before, but A still holds its lock.
     let b_started = Instant::now();
     let mut b = relay(&config_b, sb.file("b.log"));
     wait_until("relay B to take A's row over", WAIT, || {
@@ -629,6 +631,12 @@ fn lease_takeover(late_success: bool) -> u32 {
         let token = row("SELECT claim_token FROM event_outbox");
         status == "delivered" || token.is_some_and(|t| t != token_a)
     });
+    // Not before ten of the 2 s leases: B's wait starts after b_started.
+    assert!(
+        b_started.elapsed() >= Duration::from_secs(20),
+        "B took a frozen relay's lease after {:?}, before ten leases without a beat",
+        b_started.elapsed()
+    );
     wait_until("relay B to deliver the event", WAIT, || {
         row("SELECT status FROM event_outbox").unwrap() == "delivered"
     });

@@ -33,6 +33,7 @@ use crate::error::Error;
 mod intent;
 mod key;
 mod send;
+mod senders;
 mod settings;
 mod store;
 
@@ -40,7 +41,7 @@ pub use intent::{Intent, IntentStatus};
 pub use key::{IntentKey, MARKER_PREFIX};
 pub use send::{Completion, IntentLease, SendResult};
 pub use settings::{Intents, DEFAULT_INTENT_LEASE, MIN_INTENT_LEASE};
-pub(crate) use store::{count_completed_before, purge_completed_batch};
+pub(crate) use store::{claimed_by, count_completed_before, purge_completed_batch};
 
 /// Result with [`IntentError`] (named apart from [`crate::Result`], whose error is [`crate::Error`]).
 pub type IntentResult<T, E = IntentError> = std::result::Result<T, E>;
@@ -161,12 +162,12 @@ impl IntentError {
 /// # Ok(()) }
 /// ```
 pub fn record(conn: &Connection, key: &IntentKey) -> IntentResult<Intent> {
-    Intents::new().record(conn, key)
+    default().record(conn, key)
 }
 
 /// The intent recorded for a key, if any. Reads only.
 pub fn get(conn: &Connection, key: &IntentKey) -> IntentResult<Option<Intent>> {
-    Intents::new().get(conn, key)
+    default().get(conn, key)
 }
 
 /// Sends an intent at most once, with the default lease and the system clock.
@@ -200,13 +201,13 @@ where
     P: FnOnce(&str) -> std::result::Result<String, E>,
     E: fmt::Display,
 {
-    Intents::new().send(conn, key, lookup, post)
+    default().send(conn, key, lookup, post)
 }
 
 /// The intents an operator may need to look at: pending (recorded, or being
 /// sent) and failed, least recently changed first. Reads only.
 pub fn list_open(conn: &Connection) -> IntentResult<Vec<Intent>> {
-    Intents::new().list_open(conn)
+    default().list_open(conn)
 }
 
 /// Deletes completed intents that completed before `older_than`, `batch`
@@ -222,7 +223,14 @@ pub fn purge_completed(
     older_than: Timestamp,
     batch: usize,
 ) -> IntentResult<usize> {
-    Intents::new().purge_completed(conn, older_than, batch)
+    default().purge_completed(conn, older_than, batch)
+}
+
+/// The `Intents` of the free functions: one sender for the whole process,
+/// so they share one lock file ([`crate::liveness`]).
+fn default() -> &'static Intents {
+    static DEFAULT: std::sync::LazyLock<Intents> = std::sync::LazyLock::new(Intents::new);
+    &DEFAULT
 }
 
 /// docs/publish-intents.md's example, compiled and run as a doc test.

@@ -8,11 +8,12 @@ use rusqlite::Connection;
 
 use super::intent::{Intent, IntentStatus};
 use super::key::IntentKey;
-use super::settings::Intents;
+use super::settings::{Intents, MIN_INTENT_LEASE};
 use super::store;
 use super::{IntentError, IntentResult};
 use crate::clock::{Clock, Timestamp};
 use crate::error::Error;
+use crate::liveness::Verdict;
 
 /// A send's live claim, handed to the post of [`Intents::send_with_lease`]:
 /// the marker to embed, and a way for a long post to keep its claim.
@@ -203,23 +204,45 @@ impl Intents {
         if intent.status == IntentStatus::Completed {
             return Ok(Claimed::Done(intent));
         }
-        if let Some(until) = intent.claimed_until() {
-            if until > now {
+        let until = intent.claimed_until();
+        let held = match until {
+            Some(_) => store::claim_token(&tx, intent.id)?,
+            None => None,
+        };
+        let (token, verdict) = self
+            .senders
+            .token_and_verdict(conn, self.lease, held.as_deref());
+        if let Some(until) = until {
+            // A live sender's claim stands whatever the clocks say; one
+            // that ended is taken at once; an older sender's ends with its
+            // time (crate::liveness).
+            let stands = match verdict {
+                Verdict::Live => true,
+                Verdict::Gone | Verdict::Hung => false,
+                Verdict::Unknown => until > now,
+            };
+            if stands {
+                let wait = until.since(now);
                 return Err(IntentError::InFlight {
                     key: key.clone(),
                     attempt: intent.attempts,
                     until,
-                    wait: until.since(now),
+                    wait: if wait.is_zero() {
+                        MIN_INTENT_LEASE
+                    } else {
+                        wait
+                    },
                 });
             }
             tracing::warn!(
                 intent = %key,
                 attempt = intent.attempts,
-                "taking over an intent whose sender's claim expired; looking up before posting"
+                sender = ?verdict,
+                "taking over an intent whose sender ended, stopped, or whose claim expired; \
+                 looking up before posting"
             );
         }
         let attempt = intent.attempts + 1;
-        let token = ulid::Ulid::generate().to_string();
         let n = store::set_claim(&tx, &intent, attempt, &token, now, now.plus(self.lease))?;
         if n != 1 {
             return Err(Error::Invariant {

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::senders::Senders;
 use super::IntentResult;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Setting, SettingError};
@@ -36,6 +37,8 @@ pub const MIN_INTENT_LEASE: Duration = Duration::from_secs(1);
 pub struct Intents {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) lease: Duration,
+    /// This sender's lock files, shared by its clones.
+    pub(super) senders: Senders,
 }
 
 impl fmt::Debug for Intents {
@@ -59,6 +62,7 @@ impl Intents {
         Intents {
             clock: Arc::new(SystemClock),
             lease: DEFAULT_INTENT_LEASE,
+            senders: Senders::default(),
         }
     }
 
@@ -70,13 +74,15 @@ impl Intents {
     }
 
     /// How long a send's claim keeps other senders away (default
-    /// [`DEFAULT_INTENT_LEASE`], at least [`MIN_INTENT_LEASE`]). A sender that dies
-    /// mid-send holds the intent until its claim ends; then the next send
-    /// takes over and looks up before posting. Make it longer than the
-    /// slowest post, or extend it from the post
-    /// ([`send_with_lease`](Intents::send_with_lease)): a claim taken over
-    /// while its post is still running can post twice. The claim records its
-    /// own end, so senders with different leases are safe together.
+    /// [`DEFAULT_INTENT_LEASE`], at least [`MIN_INTENT_LEASE`]). A claim of
+    /// a live sender stands past its end; one of a sender that ended (its
+    /// process, or this value with its clones) is taken at once, and one of
+    /// a process stopped for ten leases then (docs/liveness.md). The end
+    /// still rules claims written by older senders, which judge every claim
+    /// by it: make it longer than the slowest post, or extend it from the
+    /// post ([`send_with_lease`](Intents::send_with_lease)), while such
+    /// senders share the database. The claim records its own end, so
+    /// senders with different leases are safe together.
     pub fn lease(mut self, lease: Duration) -> IntentResult<Intents> {
         if lease < MIN_INTENT_LEASE {
             return Err(Error::from(SettingError::new(

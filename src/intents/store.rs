@@ -170,6 +170,25 @@ pub(super) fn set_claim(
     .map_err(Error::db("claim an intent"))
 }
 
+/// True while a pending intent's claim names liveness member `owner`
+/// ([`crate::liveness`]): its lock file is kept for the senders that judge
+/// that claim.
+pub(crate) fn claimed_by(conn: &Connection, owner: &str) -> rusqlite::Result<bool> {
+    conn.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM publish_intents
+                         WHERE status = 'pending' AND substr(claim_token, 1, 27) = ?1 || ':')",
+    )?
+    .query_row([owner], |r| r.get(0))
+}
+
+/// The claim token on intent row `id`, if any.
+pub(super) fn claim_token(conn: &Connection, id: i64) -> crate::Result<Option<String>> {
+    conn.prepare_cached("SELECT claim_token FROM publish_intents WHERE id = ?1")
+        .and_then(|mut s| s.query_row([id], |r| r.get(0)).optional())
+        .map(Option::flatten)
+        .map_err(Error::db("read an intent's claim"))
+}
+
 /// Moves the end of the claim `token` on row `id` to `until`. Returns the
 /// rows changed: 0 when the claim no longer stands.
 pub(super) fn extend_claim(

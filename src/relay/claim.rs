@@ -4,8 +4,10 @@
 //! can never overwrite the outcome of the row's new owner. All functions run
 //! on the writer thread's connection, inside its transaction.
 
+use std::rc::Rc;
+
 use rusqlite::config::DbConfig;
-use rusqlite::types::ValueRef;
+use rusqlite::types::{Value, ValueRef};
 use rusqlite::{params, Connection};
 
 use crate::clock::Timestamp;
@@ -96,6 +98,11 @@ pub(crate) fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
 /// release the next of its ordering key). A look-up ahead of the claim
 /// would save little there and cost more on every claim that finds rows
 /// (BENCHMARKS.md), so there is none.
+///
+/// A row whose lease ran out is taken only when its owner's lease does not
+/// stand ([`Standing`]): rows of the members it lists are passed over in
+/// the SQL, and a token of any other member is judged as it is met.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn claim(
     conn: &Connection,
     token: &str,
@@ -103,9 +110,15 @@ pub(crate) fn claim(
     lease_until: Timestamp,
     limit: usize,
     budget: Budget,
+    standing: &mut dyn Standing,
 ) -> rusqlite::Result<Vec<ClaimedRow>> {
     let now = now.as_millis();
-    let ids = fitting_prefix(conn, now, limit, budget)?;
+    // A member judged live as it was met is in the list the second time.
+    let mut ids = fitting_prefix(conn, now, limit, budget, standing)?;
+    if ids.1 {
+        ids = fitting_prefix(conn, now, limit, budget, standing)?;
+    }
+    let ids = ids.0;
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -135,39 +148,74 @@ pub(crate) fn claim(
     Ok(claimed)
 }
 
+/// Whose leases stand whatever their end time (the relay's liveness view,
+/// [`crate::liveness`]).
+pub(crate) trait Standing {
+    /// The members whose leases stand, by name.
+    fn live(&self) -> Vec<String>;
+    /// Whether a row whose lease ran out, leased under `token` by a member
+    /// not in [`live`](Self::live), may be taken.
+    fn may_take(&mut self, token: &str) -> bool;
+}
+
+/// No lease stands past its end: the time rule alone.
+pub(crate) struct TimeRule;
+
+impl Standing for TimeRule {
+    fn live(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn may_take(&mut self, _: &str) -> bool {
+        true
+    }
+}
+
 /// The ids of the claimable rows the claim takes: the longest prefix
 /// of [`CLAIMABLE`]'s rows whose sizes add up to at most the budget, or the
 /// first row whatever its size when none fits and the budget says
-/// `one_anyway`. Only ids and sizes are read here, never a payload.
+/// `one_anyway`. Only ids and sizes are read here, never a payload. Also
+/// true when a row was passed over for a member met live here.
 fn fitting_prefix(
     conn: &Connection,
     now: i64,
     limit: usize,
     budget: Budget,
-) -> rusqlite::Result<Vec<i64>> {
+    standing: &mut dyn Standing,
+) -> rusqlite::Result<(Vec<i64>, bool)> {
     let max_payload = i64::try_from(budget.max_payload).unwrap_or(i64::MAX);
     let mut ids = Vec::with_capacity(limit.min(1024));
     let mut running = 0u64;
+    let mut passed_over = false;
+    let live: Rc<Vec<Value>> = Rc::new(standing.live().into_iter().map(Value::Text).collect());
     let mut stmt = conn.prepare_cached(CLAIMABLE)?;
-    let mut rows = stmt.query(params![now, limit as i64, max_payload])?;
+    let mut rows = stmt.query(params![now, limit as i64, max_payload, live])?;
     while let Some(r) = rows.next()? {
+        if let ValueRef::Text(t) = r.get_ref(2)? {
+            if !standing.may_take(&String::from_utf8_lossy(t)) {
+                passed_over = true;
+                continue;
+            }
+        }
         running = running.saturating_add(lenient_count(r.get_ref(1)?));
         if running > budget.bytes && !(ids.is_empty() && budget.one_anyway) {
             break;
         }
         ids.push(r.get(0)?);
     }
-    Ok(ids)
+    Ok((ids, passed_over))
 }
 
 /// The claimable rows in due order, up to the limit, with their payload
-/// sizes: ?1 now, ?2 the limit, ?3 the payload maximum. A row is held back
-/// by an earlier pending row with its ordering key, and by another pending
-/// row with its event id (in any letter case) that is earlier or leased.
-const CLAIMABLE: &str = "SELECT o.id, octet_length(o.payload)
+/// sizes and claim tokens: ?1 now, ?2 the limit, ?3 the payload maximum,
+/// ?4 the members whose leases stand (their names, a token's first 26
+/// characters). A row is held back by an earlier pending row with its
+/// ordering key, and by another pending row with its event id (in any
+/// letter case) that is earlier or leased.
+const CLAIMABLE: &str = "SELECT o.id, octet_length(o.payload), o.claim_token
       FROM event_outbox o
      WHERE o.status = 'pending' AND o.available_at <= ?1
        AND octet_length(o.payload) <= ?3
+       AND (o.claim_token IS NULL OR substr(o.claim_token, 1, 26) NOT IN rarray(?4))
        AND (o.ordering_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM event_outbox p
              WHERE p.ordering_key = o.ordering_key
@@ -428,6 +476,25 @@ pub(crate) fn release(
     )
 }
 
+/// Takes over every lease of member `owner` (ended or stopped): its rows
+/// are due now (or when they were due, if earlier), unclaimed, attempts
+/// unchanged; its late writes are fenced out by the token. Walks the
+/// pending rows, once for each owner that ends while leasing. Returns the
+/// rows released.
+pub(crate) fn release_owner(
+    conn: &Connection,
+    owner: &str,
+    now: Timestamp,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "UPDATE event_outbox INDEXED BY event_outbox_due
+            SET claim_token = NULL, lease_until = NULL, available_at = min(available_at, ?2)
+          WHERE status = 'pending' AND claim_token IS NOT NULL
+            AND substr(claim_token, 1, 27) = ?1 || ':'",
+    )?
+    .execute(params![owner, now.as_millis()])
+}
+
 /// The next time after `now` that a pending row becomes due (a delayed
 /// event, a retry, or a lease running out). Rows due now but not claimed
 /// wait for an ordering-key predecessor, whose outcome wakes the writer.
@@ -529,7 +596,7 @@ mod tests {
         lease_until: Timestamp,
         limit: usize,
     ) -> rusqlite::Result<Vec<ClaimedRow>> {
-        super::claim(conn, token, now, lease_until, limit, ANY)
+        super::claim(conn, token, now, lease_until, limit, ANY, &mut TimeRule)
     }
 
     /// Claims up to 10 rows under `token`, a second from now (so every row
@@ -817,7 +884,7 @@ mod tests {
                 one_anyway,
                 max_payload,
             };
-            let got = super::claim(&conn, "T", now, until, 10, budget).unwrap();
+            let got = super::claim(&conn, "T", now, until, 10, budget, &mut TimeRule).unwrap();
             conn.execute_batch(
                 "UPDATE event_outbox SET claim_token = NULL, lease_until = NULL, available_at = 0",
             )
@@ -866,7 +933,11 @@ mod tests {
                 (l.starts_with("SCAN") && !l.contains("VIRTUAL TABLE")) || l.contains("TEMP B-TREE")
             })
         };
-        let plan = crate::connection::query_plan(&conn, CLAIMABLE, params![2, 10, 100]);
+        let plan = crate::connection::query_plan(
+            &conn,
+            CLAIMABLE,
+            params![2, 10, 100, Rc::new(vec![Value::Text("A".into())])],
+        );
         for needed in [
             "INDEX event_outbox_due",
             "INDEX event_outbox_ordering",
@@ -926,11 +997,12 @@ mod tests {
                         one_anyway,
                         max_payload: 10_000,
                     };
-                    let got: Vec<u64> = super::claim(&conn, "T", now, until, limit, budget)
-                        .unwrap()
-                        .iter()
-                        .map(|r| r.payload_bytes)
-                        .collect();
+                    let got: Vec<u64> =
+                        super::claim(&conn, "T", now, until, limit, budget, &mut TimeRule)
+                            .unwrap()
+                            .iter()
+                            .map(|r| r.payload_bytes)
+                            .collect();
                     let stamped: i64 = conn
                         .query_row(
                             "SELECT count(*) FROM event_outbox WHERE claim_token = 'T'",

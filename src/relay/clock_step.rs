@@ -22,7 +22,9 @@
 //!   [`MAX_LEASE`](super::MAX_LEASE) that stays unchanged for a lease of
 //!   this relay's monotonic time, so that no live relay is renewing it, is
 //!   ended (the next claim takes the row over, and the old token is fenced
-//!   out). A relay with a longer lease than this one renews less often:
+//!   out). A lease whose token names a lock file is left to liveness
+//!   (docs/liveness.md): its owner's lock, not its times, says whether it
+//!   stands. A relay with a longer lease than this one renews less often:
 //!   relays that share a database should share the lease.
 //!
 //! Delayed events keep their time: a producer that delayed an event to a
@@ -140,7 +142,9 @@ impl Repair {
         let far = far_leases(conn, now, super::MAX_LEASE + CLOCK_STEP_SLACK)?;
         let mut seen = HashMap::with_capacity(far.len());
         for (row_id, token, lease_until) in far {
-            if held(row_id) {
+            // A lease that names its owner's lock file is judged by the
+            // owner's liveness, never by times (crate::liveness).
+            if held(row_id) || crate::liveness::owner_of(&token).is_some() {
                 continue;
             }
             let since = match self.seen.remove(&row_id) {

@@ -43,6 +43,7 @@ mod handle;
 mod housekeeping;
 mod job;
 mod metrics;
+mod owners;
 mod panic;
 mod plan;
 mod retry;

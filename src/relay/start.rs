@@ -39,13 +39,16 @@ impl Relay {
         // sends never block; outcomes are unbounded, so a worker never blocks.
         let (jobs_tx, jobs_rx) = crossbeam_channel::bounded(writer.capacity());
         let (outcomes_tx, outcomes_rx) = crossbeam_channel::unbounded();
+        let (exited_tx, exited_rx) = crossbeam_channel::unbounded();
         let mut pool = Vec::with_capacity(workers);
         for n in 0..workers {
             let (consumers, jobs, outcomes) =
                 (consumers.clone(), jobs_rx.clone(), outcomes_tx.clone());
             let session = transactional::Session::new(path.clone(), clock.clone());
+            let exited = worker::Exited::new(exited_tx.clone(), n);
             let spawned = spawn(format!("outboxd-worker-{n}"), move || {
-                worker::run(consumers, jobs, outcomes, flush_interval, session)
+                worker::run(consumers, jobs, outcomes, flush_interval, session);
+                drop(exited);
             });
             match spawned {
                 Ok(handle) => pool.push(handle),
@@ -61,11 +64,12 @@ impl Relay {
                 }
             }
         }
-        drop(outcomes_tx);
+        drop((outcomes_tx, exited_tx));
         let pool = writer::Pool {
             jobs: jobs_tx,
             unstarted: jobs_rx,
             outcomes: outcomes_rx,
+            exited: exited_rx,
             workers: pool,
         };
         // If this spawn fails, the closure (and with it the jobs sender) is

@@ -92,6 +92,28 @@ pub(crate) fn run(
     }
 }
 
+/// Says that worker `n` has ended, once everything it held is dropped (its
+/// last outcomes sent, its connection closed), even when it unwinds. The
+/// outcomes channel closing says only that the last worker dropped its
+/// sender, which it does before the rest: judged by that, a worker still
+/// closing its connection looked like one stuck in a consumer.
+pub(crate) struct Exited {
+    to: Sender<usize>,
+    n: usize,
+}
+
+impl Exited {
+    pub(crate) fn new(to: Sender<usize>, n: usize) -> Exited {
+        Exited { to, n }
+    }
+}
+
+impl Drop for Exited {
+    fn drop(&mut self) {
+        let _ = self.to.send(self.n);
+    }
+}
+
 /// The most outcomes a worker holds back before sending them.
 const MAX_GROUP: usize = 64;
 

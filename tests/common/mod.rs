@@ -11,6 +11,7 @@ pub mod http;
 pub mod nats_server;
 #[cfg(feature = "nats")]
 pub mod nats_versions;
+pub mod peers;
 pub mod tls;
 pub mod venv;
 

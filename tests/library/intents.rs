@@ -13,6 +13,8 @@ use outboxd::intents::{
 use outboxd::{ManualClock, Outcome, Timestamp};
 use rusqlite::Connection;
 
+use crate::common;
+
 const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -81,6 +83,20 @@ fn day(n: u32) -> Timestamp {
     Timestamp::from_millis(1_793_491_200_000 + i64::from(n) * DAY.as_millis() as i64)
 }
 
+/// Removes the lock file of the sender that claims `key`: its claim is then
+/// judged by its end time (docs/liveness.md).
+fn forget_lock_file(db: &TestDb, key: &IntentKey) {
+    let token: String = db
+        .open()
+        .query_row(
+            "SELECT claim_token FROM publish_intents WHERE marker = ?1",
+            [key.marker()],
+            |r| r.get(0),
+        )
+        .unwrap();
+    std::fs::remove_file(common::peers::lock_file(&db.path, &token)).unwrap();
+}
+
 fn status(conn: &Connection, key: &IntentKey) -> (IntentStatus, u32) {
     let i = intents::get(conn, key).unwrap().expect("the intent exists");
     (i.status, i.attempts)
@@ -126,12 +142,16 @@ fn a_crash_after_the_post_is_followed_by_a_retry_that_posts_nothing() {
     assert_eq!(service.posts(), 1);
 }
 
+/// A sender whose claim names no lock file (an older sender's, or its file
+/// removed) holds the intent until the claim's end time, as every claim did
+/// before liveness (docs/liveness.md).
 #[test]
-fn a_sender_that_dies_after_the_post_holds_the_intent_until_its_claim_ends() {
+fn a_sender_without_a_lock_file_holds_the_intent_until_its_claim_ends() {
     let db = TestDb::new();
     let clock = ManualClock::new(day(1));
     let lease = Duration::from_secs(60);
     let intents = Intents::new().clock(clock.clone()).lease(lease).unwrap();
+    let a_intents = Intents::new().clock(clock.clone()).lease(lease).unwrap();
     let service = Arc::new(Service::default());
     let key = IntentKey::system("ticket/42").unwrap();
 
@@ -139,8 +159,7 @@ fn a_sender_that_dies_after_the_post_holds_the_intent_until_its_claim_ends() {
     let (a_posted, a_has_posted) = mpsc::channel();
     let (a_go, a_wait) = mpsc::channel::<()>();
     let a = thread::spawn({
-        let (intents, service, key, conn) =
-            (intents.clone(), service.clone(), key.clone(), db.open());
+        let (intents, service, key, conn) = (a_intents, service.clone(), key.clone(), db.open());
         move || {
             intents.send(
                 &conn,
@@ -156,6 +175,7 @@ fn a_sender_that_dies_after_the_post_holds_the_intent_until_its_claim_ends() {
         }
     });
     a_has_posted.recv_timeout(WAIT).unwrap();
+    forget_lock_file(&db, &key);
 
     // While A's claim lives, nobody else looks or posts.
     let conn = db.open();
@@ -260,23 +280,27 @@ fn senders_with_different_leases_respect_each_others_claims() {
 }
 
 /// A post that outlasts its lease extends it; once it has lost the claim
-/// (it did not extend in time and another sender took over), extending
-/// says so and the post stops before posting.
+/// (it did not extend in time and another sender took over, which a claim
+/// without a lock file allows), extending says so and the post stops
+/// before posting.
 #[test]
 fn a_long_post_extends_its_lease_and_learns_when_it_lost_it() {
     let db = TestDb::new();
     let clock = ManualClock::new(day(1));
     let lease = Duration::from_secs(60);
     let intents = Intents::new().clock(clock.clone()).lease(lease).unwrap();
+    let a_intents = Intents::new().clock(clock.clone()).lease(lease).unwrap();
     let service = Service::default();
     let key = IntentKey::system("upload/big").unwrap();
     let (a, b) = (db.open(), db.open());
 
-    let a_sent = intents.send_with_lease(
+    let a_sent = a_intents.send_with_lease(
         &a,
         &key,
         |m| service.find_by_marker(m),
         |l| {
+            // Judged by the time rule from here (as an older sender is).
+            forget_lock_file(&db, &key);
             clock.advance(Duration::from_secs(50));
             let until = l.extend(lease).map_err(|e| e.to_string())?;
             assert_eq!(until, day(1).plus(Duration::from_secs(110)));

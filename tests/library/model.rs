@@ -3,8 +3,11 @@
 //! have run a consumer, clock jumps both ways (lease expiry, retry due
 //! times; a relay that starts after the clock stepped back makes due the
 //! retries it finds further ahead than its policy allows), purge, and
-//! replays of one consumer, checked after every step against a reference
-//! model.
+//! replays of one consumer, two relays at once while the host moves the
+//! ends of their leases into the past or an hour ahead (what a clock step
+//! either way, or a host lock longer than the lease, does to them; leases
+//! are judged by liveness, docs/liveness.md), checked after every step
+//! against a reference model.
 //!
 //! Invariants: every enqueued event is delivered, pending or dead-lettered
 //! (or purged after delivery), exactly as the model says; the ledger holds
@@ -80,6 +83,20 @@ enum Op {
     Purge(u64),
     /// `replay` every event the consumer has (a kept row, not leased).
     Replay(&'static str),
+    /// Two relays run together while a host, in write transactions of its
+    /// own, moves the end of every lease they hold (see [`Shift`]).
+    TwoRelays(Shift),
+}
+
+/// Where the host moves the leases of live relays: what a step of the
+/// other relay's clock, or a host lock that kept the owner from renewing,
+/// does to them. Neither may make a live relay's row be taken.
+#[derive(Debug, Clone, Copy)]
+enum Shift {
+    /// Into the past: expired, as after a step forward or a long host lock.
+    Expired,
+    /// An hour ahead, as after a step back.
+    Far,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -97,6 +114,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(Op::Jump),
         1 => prop_oneof![Just(0u64), Just(20), Just(3600)].prop_map(Op::Purge),
         1 => prop_oneof![Just("a"), Just("b")].prop_map(Op::Replay),
+        2 => prop_oneof![Just(Shift::Expired), Just(Shift::Far)].prop_map(Op::TwoRelays),
     ]
 }
 
@@ -263,7 +281,9 @@ impl Model {
 /// Every consumer call: (consumer, event, answer), across all relays.
 type Log = Arc<Mutex<Vec<(&'static str, EventId, char)>>>;
 
-fn start_relay(db: &TestDb, clock: &ManualClock, log: &Log) -> outboxd::RelayHandle {
+/// A relay with the scripted consumers; `slow`: consumer `a` takes a few
+/// milliseconds, so rows stay leased a while.
+fn start_relay(db: &TestDb, clock: &ManualClock, log: &Log, slow: bool) -> outboxd::RelayHandle {
     let (la, lb) = (log.clone(), log.clone());
     let policy = RetryPolicy::default()
         .initial(Duration::from_millis(RETRY_MS as u64))
@@ -272,6 +292,9 @@ fn start_relay(db: &TestDb, clock: &ManualClock, log: &Log) -> outboxd::RelayHan
         .jitter(0.0);
     Relay::builder(&db.path)
         .consumer("a", ["*"], move |d: &Delivery| {
+            if slow {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             la.lock().unwrap().push(("a", d.envelope.event_id, 'd'));
             Outcome::Delivered
         })
@@ -307,26 +330,76 @@ fn start_relay(db: &TestDb, clock: &ManualClock, log: &Log) -> outboxd::RelayHan
 /// hands (nor a retry further ahead than its policy allows, which it makes
 /// due), and stops it: a restart every time.
 fn run_relay(db: &TestDb, clock: &ManualClock, log: &Log) -> Result<(), TestCaseError> {
-    let relay = start_relay(db, clock, log);
+    let relay = start_relay(db, clock, log, false);
     let now = clock.now().as_millis();
-    let slack = outboxd::status::CLOCK_STEP_SLACK.as_millis() as i64;
     let conn = db.conn();
-    let busy = || -> i64 {
-        conn.query_row(
-            "SELECT count(*) FROM event_outbox WHERE status = 'pending'
-               AND (available_at <= ?1 OR (claim_token IS NOT NULL AND claim_token <> ?2)
-                    OR (claim_token IS NULL AND attempts > 0 AND available_at > ?3))",
-            rusqlite::params![now, DEAD_TOKEN, now + RETRY_MS + slack],
-            |r| r.get(0),
-        )
-        .unwrap()
-    };
     let deadline = Instant::now() + Duration::from_secs(20);
-    while busy() > 0 {
+    while busy(&conn, now) > 0 {
         prop_assert!(Instant::now() < deadline, "the relay did not finish");
         std::thread::sleep(Duration::from_millis(2));
     }
     relay.shutdown(Duration::from_secs(10)).unwrap();
+    Ok(())
+}
+
+/// The rows a relay run at `now` has still to finish: due, in a live
+/// relay's hands, or a retry further ahead than the policy allows.
+fn busy(conn: &rusqlite::Connection, now: i64) -> i64 {
+    let slack = outboxd::status::CLOCK_STEP_SLACK.as_millis() as i64;
+    conn.query_row(
+        "SELECT count(*) FROM event_outbox WHERE status = 'pending'
+           AND (available_at <= ?1 OR (claim_token IS NOT NULL AND claim_token <> ?2)
+                OR (claim_token IS NULL AND attempts > 0 AND available_at > ?3))",
+        rusqlite::params![now, DEAD_TOKEN, now + RETRY_MS + slack],
+        |r| r.get(0),
+    )
+    .unwrap()
+}
+
+/// [`Op::TwoRelays`]: two relays run to the end of what is due, as one
+/// relay run would, while the host moves the end of every lease they hold
+/// in short write transactions (the lock held a little while each time).
+/// The crashed relay's leases (an older relay's token) keep their end.
+fn run_two_relays(
+    db: &TestDb,
+    clock: &ManualClock,
+    log: &Log,
+    shift: Shift,
+) -> Result<(), TestCaseError> {
+    let relays = [
+        start_relay(db, clock, log, true),
+        start_relay(db, clock, log, true),
+    ];
+    let now = clock.now().as_millis();
+    let to = match shift {
+        Shift::Expired => now - 1,
+        Shift::Far => now + 3_600_000,
+    };
+    let host = db.conn();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while busy(&host, now) > 0 {
+        prop_assert!(Instant::now() < deadline, "the relays did not finish");
+        if host.execute_batch("BEGIN IMMEDIATE").is_ok() {
+            let moved = host
+                .execute(
+                    "UPDATE event_outbox SET available_at = ?1
+                      WHERE status = 'pending' AND claim_token IS NOT NULL
+                        AND claim_token <> ?2",
+                    rusqlite::params![to, DEAD_TOKEN],
+                )
+                .unwrap();
+            if moved > 0 {
+                // The host's long work under the lock: the deliveries end,
+                // and their relays cannot record them.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            host.execute_batch("COMMIT").unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for relay in relays {
+        relay.shutdown(Duration::from_secs(10)).unwrap();
+    }
     Ok(())
 }
 
@@ -459,6 +532,10 @@ fn run_case(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::RunRelay => {
                 run_relay(&db, &clock, &log)?;
+                model.run_relay();
+            }
+            Op::TwoRelays(shift) => {
+                run_two_relays(&db, &clock, &log, *shift)?;
                 model.run_relay();
             }
             Op::Crash(n) => {

@@ -32,6 +32,7 @@ use super::clock_step::{ClockWatch, Repair};
 use super::housekeeping::Housekeeping;
 use super::job::{Job, JobOutcome};
 use super::metrics::Metrics;
+use super::owners::Owners;
 use super::plan::{Limits, Planner, MAX_ERROR_BACKOFF};
 use super::wake::{self, Timers, Wake};
 use super::{ConsumerEntry, Control, Settings, DEFAULT_DROP_GRACE};
@@ -56,6 +57,8 @@ pub(crate) struct Pool {
     pub unstarted: Receiver<Job>,
     /// Outcomes from the workers, in groups.
     pub outcomes: Receiver<Vec<JobOutcome>>,
+    /// Each worker's number once it has ended ([`Exited`](super::worker::Exited)).
+    pub exited: Receiver<usize>,
     /// The worker threads.
     pub workers: Vec<JoinHandle<()>>,
 }
@@ -100,6 +103,9 @@ pub(crate) struct Writer {
     /// Outcomes and releases given up on (one at a time, on a damaged file).
     given_up: Unwritten,
     shutdown_at: Option<Instant>,
+    /// This relay's lock file and its view of the others' (None: leases
+    /// by the time rule alone).
+    owners: Option<Owners>,
 }
 
 impl Writer {
@@ -126,6 +132,7 @@ impl Writer {
             super::spawn(super::checkpoint::THREAD.into(), f)
         })?;
         let capacity = settings.batch_size.max(settings.workers * 2);
+        let owners = Owners::join(&settings.path, settings.lease);
         let planner = Planner::new(Limits {
             batch_size: settings.batch_size,
             capacity,
@@ -177,6 +184,7 @@ impl Writer {
             last_error: None,
             given_up: Unwritten::default(),
             shutdown_at: None,
+            owners,
             settings,
         })
     }
@@ -191,6 +199,7 @@ impl Writer {
             jobs,
             unstarted,
             outcomes,
+            exited,
             workers,
         } = pool;
         let mut jobs = Some(jobs);
@@ -226,6 +235,11 @@ impl Writer {
                 );
                 self.housekeeping.clock_stepped(Instant::now());
                 self.want_claim = true;
+            }
+            if let Some(owners) = &mut self.owners {
+                // Peers that ended or stopped: their leases are taken over
+                // by the next claim, whatever their end times.
+                self.want_claim |= owners.scan(Instant::now());
             }
             if self.damaged.is_some() {
                 // Stop claiming; let the deliveries in flight finish and
@@ -280,9 +294,13 @@ impl Writer {
                 earliest_renewal: self.earliest_renewal,
                 housekeeping: self.housekeeping.next_at(),
             });
-            let wait = self
-                .planner
-                .wait(wake.timeout(at).min(timed), self.shutdown_at, at);
+            let scan = self
+                .owners
+                .as_ref()
+                .map_or(Duration::MAX, |o| o.next_scan(at));
+            let wait =
+                self.planner
+                    .wait(wake.timeout(at).min(timed).min(scan), self.shutdown_at, at);
             let mut signalled = false;
             select! {
                 recv(outcomes) -> o => if let Ok(o) = o { self.push_outcomes(o) },
@@ -326,8 +344,23 @@ impl Writer {
                 "outcomes after shutdown; their rows were released"
             );
         }
-        for w in workers {
-            if w.is_finished() {
+        // A worker has ended when it says so, not when the outcomes
+        // channel closes: it closes its connection after that.
+        let mut ended = vec![false; workers.len()];
+        let mut left = workers.len();
+        while left > 0 {
+            match exited.recv_deadline(deadline) {
+                Ok(n) => {
+                    if let Some(e) = ended.get_mut(n) {
+                        *e = true;
+                        left -= 1;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        for (w, ended) in workers.into_iter().zip(ended) {
+            if ended {
                 let _ = w.join();
             } else {
                 tracing::warn!("a consumer is still running after the grace period; leaving it");
@@ -363,6 +396,9 @@ impl Writer {
         if let Some(e) = self.damaged.take() {
             tracing::info!("relay stopped: the database file is damaged");
             return Err(e);
+        }
+        if let Some(owners) = self.owners.take() {
+            owners.leave(!unwritten.any() && self.damaged.is_none());
         }
         if unwritten.any() {
             tracing::info!("relay stopped without recording every outcome");

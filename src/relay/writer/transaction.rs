@@ -18,8 +18,9 @@ use super::record::record;
 use super::step::Step;
 use super::Writer;
 use crate::clock::Timestamp;
-use crate::relay::claim;
+use crate::relay::claim::{self, Standing, TimeRule};
 use crate::relay::job::JobOutcome;
+use crate::relay::owners::Owners;
 use crate::relay::plan::Plan;
 use crate::relay::{ConsumerEntry, Settings};
 use crate::router::Routes;
@@ -32,6 +33,8 @@ pub(super) struct State<'a> {
     pub in_flight: &'a RowMap<InFlight>,
     /// The lease of a claim or a renewal, and the largest payload claimed.
     pub settings: &'a Settings,
+    /// Whose leases stand ([`crate::liveness`]); None: the time rule.
+    pub owners: Option<&'a mut Owners>,
 }
 
 /// One `BEGIN IMMEDIATE` transaction: record outcomes, release and
@@ -50,8 +53,13 @@ pub(super) fn run(
         routes,
         in_flight,
         settings,
+        mut owners,
     } = state;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let taken = match owners.as_deref_mut() {
+        Some(o) if plan.claim > 0 => o.take_over(&tx, now)?,
+        _ => Vec::new(),
+    };
     let mut step = Step::default();
     record(&tx, consumers, in_flight, outcomes, now, &mut step)?;
     step.finished_rows.extend(outcomes.iter().map(|o| o.row_id));
@@ -72,14 +80,21 @@ pub(super) fn run(
         }
     }
     if plan.claim > 0 {
-        let token: Arc<str> = ulid::Ulid::generate().to_string().into();
+        let token: Arc<str> = match owners.as_deref() {
+            Some(o) => o.token().into(),
+            None => ulid::Ulid::generate().to_string().into(),
+        };
         let started = Instant::now();
         let budget = claim::Budget {
             bytes: plan.claim_bytes,
             one_anyway: plan.claim_one_anyway,
             max_payload: settings.max_payload_bytes,
         };
-        let rows = claim::claim(&tx, &token, now, lease_until, plan.claim, budget)?;
+        let standing: &mut dyn Standing = match owners.as_deref_mut() {
+            Some(o) => o,
+            None => &mut TimeRule,
+        };
+        let rows = claim::claim(&tx, &token, now, lease_until, plan.claim, budget, standing)?;
         step.counts.claim_micros = started.elapsed().as_micros() as u64;
         step.counts.claimed = rows.len() as u64;
         let (taken, full) = (rows.len(), rows.len() == plan.claim);
@@ -101,6 +116,9 @@ pub(super) fn run(
         }
     }
     tx.commit()?;
+    if let Some(o) = owners {
+        o.taken(&taken);
+    }
     Ok(step)
 }
 
@@ -119,6 +137,7 @@ impl Writer {
             routes: &mut self.routes,
             in_flight: &self.in_flight,
             settings: &self.settings,
+            owners: self.owners.as_mut(),
         };
         run(
             &mut self.conn,
@@ -236,6 +255,7 @@ mod tests {
                 routes: &mut self.routes,
                 in_flight: &self.in_flight,
                 settings: &self.settings,
+                owners: None,
             };
             run(
                 &mut self.conn,
