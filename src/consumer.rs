@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::envelope::Envelope;
+use crate::trace::TraceContext;
 
 /// One delivery of one event to one consumer. The relay makes these; a
 /// test (or a host calling a consumer directly) builds one from an envelope:
@@ -32,6 +33,11 @@ pub struct Delivery {
     pub tenant_id: Option<String>,
     /// The event's ordering key, if any.
     pub ordering_key: Option<String>,
+    /// This attempt's trace context, when the producer stored one: a child
+    /// of the producer's ([`TraceContext::child`]: the same trace id, a new
+    /// span id for every attempt to every consumer). The sinks send it in
+    /// their transport metadata (docs/relay.md, "Trace context").
+    pub trace: Option<TraceContext>,
 }
 
 impl Delivery {
@@ -45,6 +51,7 @@ impl Delivery {
             legacy: false,
             tenant_id: None,
             ordering_key: None,
+            trace: None,
         }
     }
 
@@ -80,6 +87,13 @@ impl Delivery {
     #[must_use]
     pub fn ordering_key(mut self, key: Option<String>) -> Self {
         self.ordering_key = key;
+        self
+    }
+
+    /// This attempt's trace context.
+    #[must_use]
+    pub fn trace(mut self, trace: Option<TraceContext>) -> Self {
+        self.trace = trace;
         self
     }
 }

@@ -259,6 +259,7 @@ mod tests {
             legacy: false,
             tenant_id: tenant.map(str::to_string),
             ordering_key: None,
+            trace: None,
         }
     }
 

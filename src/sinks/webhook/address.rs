@@ -235,6 +235,7 @@ mod tests {
                 legacy: false,
                 tenant_id: None,
                 ordering_key: None,
+                trace: None,
             };
             match sink.deliver(&delivery) {
                 Outcome::Poison { reason } => {
