@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::clock::Timestamp;
 use crate::envelope::Envelope;
 use crate::trace::TraceContext;
 
@@ -38,6 +39,9 @@ pub struct Delivery {
     /// span id for every attempt to every consumer). The sinks send it in
     /// their transport metadata (docs/relay.md, "Trace context").
     pub trace: Option<TraceContext>,
+    /// When the event's row was written (its `created_at`, the producer's
+    /// commit): `None` for a delivery made outside a relay.
+    pub created_at: Option<Timestamp>,
 }
 
 impl Delivery {
@@ -52,6 +56,7 @@ impl Delivery {
             tenant_id: None,
             ordering_key: None,
             trace: None,
+            created_at: None,
         }
     }
 

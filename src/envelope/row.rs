@@ -45,6 +45,8 @@ pub struct CheckedRow {
     pub envelope: Envelope,
     /// The tenant, text as stored.
     pub tenant_id: Option<String>,
+    /// When the row was written (its created_at).
+    pub created_at: Timestamp,
     /// The producer's trace context, when it stored a valid one.
     pub trace: Option<TraceContext>,
     /// What was dropped from the stored trace context, and why: never a
@@ -81,7 +83,7 @@ fn check_with(
     payload: impl FnOnce(ValueRef<'_>) -> Result<Box<RawValue>, EnvelopeError>,
 ) -> Result<CheckedRow, EnvelopeError> {
     let occurred_at = row_time(row.occurred_at, "occurred_at")?;
-    row_time(row.created_at, "created_at")?;
+    let created_at = row_time(row.created_at, "created_at")?;
     let (event_type, event_id) = check_head(row)?;
     let event_version = match row.event_version {
         ValueRef::Null => event_type.version(),
@@ -139,6 +141,7 @@ fn check_with(
     Ok(CheckedRow {
         envelope,
         tenant_id,
+        created_at,
         trace,
         trace_dropped,
     })

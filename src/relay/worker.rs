@@ -69,6 +69,7 @@ pub(crate) fn run(
                     tenant_id: row.tenant_id,
                     ordering_key: job.ordering_key.clone(),
                     trace: None,
+                    created_at: Some(row.created_at),
                 };
                 let results = job
                     .consumers

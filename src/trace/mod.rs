@@ -208,6 +208,10 @@ pub struct TraceContext {
     pub traceparent: TraceParent,
     /// Vendors' state, passed on unchanged.
     pub tracestate: Option<TraceState>,
+    /// The span id of the context this one is a [`child`](Self::child) of
+    /// (the producer's, for a delivery attempt's); `None` for a context as
+    /// stored.
+    pub parent_span_id: Option<[u8; 8]>,
 }
 
 impl TraceContext {
@@ -217,6 +221,7 @@ impl TraceContext {
         TraceContext {
             traceparent: self.traceparent.child(),
             tracestate: self.tracestate.clone(),
+            parent_span_id: Some(self.traceparent.span_id),
         }
     }
 
@@ -260,6 +265,7 @@ impl TraceContext {
         let context = TraceContext {
             traceparent,
             tracestate,
+            parent_span_id: None,
         };
         (Some(context), dropped)
     }

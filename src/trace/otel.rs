@@ -48,6 +48,7 @@ pub fn current() -> Option<TraceContext> {
     Some(TraceContext {
         traceparent,
         tracestate,
+        parent_span_id: None,
     })
 }
 

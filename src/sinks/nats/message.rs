@@ -131,6 +131,7 @@ mod tests {
             tenant_id: Some("acme".into()),
             ordering_key: None,
             trace: None,
+            created_at: None,
         }
     }
 

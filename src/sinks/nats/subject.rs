@@ -260,6 +260,7 @@ mod tests {
             tenant_id: tenant.map(str::to_string),
             ordering_key: None,
             trace: None,
+            created_at: None,
         }
     }
 

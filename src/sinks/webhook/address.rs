@@ -236,6 +236,7 @@ mod tests {
                 tenant_id: None,
                 ordering_key: None,
                 trace: None,
+                created_at: None,
             };
             match sink.deliver(&delivery) {
                 Outcome::Poison { reason } => {
