@@ -1,18 +1,47 @@
 //! `[tracing]`: `run`'s spans, one per delivery attempt, exported over
-//! OTLP/HTTP (protobuf) to a collector. Parsed in every build, so a key is
-//! checked whatever the features; exporting needs the `otlp` feature, and a
-//! config that asks for it from a build without it is refused.
+//! OTLP/HTTP (protobuf) to a collector: the `otlp` feature. A build
+//! without it only notices the section, to refuse it, so that the default
+//! binary carries none of its parsing.
 
+#[cfg(feature = "otlp")]
 use std::collections::BTreeMap;
+#[cfg(feature = "otlp")]
 use std::time::Duration;
 
+#[cfg(feature = "otlp")]
 use serde::Deserialize;
 
 use super::checker::Checker;
 use super::error::ConfigError;
+#[cfg(feature = "otlp")]
 use super::values::{Dur, Whole};
 
+/// `[tracing]` in a build without the `otlp` feature: present or not.
+#[cfg(not(feature = "otlp"))]
+pub(crate) type RawTracing = Option<serde::de::IgnoredAny>;
+
+/// A build without the `otlp` feature has no settings to export with.
+#[cfg(not(feature = "otlp"))]
+pub(crate) type TracingSettings = std::convert::Infallible;
+
+/// Refuses `[tracing]` in a build without the `otlp` feature.
+#[cfg(not(feature = "otlp"))]
+pub(crate) fn check(
+    c: &Checker<'_>,
+    raw: &RawTracing,
+) -> Result<Option<TracingSettings>, ConfigError> {
+    match raw {
+        None => Ok(None),
+        Some(_) => Err(c.err(
+            "tracing",
+            "needs the `otlp` feature, which this build of outboxd leaves out; build with \
+             `cargo build --release --features otlp` or remove the section",
+        )),
+    }
+}
+
 /// `[tracing]`, checked: where and how to export.
+#[cfg(feature = "otlp")]
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct TracingSettings {
     /// The URL spans are POSTed to (`…/v1/traces`).
@@ -29,6 +58,7 @@ pub(crate) struct TracingSettings {
 }
 
 /// Without the auth header's value.
+#[cfg(feature = "otlp")]
 impl std::fmt::Debug for TracingSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TracingSettings")
@@ -42,9 +72,11 @@ impl std::fmt::Debug for TracingSettings {
 }
 
 /// The default bound of spans waiting for export.
+#[cfg(feature = "otlp")]
 pub(crate) const DEFAULT_QUEUE: usize = 2048;
 
 /// `[tracing]` as written.
+#[cfg(feature = "otlp")]
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawTracing {
@@ -59,6 +91,7 @@ pub(crate) struct RawTracing {
 }
 
 /// Checks `[tracing]`: `None` without an `otlp_endpoint`.
+#[cfg(feature = "otlp")]
 pub(crate) fn check(
     c: &Checker<'_>,
     raw: &RawTracing,
@@ -73,13 +106,6 @@ pub(crate) fn check(
         }
         return Ok(None);
     };
-    if !cfg!(feature = "otlp") {
-        return Err(c.err(
-            "tracing.otlp_endpoint",
-            "needs the `otlp` feature, which this build of outboxd leaves out; build with \
-             `cargo build --features otlp` or remove the setting",
-        ));
-    }
     let url = endpoint.trim();
     let Some(rest) = url
         .strip_prefix("http://")
@@ -151,7 +177,7 @@ mod tests {
     #[test]
     fn an_endpoint_needs_the_otlp_feature() {
         let e = parse_with_env(&tracing("otlp_endpoint = \"http://c:4318\"\n"), &[]).unwrap_err();
-        assert_eq!(e.field, "tracing.otlp_endpoint");
+        assert_eq!(e.field, "tracing");
         assert!(e.message.contains("`otlp` feature"), "{e}");
     }
 
