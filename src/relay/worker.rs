@@ -122,7 +122,10 @@ fn deliver(
         attempt = job.attempt,
         causation_id = env.causation_id.as_deref(),
         correlation_id = env.correlation_id.as_deref(),
-        trace_id = delivery.trace.as_ref().map(|t| t.traceparent.trace_id()),
+        trace_id = delivery
+            .trace
+            .as_ref()
+            .map(|t| tracing::field::display(t.traceparent.trace_id())),
     );
     let _enter = span.enter();
     let outcome = match &entry.consumer {
