@@ -37,7 +37,7 @@ pub struct Delivery {
     /// This attempt's trace context, when the producer stored one: a child
     /// of the producer's ([`TraceContext::child`]: the same trace id, a new
     /// span id for every attempt to every consumer). The sinks send it in
-    /// their transport metadata (docs/relay.md, "Trace context").
+    /// their transport metadata (docs/sql-contract.md, "Trace context").
     pub trace: Option<TraceContext>,
     /// When the event's row was written (its `created_at`, the producer's
     /// commit): `None` for a delivery made outside a relay.
