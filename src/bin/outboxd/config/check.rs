@@ -100,7 +100,10 @@ pub(super) fn check_settings(
     let log = log::check(c, &raw.log)?;
     let metrics = metrics::check(c, &raw.metrics)?;
     let http = http::check(c, &raw.http)?;
+    #[cfg(feature = "otlp")]
     let tracing = tracing::check(c, &raw.tracing)?;
+    #[cfg(not(feature = "otlp"))]
+    let tracing = None;
     if let Some(console) = http.listen {
         http::distinct_from_metrics(console, metrics)
             .map_err(|e| c.err(e.field(), e.to_string()))?;

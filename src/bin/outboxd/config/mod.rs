@@ -222,6 +222,9 @@ pub(crate) struct RawConfig {
     consumer: Vec<consumer::RawConsumer>,
     #[serde(default)]
     capture: Vec<capture::RawCapture>,
+    /// Only in a build with the `otlp` feature: without it `[tracing]` is
+    /// an unknown field, refused with a word about the feature.
+    #[cfg(feature = "otlp")]
     #[serde(default)]
     tracing: tracing::RawTracing,
 }
@@ -246,6 +249,11 @@ fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
             "is a single table; write each consumer as [[consumer]] (two pairs of brackets: \
              one table per consumer), and its sink as [consumer.sink]"
                 .to_string()
+        } else if cfg!(not(feature = "otlp"))
+            && field == "tracing"
+            && message.starts_with("unknown field")
+        {
+            tracing::WITHOUT_OTLP.to_string()
         } else {
             in_words(message)
         };

@@ -1,7 +1,7 @@
 //! `[tracing]`: `run`'s spans, one per delivery attempt, exported over
 //! OTLP/HTTP (protobuf) to a collector: the `otlp` feature. A build
-//! without it only notices the section, to refuse it, so that the default
-//! binary carries none of its parsing.
+//! without it does not parse the section (an unknown field, refused with
+//! [`WITHOUT_OTLP`]), so that the default binary carries none of its code.
 
 #[cfg(feature = "otlp")]
 use std::collections::BTreeMap;
@@ -11,34 +11,23 @@ use std::time::Duration;
 #[cfg(feature = "otlp")]
 use serde::Deserialize;
 
+#[cfg(feature = "otlp")]
 use super::checker::Checker;
+#[cfg(feature = "otlp")]
 use super::error::ConfigError;
 #[cfg(feature = "otlp")]
 use super::values::{Dur, Whole};
-
-/// `[tracing]` in a build without the `otlp` feature: present or not.
-#[cfg(not(feature = "otlp"))]
-pub(crate) type RawTracing = Option<serde::de::IgnoredAny>;
 
 /// A build without the `otlp` feature has no settings to export with.
 #[cfg(not(feature = "otlp"))]
 pub(crate) type TracingSettings = std::convert::Infallible;
 
-/// Refuses `[tracing]` in a build without the `otlp` feature.
-#[cfg(not(feature = "otlp"))]
-pub(crate) fn check(
-    c: &Checker<'_>,
-    raw: &RawTracing,
-) -> Result<Option<TracingSettings>, ConfigError> {
-    match raw {
-        None => Ok(None),
-        Some(_) => Err(c.err(
-            "tracing",
-            "needs the `otlp` feature, which this build of outboxd leaves out; build with \
-             `cargo build --release --features otlp` or remove the section",
-        )),
-    }
-}
+/// Why a build without the `otlp` feature refuses `[tracing]` (the
+/// section is not parsed there, so that the default binary carries none of
+/// its code).
+#[cfg_attr(feature = "otlp", allow(dead_code))]
+pub(crate) const WITHOUT_OTLP: &str = "needs the `otlp` feature, which this build of outboxd \
+     leaves out; build with `cargo build --release --features otlp` or remove the section";
 
 /// `[tracing]`, checked: where and how to export.
 #[cfg(feature = "otlp")]
@@ -179,6 +168,7 @@ mod tests {
         let e = parse_with_env(&tracing("otlp_endpoint = \"http://c:4318\"\n"), &[]).unwrap_err();
         assert_eq!(e.field, "tracing");
         assert!(e.message.contains("`otlp` feature"), "{e}");
+        assert_eq!(e.line, Some(7), "{e}");
     }
 
     #[cfg(feature = "otlp")]
