@@ -545,7 +545,10 @@ fn the_docs_trace_context_example_is_kept_by_the_relays_check() {
         .unwrap();
     assert_eq!(checked.trace_dropped, None);
     let trace = checked.trace.expect("the example's context");
-    assert_eq!(trace.traceparent.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(
+        trace.traceparent.trace_id(),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
     assert_eq!(trace.tracestate.unwrap().as_str(), "congo=t61rcWkgMzE");
 }
 
