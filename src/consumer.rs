@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
+use crate::clock::Timestamp;
 use crate::envelope::Envelope;
+use crate::trace::TraceContext;
 
 /// One delivery of one event to one consumer. The relay makes these; a
 /// test (or a host calling a consumer directly) builds one from an envelope:
@@ -32,6 +34,14 @@ pub struct Delivery {
     pub tenant_id: Option<String>,
     /// The event's ordering key, if any.
     pub ordering_key: Option<String>,
+    /// This attempt's trace context, when the producer stored one: a child
+    /// of the producer's ([`TraceContext::child`]: the same trace id, a new
+    /// span id for every attempt to every consumer). The sinks send it in
+    /// their transport metadata (docs/sql-contract.md, "Trace context").
+    pub trace: Option<TraceContext>,
+    /// When the event's row was written (its `created_at`, the producer's
+    /// commit): `None` for a delivery made outside a relay.
+    pub created_at: Option<Timestamp>,
 }
 
 impl Delivery {
@@ -45,6 +55,8 @@ impl Delivery {
             legacy: false,
             tenant_id: None,
             ordering_key: None,
+            trace: None,
+            created_at: None,
         }
     }
 
@@ -80,6 +92,13 @@ impl Delivery {
     #[must_use]
     pub fn ordering_key(mut self, key: Option<String>) -> Self {
         self.ordering_key = key;
+        self
+    }
+
+    /// This attempt's trace context.
+    #[must_use]
+    pub fn trace(mut self, trace: Option<TraceContext>) -> Self {
+        self.trace = trace;
         self
     }
 }

@@ -34,6 +34,7 @@ use serde::Serialize;
 use crate::clock::Timestamp;
 use crate::envelope::{EnvelopeError, EventId, EventType};
 use crate::error::{Error, Result};
+use crate::trace::{TraceParent, TraceState};
 
 /// Default bound on a payload's JSON size: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
@@ -52,6 +53,8 @@ pub struct Event {
     correlation_id: Option<String>,
     occurred_at: Option<Timestamp>,
     available: Available,
+    traceparent: Option<TraceParent>,
+    tracestate: Option<TraceState>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -92,6 +95,8 @@ impl Event {
             correlation_id: None,
             occurred_at: None,
             available: Available::Now,
+            traceparent: None,
+            tracestate: None,
         })
     }
 
@@ -159,6 +164,52 @@ impl Event {
     pub fn available_at(mut self, t: Timestamp) -> Self {
         self.available = Available::At(t);
         self
+    }
+
+    /// The producer's W3C trace context, stored with the event: every
+    /// delivery attempt sends a child of it (a new span id, the same trace
+    /// id) in its transport metadata, never in the envelope.
+    ///
+    /// ```
+    /// # fn main() -> outboxd::Result<()> {
+    /// use outboxd::trace::{TraceParent, TraceState};
+    /// let parent = TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")?;
+    /// let event = outboxd::Event::new("article.created.v1", &1)?
+    ///     .traceparent(parent)
+    ///     .tracestate(TraceState::parse("congo=t61rcWkgMzE")?.expect("one member"));
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn traceparent(mut self, traceparent: TraceParent) -> Self {
+        self.traceparent = Some(traceparent);
+        self
+    }
+
+    /// The vendors' state that goes with [`traceparent`](Self::traceparent);
+    /// stored only beside one (alone it means nothing).
+    #[must_use]
+    pub fn tracestate(mut self, tracestate: TraceState) -> Self {
+        self.tracestate = Some(tracestate);
+        self
+    }
+
+    /// The trace context of the current `tracing` span, through its
+    /// OpenTelemetry layer (feature `otel`: tracing-opentelemetry 0.32 with
+    /// opentelemetry 0.31); unchanged when the span has none, which is
+    /// logged once per process.
+    #[cfg(feature = "otel")]
+    #[must_use]
+    pub fn current_trace(self) -> Self {
+        match crate::trace::current() {
+            Some(t) => {
+                let with = self.traceparent(t.traceparent);
+                match t.tracestate {
+                    Some(s) => with.tracestate(s),
+                    None => with,
+                }
+            }
+            None => self,
+        }
     }
 
     /// The event's id (a duplicate keeps the first event's id instead: see
@@ -379,12 +430,13 @@ const LATEST_AVAILABLE_AT: i64 = 253_402_300_799_999;
 macro_rules! columns {
     () => {
         "event_id, event_type, event_version, tenant_id, idempotency_key, ordering_key, \
-         causation_id, correlation_id, payload, occurred_at, created_at, available_at"
+         causation_id, correlation_id, payload, occurred_at, created_at, available_at, \
+         traceparent, tracestate"
     };
 }
 
 /// Parameters per row: one per column of [`columns!`].
-const PARAMS_PER_ROW: usize = 12;
+const PARAMS_PER_ROW: usize = 14;
 
 /// The INSERT of one event. ON CONFLICT DO NOTHING: the unique indexes on
 /// (scope, key) decide whether an event is a duplicate, atomically, never a
@@ -392,7 +444,7 @@ const PARAMS_PER_ROW: usize = 12;
 const INSERT_ONE: &str = concat!(
     "INSERT INTO event_outbox (",
     columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) ON CONFLICT DO NOTHING"
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) ON CONFLICT DO NOTHING"
 );
 
 /// The INSERT of `ROWS_PER_INSERT[size]` events without idempotency keys.
@@ -444,7 +496,11 @@ fn bind_row(
     stmt.raw_bind_parameter(first + 8, e.payload.as_str())?;
     stmt.raw_bind_parameter(first + 9, e.occurred_at.unwrap_or(now).as_millis())?;
     stmt.raw_bind_parameter(first + 10, now.as_millis())?;
-    stmt.raw_bind_parameter(first + 11, available_at.as_millis())
+    stmt.raw_bind_parameter(first + 11, available_at.as_millis())?;
+    let parent = e.traceparent.map(|p| p.to_string());
+    stmt.raw_bind_parameter(first + 12, parent.as_deref())?;
+    let state = e.tracestate.as_ref().filter(|_| parent.is_some());
+    stmt.raw_bind_parameter(first + 13, state.map(TraceState::as_str))
 }
 
 /// Writes events without idempotency keys with one statement of as many

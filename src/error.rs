@@ -42,6 +42,9 @@ pub enum Error {
     /// An envelope field is invalid.
     #[error(transparent)]
     Envelope(#[from] EnvelopeError),
+    /// A `traceparent` or `tracestate` given to the `Event` builder is invalid.
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
     /// The payload is larger than the configured bound.
     #[error("payload is {size} bytes, larger than the limit of {limit} bytes (Enqueuer::max_payload_bytes)")]
     PayloadTooLarge {

@@ -43,6 +43,7 @@
 //! - [`intents`]: publish intents, outside writes that are never posted twice.
 //! - [`repair`]: fixing a malformed dead letter's columns, checked as the relay would.
 //! - [`text`]: clipping text others wrote before it goes into a message or a dead letter.
+//! - [`trace`]: W3C Trace Context (`traceparent`, `tracestate`) from the producer to every sink.
 //! - [`capture`]: triggers that turn a host's own writes into events (change capture).
 //! - [`sinks`] (feature `sinks`): ready-made consumers: JSON lines, a child program, a webhook;
 //!   and a NATS JetStream stream (feature `nats`).
@@ -73,6 +74,7 @@ pub mod schema;
 pub mod sinks;
 pub mod status;
 pub mod text;
+pub mod trace;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use consumer::{Consumer, Delivery, Outcome, TransactionalConsumer};

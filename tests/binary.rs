@@ -27,6 +27,8 @@ mod console_slow_clients;
 mod e2e_run;
 #[path = "binary/health_surfaces.rs"]
 mod health_surfaces;
+#[path = "binary/otlp.rs"]
+mod otlp;
 #[path = "binary/release.rs"]
 mod release;
 #[path = "binary/sinks_e2e.rs"]

@@ -33,5 +33,7 @@ mod relay;
 mod sinks;
 #[path = "library/sinks_permanent.rs"]
 mod sinks_permanent;
+#[path = "library/trace.rs"]
+mod trace;
 #[path = "library/transactional.rs"]
 mod transactional;

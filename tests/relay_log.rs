@@ -216,3 +216,51 @@ fn a_clean_shutdown_never_says_a_consumer_is_still_running() {
     let text = log.text();
     assert!(!text.contains("still running after the grace"), "{text}");
 }
+
+/// The lines of a delivery attempt carry the event's trace id; a row whose
+/// stored traceparent is invalid is delivered, with a WARN line naming it.
+#[test]
+fn attempts_log_the_trace_id_and_an_invalid_traceparent_is_warned_about() {
+    let log = log();
+    let db = TestDb::new();
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    db.enqueue(&[event("a.b.v1", 1).traceparent(parent.parse().unwrap())]);
+    let bad = "01JDQ8F6ZC1Y0D3W9N7K2M4P5Z";
+    db.conn()
+        .execute(
+            "INSERT INTO event_outbox (event_id, event_type, payload, traceparent)
+             VALUES (?1, 'a.b.v1', '{}', 'not a traceparent')",
+            [bad],
+        )
+        .unwrap();
+    let relay = db
+        .relay()
+        .consumer("c", ["a.b.v1"], |d: &Delivery| {
+            if d.trace.is_some() {
+                Outcome::retry("traced and refused")
+            } else {
+                Outcome::Delivered
+            }
+        })
+        .retry_policy(RetryPolicy::default().max_attempts(1))
+        .started();
+    wait_until("both rows finished", LONG, || {
+        db.count("status <> 'pending'") == 2
+    });
+    relay.shutdown(LONG).unwrap();
+    let text = log.text();
+    let failed = text
+        .lines()
+        .find(|l| l.contains("traced and refused"))
+        .unwrap_or_else(|| panic!("no failure line in\n{text}"));
+    assert!(
+        failed.contains("trace_id=4bf92f3577b34da6a3ce929d0e0e4736"),
+        "{failed}"
+    );
+    let warned = text
+        .lines()
+        .find(|l| l.contains("trace context is invalid") && l.contains(bad))
+        .unwrap_or_else(|| panic!("no warning for {bad} in\n{text}"));
+    assert!(warned.contains("WARN"), "{warned}");
+    assert_eq!(db.count("status = 'delivered'"), 1);
+}

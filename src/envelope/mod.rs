@@ -26,8 +26,8 @@ use crate::clock::Timestamp;
 
 pub use event_type::{EventType, MAX_EVENT_TYPE_LEN};
 pub use id::EventId;
-pub(crate) use row::{check_head, row_columns, OwnedRow};
-pub use row::{check_row, CheckedRow, RawRow, ROW_COLUMNS};
+pub(crate) use row::{check_head, row_columns, trace_columns, OwnedRow};
+pub use row::{check_row, CheckedRow, RawRow, ROW_COLUMNS, TRACE_COLUMNS};
 
 /// Why an envelope field was refused. Each message says what is wrong and
 /// what is allowed.

@@ -6,6 +6,7 @@ use serde_json::value::RawValue;
 
 use super::{Envelope, EnvelopeError, EventId, EventType};
 use crate::clock::Timestamp;
+use crate::trace::{TraceContext, TraceError};
 
 /// The columns of `event_outbox` that [`RawRow::read`] reads, in order:
 /// everything [`check_row`] validates.
@@ -22,8 +23,21 @@ pub(crate) use row_columns;
 #[doc(hidden)]
 pub const ROW_COLUMNS: &str = row_columns!();
 
-/// A row of `event_outbox` the relay can deliver: its envelope and tenant
-/// ([`check_row`]'s answer; public with it, for the tests and fuzz targets).
+/// The trace context columns [`RawRow::with_trace`] reads, in order.
+macro_rules! trace_columns {
+    () => {
+        "traceparent, tracestate"
+    };
+}
+pub(crate) use trace_columns;
+
+/// [`RawRow::with_trace`]'s columns, as text.
+#[doc(hidden)]
+pub const TRACE_COLUMNS: &str = trace_columns!();
+
+/// A row of `event_outbox` the relay can deliver: its envelope, tenant and
+/// trace context ([`check_row`]'s answer; public with it, for the tests and
+/// fuzz targets).
 #[doc(hidden)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckedRow {
@@ -31,6 +45,13 @@ pub struct CheckedRow {
     pub envelope: Envelope,
     /// The tenant, text as stored.
     pub tenant_id: Option<String>,
+    /// When the row was written (its created_at).
+    pub created_at: Timestamp,
+    /// The producer's trace context, when it stored a valid one.
+    pub trace: Option<TraceContext>,
+    /// What was dropped from the stored trace context, and why: never a
+    /// reason to refuse the row.
+    pub trace_dropped: Option<TraceError>,
 }
 
 /// The one check of an `event_outbox` row, however it was written: the
@@ -44,7 +65,9 @@ pub struct CheckedRow {
 /// are INTEGER milliseconds in the years 1 to 9999; the event type; the
 /// event id (a legacy row without one gets an id derived from the row);
 /// the version against the type; the payload is JSON; causation and
-/// correlation ids and the tenant are text (or NULL) in UTF-8.
+/// correlation ids and the tenant are text (or NULL) in UTF-8. The trace
+/// context is checked last and never refuses the row: an invalid value is
+/// dropped ([`CheckedRow::trace_dropped`]).
 #[doc(hidden)]
 pub fn check_row(row: &RawRow<'_>) -> Result<CheckedRow, EnvelopeError> {
     check_with(row, |v| {
@@ -60,7 +83,7 @@ fn check_with(
     payload: impl FnOnce(ValueRef<'_>) -> Result<Box<RawValue>, EnvelopeError>,
 ) -> Result<CheckedRow, EnvelopeError> {
     let occurred_at = row_time(row.occurred_at, "occurred_at")?;
-    row_time(row.created_at, "created_at")?;
+    let created_at = row_time(row.created_at, "created_at")?;
     let (event_type, event_id) = check_head(row)?;
     let event_version = match row.event_version {
         ValueRef::Null => event_type.version(),
@@ -114,9 +137,13 @@ fn check_with(
         payload,
     };
     let tenant_id = text(row.tenant_id, "tenant_id")?.map(str::to_string);
+    let (trace, trace_dropped) = TraceContext::from_columns(row.traceparent, row.tracestate);
     Ok(CheckedRow {
         envelope,
         tenant_id,
+        created_at,
+        trace,
+        trace_dropped,
     })
 }
 
@@ -216,6 +243,10 @@ pub struct RawRow<'a> {
     pub created_at: ValueRef<'a>,
     /// tenant_id column.
     pub tenant_id: ValueRef<'a>,
+    /// traceparent column ([`RawRow::with_trace`]; NULL after [`RawRow::read`]).
+    pub traceparent: ValueRef<'a>,
+    /// tracestate column (as traceparent).
+    pub tracestate: ValueRef<'a>,
 }
 
 impl<'a> RawRow<'a> {
@@ -232,7 +263,19 @@ impl<'a> RawRow<'a> {
             occurred_at: r.get_ref(first + 7)?,
             created_at: r.get_ref(first + 8)?,
             tenant_id: r.get_ref(first + 9)?,
+            traceparent: ValueRef::Null,
+            tracestate: ValueRef::Null,
         })
+    }
+
+    /// The row with its trace context columns ([`TRACE_COLUMNS`]), read
+    /// from column `first` on. Apart from [`ROW_COLUMNS`], so that a query
+    /// that needs no trace context (a repair, a page of the console) stays
+    /// as it is.
+    pub fn with_trace(mut self, r: &'a rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Self> {
+        self.traceparent = r.get_ref(first)?;
+        self.tracestate = r.get_ref(first + 1)?;
+        Ok(self)
     }
 }
 
@@ -252,12 +295,15 @@ pub(crate) struct OwnedRow {
     bytes: Box<[u8]>,
     /// The payload's bytes, when it is text or a blob.
     payload: Vec<u8>,
-    values: [Owned; 9],
+    values: [Owned; COLUMNS],
 }
 
 /// Where the payload is among [`OwnedRow`]'s values; its range is of the
 /// row's `payload` buffer.
 const PAYLOAD: usize = 5;
+
+/// The columns an [`OwnedRow`] keeps: the [`RawRow`]'s but the row id.
+const COLUMNS: usize = 11;
 
 /// A column of an [`OwnedRow`]: text and blobs as a range of its bytes.
 #[derive(Debug, Clone, Copy, Default)]
@@ -284,6 +330,8 @@ impl OwnedRow {
             raw.occurred_at,
             raw.created_at,
             raw.tenant_id,
+            raw.traceparent,
+            raw.tracestate,
         ];
         let size = |v: &ValueRef<'_>| match v {
             ValueRef::Text(b) | ValueRef::Blob(b) => b.len(),
@@ -376,7 +424,7 @@ fn raw_of<'a>(
     row_id: i64,
     bytes: &'a [u8],
     payload: Option<&'a [u8]>,
-    values: &[Owned; 9],
+    values: &[Owned; COLUMNS],
 ) -> RawRow<'a> {
     let v = |i: usize| {
         let buffer = if i == PAYLOAD { payload } else { Some(bytes) };
@@ -399,6 +447,8 @@ fn raw_of<'a>(
         occurred_at: v(6),
         created_at: v(7),
         tenant_id: v(8),
+        traceparent: v(9),
+        tracestate: v(10),
     }
 }
 
@@ -429,202 +479,5 @@ fn type_name(v: ValueRef<'_>) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row<'a>(event_type: &'a str, version: ValueRef<'a>, payload: &'a [u8]) -> RawRow<'a> {
-        RawRow {
-            row_id: 7,
-            event_id: ValueRef::Null,
-            event_type: ValueRef::Text(event_type.as_bytes()),
-            event_version: version,
-            causation_id: ValueRef::Null,
-            correlation_id: ValueRef::Text(b"req-1"),
-            payload: ValueRef::Text(payload),
-            occurred_at: ValueRef::Integer(1_000),
-            created_at: ValueRef::Integer(2_000),
-            tenant_id: ValueRef::Null,
-        }
-    }
-
-    fn from_row(r: RawRow<'_>) -> Result<Envelope, EnvelopeError> {
-        check_row(&r).map(|c| c.envelope)
-    }
-
-    /// Regression (found by fuzz/foreign_row): from_row took any
-    /// occurred_at, and one past year 9999 came out of to_json as 1970.
-    #[test]
-    fn from_row_refuses_a_time_an_envelope_cannot_carry() {
-        let mut r = row("a.b.v1", ValueRef::Null, b"{}");
-        r.occurred_at = ValueRef::Integer(i64::MAX);
-        let e = from_row(r).unwrap_err();
-        assert!(e.to_string().contains("occurred_at"), "{e}");
-        r.occurred_at = ValueRef::Integer(253_402_300_799_999);
-        let env = from_row(r).unwrap();
-        let back: Envelope = serde_json::from_str(&env.to_json()).unwrap();
-        assert_eq!(back, env);
-    }
-
-    #[test]
-    fn from_row_accepts_legacy_rows_with_a_stable_id() {
-        let a = from_row(row("a.b.v1", ValueRef::Null, b"{}")).unwrap();
-        let b = from_row(row("a.b.v1", ValueRef::Null, b"{}")).unwrap();
-        assert_eq!(a.event_id, b.event_id);
-        assert_eq!(a.event_version, 1);
-        assert_eq!(a.correlation_id.as_deref(), Some("req-1"));
-    }
-
-    #[test]
-    fn from_row_reports_each_defect() {
-        let e = from_row(row("a.b.v2", ValueRef::Integer(1), b"{}")).unwrap_err();
-        assert!(matches!(
-            e,
-            EnvelopeError::VersionMismatch {
-                version: 1,
-                expected: 2,
-                ..
-            }
-        ));
-        let e = from_row(row("a.b.v1", ValueRef::Null, b"{oops")).unwrap_err();
-        assert!(matches!(e, EnvelopeError::PayloadJson { .. }), "{e}");
-        let e = from_row(row("a.b.v1", ValueRef::Null, b"\xff\xfe")).unwrap_err();
-        assert_eq!(e, EnvelopeError::NotUtf8 { column: "payload" });
-        let e = from_row(row("nope", ValueRef::Null, b"{}")).unwrap_err();
-        assert!(matches!(e, EnvelopeError::EventType { .. }));
-        let mut r = row("a.b.v1", ValueRef::Null, b"{}");
-        r.event_id = ValueRef::Text(b"123");
-        assert!(matches!(
-            from_row(r).unwrap_err(),
-            EnvelopeError::EventId { .. }
-        ));
-        let e = from_row(row("a.b.v3", ValueRef::Text(b"3"), b"[1]")).unwrap();
-        assert_eq!(e.event_version, 3);
-    }
-
-    /// Review finding: a tenant_id that is not UTF-8 was altered (U+FFFD)
-    /// and delivered; it is a defect of the row like a bad payload.
-    #[test]
-    fn check_row_refuses_a_tenant_that_is_not_utf8_and_keeps_a_good_one() {
-        let mut r = row("a.b.v1", ValueRef::Null, b"{}");
-        r.tenant_id = ValueRef::Blob(b"acme\xff");
-        let e = check_row(&r).unwrap_err();
-        assert_eq!(
-            e,
-            EnvelopeError::NotUtf8 {
-                column: "tenant_id"
-            }
-        );
-        assert!(e.to_string().contains("tenant_id"), "{e}");
-        r.tenant_id = ValueRef::Integer(7);
-        assert!(matches!(
-            check_row(&r).unwrap_err(),
-            EnvelopeError::ColumnType {
-                column: "tenant_id",
-                ..
-            }
-        ));
-        r.tenant_id = ValueRef::Text(b"acme");
-        assert_eq!(check_row(&r).unwrap().tenant_id.as_deref(), Some("acme"));
-    }
-
-    /// The times are checked first, and a time that is not an integer is
-    /// a defect, not a panic or a zero.
-    #[test]
-    fn check_row_refuses_a_time_that_is_not_an_integer() {
-        let mut r = row("nope", ValueRef::Null, b"{}");
-        r.created_at = ValueRef::Text(b"yesterday");
-        let e = check_row(&r).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                EnvelopeError::ColumnType {
-                    column: "created_at",
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        // A legacy row needs created_at for its id: the head fails too.
-        assert!(check_head(&r).is_err());
-    }
-
-    /// What the owned copy checks on a worker is what the row says.
-    #[test]
-    fn an_owned_row_checks_as_the_row_it_copies() {
-        let r = row("a.b.v1", ValueRef::Null, br#"{"x":[1,2]}"#);
-        let owned = OwnedRow::new(&r).unwrap();
-        assert_eq!(check_row(&owned.as_raw()).unwrap(), check_row(&r).unwrap());
-        let bad = row("a.b.v1", ValueRef::Null, b"{oops");
-        assert_eq!(
-            check_row(&OwnedRow::new(&bad).unwrap().as_raw()).unwrap_err(),
-            check_row(&bad).unwrap_err()
-        );
-    }
-
-    /// The check that moves the payload into the envelope says what the
-    /// borrowed check says, for every kind of payload: surrounded by
-    /// whitespace (its error's line and column those of the stored text),
-    /// not JSON, not UTF-8, a blob, NULL, a number; and the envelope's
-    /// payload is the owned row's buffer itself, not a copy of it.
-    #[test]
-    fn an_owned_row_checked_by_moving_its_payload_is_checked_alike() {
-        let payloads: [ValueRef<'_>; 9] = [
-            ValueRef::Text(br#"{"x":[1,2]}"#),
-            ValueRef::Text(b"\n\t {\"x\": 1}\r\n "),
-            ValueRef::Text(b"\n\n  {oops"),
-            ValueRef::Text(b"[1] x"),
-            ValueRef::Text(b"\xff\xfe"),
-            ValueRef::Blob(b"[true]"),
-            ValueRef::Null,
-            ValueRef::Integer(7),
-            ValueRef::Text(b""),
-        ];
-        for payload in payloads {
-            let mut r = row("a.b.v1", ValueRef::Null, b"");
-            r.payload = payload;
-            let owned = OwnedRow::new(&r).unwrap();
-            assert_eq!(owned.into_checked(), check_row(&r), "{payload:?}");
-        }
-        let r = row("a.b.v1", ValueRef::Null, br#"{"x":[1,2]}"#);
-        let owned = OwnedRow::new(&r).unwrap();
-        let buffer = owned.payload.as_ptr();
-        let checked = owned.into_checked().unwrap();
-        assert_eq!(checked.envelope.payload.get().as_ptr(), buffer);
-    }
-
-    /// Every column of the owned copy is the value it copied, of every
-    /// storage class, empty and not UTF-8 included (one shared buffer).
-    #[test]
-    fn an_owned_row_gives_back_every_value_it_copied() {
-        let r = RawRow {
-            row_id: i64::MIN,
-            event_id: ValueRef::Text(b"01ARZ3NDEKTSV4RRFFQ69G5FAV"),
-            event_type: ValueRef::Blob(b"a.b.v1"),
-            event_version: ValueRef::Real(1.5),
-            causation_id: ValueRef::Text(b""),
-            correlation_id: ValueRef::Blob(b""),
-            payload: ValueRef::Text(b"{\"x\":\xff}"),
-            occurred_at: ValueRef::Integer(i64::MAX),
-            created_at: ValueRef::Null,
-            tenant_id: ValueRef::Text(b"t"),
-        };
-        let owned = OwnedRow::new(&r).unwrap();
-        let back = owned.as_raw();
-        let columns = |r: &RawRow<'_>| {
-            [
-                r.event_id,
-                r.event_type,
-                r.event_version,
-                r.causation_id,
-                r.correlation_id,
-                r.payload,
-                r.occurred_at,
-                r.created_at,
-                r.tenant_id,
-            ]
-            .map(|v| format!("{v:?}"))
-        };
-        assert_eq!(back.row_id, r.row_id);
-        assert_eq!(columns(&back), columns(&r));
-    }
-}
+#[path = "row_tests.rs"]
+mod tests;

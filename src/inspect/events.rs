@@ -300,6 +300,8 @@ fn detail(r: &rusqlite::Row<'_>, row_id: i64) -> rusqlite::Result<EventDetail> {
             occurred_at: r.get_ref(8)?,
             created_at: r.get_ref(16)?,
             tenant_id: r.get_ref(3)?,
+            traceparent: ValueRef::Null,
+            tracestate: ValueRef::Null,
         })
         .err()
         .map(|e| e.to_string())

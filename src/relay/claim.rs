@@ -12,7 +12,7 @@ use rusqlite::{params, Connection};
 
 use crate::clock::Timestamp;
 use crate::connection::id_list;
-use crate::envelope::{row_columns, OwnedRow, RawRow};
+use crate::envelope::{row_columns, trace_columns, OwnedRow, RawRow};
 
 /// One claimed row, not checked yet: [`check_row`](crate::envelope::check_row)
 /// runs on the worker that delivers it (or on the writer, for a row it
@@ -242,8 +242,9 @@ const READ_CLAIMED: &str = concat!(
     row_columns!(),
     ", ordering_key, attempts, ",
     crate::dedup::delivered_to_sql!(),
-    ", replay_consumers, octet_length(payload)
-       FROM rarray(?1) AS c CROSS JOIN event_outbox ON id = c.value"
+    ", replay_consumers, octet_length(payload), ",
+    trace_columns!(),
+    " FROM rarray(?1) AS c CROSS JOIN event_outbox ON id = c.value"
 );
 
 /// Stamps the claim: ?1 the token, ?2 the lease's end, which is also when
@@ -267,7 +268,7 @@ const STAMP: &str = concat!(stamp_sql!(), " WHERE id IN rarray(?3)");
 const STAMP_ONE: &str = concat!(stamp_sql!(), " WHERE id = ?3");
 
 fn read_claimed(r: &rusqlite::Row<'_>) -> rusqlite::Result<ClaimedRow> {
-    let raw = RawRow::read(r, 0)?;
+    let raw = RawRow::read(r, 0)?.with_trace(r, 15)?;
     Ok(ClaimedRow {
         row_id: raw.row_id,
         event_key: event_key(raw.event_id, raw.row_id),

@@ -13,6 +13,7 @@ use super::panic::panic_message;
 use super::transactional::Session;
 use crate::consumer::{Delivery, Outcome};
 use crate::relay::{ConsumerEntry, ConsumerKind};
+use crate::trace::TraceContext;
 
 /// A worker's loop: ends when the writer drops the jobs sender (shutdown),
 /// or when the writer is gone.
@@ -53,6 +54,13 @@ pub(crate) fn run(
         // number of consumers.
         let (results, invalid) = match std::mem::take(&mut job.raw).into_checked() {
             Ok(row) => {
+                if let Some(e) = &row.trace_dropped {
+                    tracing::warn!(
+                        event_id = %row.envelope.event_id,
+                        error = %e,
+                        "the event's trace context is invalid: delivered without it"
+                    );
+                }
                 let mut delivery = Delivery {
                     envelope: row.envelope,
                     attempt: job.attempt,
@@ -60,12 +68,16 @@ pub(crate) fn run(
                     legacy: job.legacy,
                     tenant_id: row.tenant_id,
                     ordering_key: job.ordering_key.clone(),
+                    trace: None,
+                    created_at: Some(row.created_at),
                 };
                 let results = job
                     .consumers
                     .iter()
                     .map(|&i| {
                         delivery.consumer.clone_from(&consumers[i].name);
+                        // Every attempt to every consumer is a span of its own.
+                        delivery.trace = row.trace.as_ref().map(TraceContext::child);
                         (i, deliver(&consumers[i], &job, &delivery, &mut session))
                     })
                     .collect();
@@ -132,6 +144,10 @@ fn deliver(
         attempt = job.attempt,
         causation_id = env.causation_id.as_deref(),
         correlation_id = env.correlation_id.as_deref(),
+        trace_id = delivery
+            .trace
+            .as_ref()
+            .map(|t| tracing::field::display(t.traceparent.trace_id())),
     );
     let _enter = span.enter();
     let outcome = match &entry.consumer {

@@ -51,6 +51,11 @@ pub const PARAMETERS: &[(&str, &str)] = &[
     (":consumer", "the consumer's name"),
     (":attempt", "1 on the first try, 2 on the first retry, …"),
     (":legacy", "1 for a row without an event id, else 0"),
+    (
+        ":traceparent",
+        "this attempt's W3C traceparent (a child of the producer's), text or NULL",
+    ),
+    (":tracestate", "the producer's W3C tracestate, text or NULL"),
 ];
 
 /// Statements that would end or escape the consumer's transaction (or
@@ -331,6 +336,13 @@ fn value_of<'a>(
         ":consumer" => borrowed(&d.consumer),
         ":attempt" => owned(Value::Integer(i64::from(d.attempt))),
         ":legacy" => owned(Value::Integer(i64::from(d.legacy))),
+        ":traceparent" => d.trace.as_ref().map_or(owned(Value::Null), |t| {
+            owned(Value::Text(t.traceparent.to_string()))
+        }),
+        ":tracestate" => match d.trace.as_ref().and_then(|t| t.tracestate.as_ref()) {
+            Some(s) => borrowed(s.as_str()),
+            None => owned(Value::Null),
+        },
         _ => return None,
     })
 }

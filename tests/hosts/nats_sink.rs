@@ -136,6 +136,48 @@ fn every_event_becomes_one_message_with_the_envelope_and_headers() {
     });
 }
 
+/// An event enqueued with the producer's W3C trace context reaches a
+/// subscriber with `traceparent` and `tracestate` headers: the producer's
+/// trace id and state under a span id of the attempt's own; the body is the
+/// envelope, which carries no trace context.
+#[test]
+fn the_message_carries_a_child_of_the_producers_trace_context() {
+    nats_versions::each(|| {
+        use outboxd::trace::{TraceParent, TraceState};
+        let server = NatsServer::start();
+        let admin = StreamAdmin::connect(&[server.url()]);
+        admin.create("EVENTS", &["events.>"], 1);
+        let db = common::TestDb::new();
+        let producer =
+            TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        let state = TraceState::parse("congo=t61rcWkgMzE").unwrap().unwrap();
+        db.enqueue(&[common::event("article.created.v1", 1)
+            .traceparent(producer)
+            .tracestate(state.clone())]);
+        let sink = short_connect(NatsSink::builder([server.url()], "EVENTS"))
+            .build()
+            .unwrap();
+        let relay = Relay::builder(&db.path)
+            .consumer("nats", ["*"], sink)
+            .build()
+            .unwrap()
+            .start()
+            .unwrap();
+        common::wait_until("the event delivered", WAIT, || {
+            db.count("status = 'delivered'") == 1
+        });
+        relay.shutdown(Duration::from_secs(5)).unwrap();
+        let m = &admin.read_all("EVENTS")[0];
+        let got = TraceParent::parse(m.header("traceparent").unwrap()).unwrap();
+        assert_eq!(got.trace_id(), producer.trace_id());
+        assert_ne!(got.span_id(), producer.span_id());
+        assert!(got.sampled());
+        assert_eq!(m.header("tracestate"), Some(state.as_str()));
+        let body = String::from_utf8(m.body.clone()).unwrap();
+        assert!(!body.contains("trace"), "{body}");
+    });
+}
+
 /// A second publish of the same event (a replay, or a crash after the
 /// publish) gets a duplicate acknowledgement: delivered, and stored once.
 #[test]

@@ -12,7 +12,7 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use outboxd::envelope::{check_row, RawRow, ROW_COLUMNS};
+use outboxd::envelope::{check_row, RawRow, ROW_COLUMNS, TRACE_COLUMNS};
 use outboxd::{Envelope, EventId, Timestamp};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -522,6 +522,34 @@ fn the_docs_sql_example_runs() {
     assert_eq!(rows.len(), 1, "{rows:#?}");
     assert_eq!(rows[0].tenant_id.as_deref(), Some("shop-7"));
     assert_eq!(rows[0].envelope.event_type.as_str(), "order.placed.v1");
+}
+
+/// The doc's trace context example stores a context the relay's check
+/// keeps whole.
+#[test]
+fn the_docs_trace_context_example_is_kept_by_the_relays_check() {
+    let host = doc_host();
+    let example = doc_blocks("sql")
+        .into_iter()
+        .find(|b| b.contains("traceparent"))
+        .expect("the trace context example");
+    host.conn.execute_batch(&example).unwrap();
+    let checked = host
+        .conn
+        .query_row(
+            &format!("SELECT {ROW_COLUMNS}, {TRACE_COLUMNS} FROM event_outbox"),
+            [],
+            |r| Ok(check_row(&RawRow::read(r, 0)?.with_trace(r, 10)?)),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(checked.trace_dropped, None);
+    let trace = checked.trace.expect("the example's context");
+    assert_eq!(
+        trace.traceparent.trace_id(),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    assert_eq!(trace.tracestate.unwrap().as_str(), "congo=t61rcWkgMzE");
 }
 
 #[test]

@@ -15,6 +15,8 @@ mod config;
 mod console;
 mod exit;
 mod metrics;
+#[cfg(feature = "otlp")]
+mod otlp;
 
 use config::{LogFormat, LogSettings};
 use exit::Exit;

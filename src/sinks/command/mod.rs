@@ -15,6 +15,8 @@
 //! | `OUTBOXD_CONSUMER` | the consumer's name |
 //! | `OUTBOXD_TENANT_ID` | the tenant; unset when there is none |
 //! | `OUTBOXD_LEGACY` | `true` for a legacy row (written without an event id: its id is derived from the row, and it is not deduplicated); unset otherwise |
+//! | `TRACEPARENT` | this attempt's W3C `traceparent` (a child of the producer's: [`crate::trace`]); unset when the event has none |
+//! | `TRACESTATE` | the producer's `tracestate`; unset when there is none |
 //!
 //! Stdin carries the envelope JSON with the payload's bytes as the producer
 //! wrote them (whitespace included).
@@ -314,7 +316,8 @@ impl CommandSink {
 
     fn run(&self, delivery: &Delivery) -> Outcome {
         let env = &delivery.envelope;
-        let vars: [(&'static str, Option<String>); 10] = [
+        let trace = delivery.trace.as_ref();
+        let vars: [(&'static str, Option<String>); 12] = [
             ("OUTBOXD_EVENT_ID", Some(env.event_id.to_string())),
             ("OUTBOXD_EVENT_TYPE", Some(env.event_type.to_string())),
             ("OUTBOXD_EVENT_VERSION", Some(env.event_version.to_string())),
@@ -327,6 +330,12 @@ impl CommandSink {
             (
                 "OUTBOXD_LEGACY",
                 delivery.legacy.then(|| "true".to_string()),
+            ),
+            // Unset without a context, so none is inherited from outboxd's.
+            ("TRACEPARENT", trace.map(|t| t.traceparent.to_string())),
+            (
+                "TRACESTATE",
+                trace.and_then(|t| Some(t.tracestate.as_ref()?.to_string())),
             ),
         ];
         if let Some((key, _)) = vars

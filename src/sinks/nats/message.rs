@@ -56,6 +56,10 @@ pub(super) fn headers(d: &Delivery) -> Result<HeaderMap, String> {
         // rows carrying the same event are not deduplicated in the outbox.
         h.insert("Outboxd-Legacy", "true");
     }
+    // A checked context is printable ASCII: it always fits a header.
+    for (name, value) in d.trace.iter().flat_map(|t| t.fields()) {
+        h.insert(name, value);
+    }
     Ok(h)
 }
 
@@ -126,6 +130,8 @@ mod tests {
             legacy: false,
             tenant_id: Some("acme".into()),
             ordering_key: None,
+            trace: None,
+            created_at: None,
         }
     }
 

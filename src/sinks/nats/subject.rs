@@ -259,6 +259,8 @@ mod tests {
             legacy: false,
             tenant_id: tenant.map(str::to_string),
             ordering_key: None,
+            trace: None,
+            created_at: None,
         }
     }
 

@@ -235,6 +235,8 @@ mod tests {
                 legacy: false,
                 tenant_id: None,
                 ordering_key: None,
+                trace: None,
+                created_at: None,
             };
             match sink.deliver(&delivery) {
                 Outcome::Poison { reason } => {

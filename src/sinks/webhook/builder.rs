@@ -18,7 +18,7 @@ use super::{
 };
 
 /// Headers the sink sets itself; configured headers may not replace them.
-const RESERVED_HEADERS: [&str; 10] = [
+const RESERVED_HEADERS: [&str; 12] = [
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
@@ -29,6 +29,8 @@ const RESERVED_HEADERS: [&str; 10] = [
     TENANT_HEADER,
     LEGACY_HEADER,
     ORDERING_KEY_HEADER,
+    "traceparent",
+    "tracestate",
 ];
 
 /// Builds a [`WebhookSink`]; [`build`](Self::build) validates everything.
@@ -319,6 +321,10 @@ mod tests {
         let e = err(WebhookSink::builder("https://h/")
             .secret(secret)
             .header("webhook-id", "x"));
+        assert!(e.contains("sets this header itself"), "{e}");
+        let e = err(WebhookSink::builder("https://h/")
+            .secret(secret)
+            .header("TraceParent", "00-x"));
         assert!(e.contains("sets this header itself"), "{e}");
         let e = err(WebhookSink::builder("https://h/")
             .secret(secret)

@@ -103,6 +103,10 @@ impl WebhookSink {
         if delivery.legacy {
             request = request.header(LEGACY_HEADER, "true");
         }
+        // Outside the signature, which covers id.timestamp.body only.
+        for (name, value) in delivery.trace.iter().flat_map(|t| t.fields()) {
+            request = request.header(name, value);
+        }
         for (name, value) in &self.headers {
             request = request.header(name, value);
         }

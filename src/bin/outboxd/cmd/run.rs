@@ -129,8 +129,14 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
             )
         })
         .collect();
+    #[cfg(feature = "otlp")]
+    let exporter = config.tracing.as_ref().map(crate::otlp::Exporter::start);
+    #[cfg(feature = "otlp")]
+    let spans = exporter.as_ref();
+    #[cfg(not(feature = "otlp"))]
+    let spans = None;
     let relay = config
-        .relay_builder(&db)
+        .relay_builder(&db, spans)
         .build()
         .map_err(|e| Failure::config(format!("invalid relay setting: {e}")))?
         .start()
@@ -188,6 +194,10 @@ pub(crate) fn exec(global: &Global, args: &Args) -> Result<Exit> {
     relay
         .shutdown(grace)
         .context("cannot shut the relay down cleanly")?;
+    #[cfg(feature = "otlp")]
+    if let Some(exporter) = &exporter {
+        exporter.flush(grace);
+    }
     if let Some(message) = failure {
         return Err(Failure::database(message).into());
     }

@@ -13,7 +13,7 @@ use outboxd::{Delivery, Outcome, Relay, RetryPolicy};
 
 use super::checker::Checker;
 use super::error::ConfigError;
-use super::{alerts, capture, consumer, http, log, metrics, purge, relay, retry};
+use super::{alerts, capture, consumer, http, log, metrics, purge, relay, retry, tracing};
 use super::{Config, HttpSettings, LogSettings, RawConfig, RelaySettings};
 
 pub(super) fn validate(
@@ -47,6 +47,7 @@ pub(super) fn validate_in(
         http: s.http,
         consumers,
         captures,
+        tracing: s.tracing,
     })
 }
 
@@ -60,6 +61,7 @@ pub(super) struct CheckedSettings {
     pub(super) log: LogSettings,
     pub(super) metrics: Option<SocketAddr>,
     pub(super) http: HttpSettings,
+    pub(super) tracing: Option<tracing::TracingSettings>,
 }
 
 /// Checks `database`: a path, resolved against the config's directory.
@@ -98,6 +100,10 @@ pub(super) fn check_settings(
     let log = log::check(c, &raw.log)?;
     let metrics = metrics::check(c, &raw.metrics)?;
     let http = http::check(c, &raw.http)?;
+    #[cfg(feature = "otlp")]
+    let tracing = tracing::check(c, &raw.tracing)?;
+    #[cfg(not(feature = "otlp"))]
+    let tracing = None;
     if let Some(console) = http.listen {
         http::distinct_from_metrics(console, metrics)
             .map_err(|e| c.err(e.field(), e.to_string()))?;
@@ -118,6 +124,7 @@ pub(super) fn check_settings(
         log,
         metrics,
         http,
+        tracing,
     })
 }
 

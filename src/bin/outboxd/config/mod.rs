@@ -56,6 +56,7 @@ pub(crate) mod relay;
 pub(crate) mod retry;
 mod secrets;
 pub(crate) mod sink;
+pub(crate) mod tracing;
 mod values;
 
 use check::{check_settings, validate, RelayWide};
@@ -94,6 +95,10 @@ pub(crate) struct Config {
     pub(crate) consumers: Vec<ConsumerSpec>,
     /// The tables whose writes become events (`[[capture]]`).
     pub(crate) captures: Vec<outboxd::capture::CaptureSpec>,
+    /// `[tracing]`: where `run` exports its spans; None when it does not
+    /// (always, in a build without the `otlp` feature).
+    #[cfg_attr(not(feature = "otlp"), allow(dead_code))]
+    pub(crate) tracing: Option<tracing::TracingSettings>,
 }
 
 impl Config {
@@ -117,6 +122,7 @@ impl Config {
                 sink: sink::jsonl::stdout(false),
             }],
             captures: Vec::new(),
+            tracing: None,
         }
     }
 
@@ -155,8 +161,9 @@ impl Config {
     }
 
     /// A relay builder for `db` with every setting and consumer of this
-    /// config. `build()` on it only fails for what [`Config::parse`] checked.
-    pub(crate) fn relay_builder(self, db: &Path) -> RelayBuilder {
+    /// config, each attempt a span of `spans` when there is one. `build()`
+    /// on it only fails for what [`Config::parse`] checked.
+    pub(crate) fn relay_builder(self, db: &Path, spans: sink::Spans<'_>) -> RelayBuilder {
         let settings = RelayWide {
             relay: &self.relay,
             retry: &self.retry,
@@ -167,7 +174,7 @@ impl Config {
         for c in self.consumers {
             b = c
                 .sink
-                .register(b, &c.name, &c.types)
+                .register(b, &c.name, &c.types, spans)
                 .retry_policy_for(&c.name, c.retry);
         }
         b
@@ -215,6 +222,11 @@ pub(crate) struct RawConfig {
     consumer: Vec<consumer::RawConsumer>,
     #[serde(default)]
     capture: Vec<capture::RawCapture>,
+    /// Only in a build with the `otlp` feature: without it `[tracing]` is
+    /// an unknown field, refused with a word about the feature.
+    #[cfg(feature = "otlp")]
+    #[serde(default)]
+    tracing: tracing::RawTracing,
 }
 
 fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
@@ -237,6 +249,11 @@ fn parse_raw(text: &str, file: &Path) -> Result<RawConfig, ConfigError> {
             "is a single table; write each consumer as [[consumer]] (two pairs of brackets: \
              one table per consumer), and its sink as [consumer.sink]"
                 .to_string()
+        } else if cfg!(not(feature = "otlp"))
+            && field == "tracing"
+            && message.starts_with("unknown field")
+        {
+            tracing::WITHOUT_OTLP.to_string()
         } else {
             in_words(message)
         };

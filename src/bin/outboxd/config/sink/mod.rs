@@ -67,6 +67,15 @@ pub(crate) struct Sink {
     probe: Option<ProbeHook>,
 }
 
+/// Where `run` records a span per delivery attempt: the OTLP exporter of
+/// `[tracing]` (feature `otlp`), when one is configured.
+#[cfg(feature = "otlp")]
+pub(crate) type Spans<'a> = Option<&'a crate::otlp::Exporter>;
+/// Where `run` records a span per delivery attempt: nowhere, in a build
+/// without the `otlp` feature.
+#[cfg(not(feature = "otlp"))]
+pub(crate) type Spans<'a> = Option<&'a std::convert::Infallible>;
+
 /// How the relay runs a sink.
 enum Run {
     /// A plain consumer, on its own.
@@ -99,11 +108,22 @@ impl Sink {
         }
     }
 
-    /// Registers the sink on `b` as the consumer `name` of `types`.
-    pub(crate) fn register(self, b: RelayBuilder, name: &str, types: &[String]) -> RelayBuilder {
-        match self.consumer {
-            Run::Plain(c) => b.consumer(name, types, BoxedConsumer(c)),
-            Run::Sql(s) => b.transactional_consumer(name, types, s),
+    /// Registers the sink on `b` as the consumer `name` of `types`, each
+    /// attempt a span of `spans` when there is one.
+    pub(crate) fn register(
+        self,
+        b: RelayBuilder,
+        name: &str,
+        types: &[String],
+        spans: Spans<'_>,
+    ) -> RelayBuilder {
+        match (self.consumer, spans) {
+            #[cfg(feature = "otlp")]
+            (Run::Plain(c), Some(e)) => b.consumer(name, types, e.traced(BoxedConsumer(c))),
+            #[cfg(feature = "otlp")]
+            (Run::Sql(s), Some(e)) => b.transactional_consumer(name, types, e.traced(s)),
+            (Run::Plain(c), _) => b.consumer(name, types, BoxedConsumer(c)),
+            (Run::Sql(s), _) => b.transactional_consumer(name, types, s),
         }
     }
 
