@@ -70,6 +70,6 @@ pub(crate) struct App {
 impl App {
     /// The relay's totals now, as the chart takes them (its retries).
     pub(crate) fn live_totals(&self) -> Option<Counts> {
-        self.relay.as_deref().map(super::measures::relay_totals)
+        self.relay.as_deref().map(Counts::of_relay)
     }
 }

@@ -63,6 +63,15 @@ pub(crate) fn table_row(m: outboxd::inspect::MinuteCounts) -> (i64, Counts) {
 }
 
 impl Counts {
+    /// The relay's totals the chart takes from it: its retries (the table
+    /// keeps no trace of them).
+    pub(crate) fn of_relay(relay: &outboxd::relay::Metrics) -> Counts {
+        Counts {
+            retried: relay.snapshot().retried,
+            ..Counts::default()
+        }
+    }
+
     /// `self - earlier`, per field (0 where a total went backwards).
     fn since(self, earlier: Counts) -> Counts {
         Counts {

@@ -47,15 +47,6 @@ pub(super) fn measure_extras(pool: &Pool, consumers: &Subscriptions) -> Extras {
     }
 }
 
-/// The relay's totals the chart takes from it: its retries (the table
-/// keeps no trace of them).
-pub(super) fn relay_totals(relay: &Metrics) -> Counts {
-    Counts {
-        retried: relay.snapshot().retried,
-        ..Counts::default()
-    }
-}
-
 /// Starts the thread that records the relay's retries at the start of each
 /// minute, for the chart.
 ///
@@ -78,7 +69,7 @@ pub(super) fn sample_every_minute(relay: Arc<Metrics>) -> Result<Arc<History>> {
                 std::thread::sleep(next.since(Timestamp::now()) + Duration::from_millis(5));
                 now = Timestamp::now();
                 let Some(history) = h.upgrade() else { return };
-                history.record(chart::minute_of(now), relay_totals(&relay));
+                history.record(chart::minute_of(now), Counts::of_relay(&relay));
             }
         })?;
     Ok(history)
