@@ -308,9 +308,24 @@ extern "C" fn busy_callback(_: *mut std::ffi::c_void, attempt: std::ffi::c_int) 
     std::ffi::c_int::from(busy_wait(attempt))
 }
 
+thread_local! {
+    /// Waits for a lock begun on this thread (the relay's writer reads it
+    /// around its transactions: see [`busy_waits`]).
+    static BUSY_WAITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many times a connection used on this thread has begun to wait for
+/// another connection's lock (in [`set_busy_handler`]'s handler).
+pub(crate) fn busy_waits() -> u64 {
+    BUSY_WAITS.with(std::cell::Cell::get)
+}
+
 fn busy_wait(attempt: i32) -> bool {
     use std::cell::Cell;
     use std::time::Instant;
+    if attempt == 0 {
+        BUSY_WAITS.with(|n| n.set(n.get() + 1));
+    }
     thread_local! {
         // When the current wait began. A connection is used by one thread at
         // a time, and SQLite calls the handler on that thread.
@@ -459,6 +474,17 @@ pub(crate) fn query_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_wait_for_a_lock_is_counted_once_on_its_thread() {
+        let before = busy_waits();
+        assert!(busy_wait(0));
+        assert!(busy_wait(1));
+        assert_eq!(busy_waits(), before + 1, "one wait, two tries");
+        std::thread::spawn(|| assert_eq!(busy_waits(), 0, "another thread's"))
+            .join()
+            .unwrap();
+    }
 
     #[test]
     fn open_refuses_a_directory_and_a_non_database() {
