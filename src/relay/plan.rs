@@ -28,12 +28,18 @@
 //!   [`CONTENDED_GROUP`] claims or outcomes, and after a full-sized one the
 //!   writer leaves the lock free for [`CONTENDED_PAUSE`], so a host's commit
 //!   waits for one short transaction, not a train of them.
+//! - **Busy host.** In the second after the relay met another connection's
+//!   write lock, a transaction that would only record outcomes (or release
+//!   rows) waits up to `busy_batch_wait` ([`BusyHold`]) for the next claim
+//!   to join it: one commit instead of two. A claim never waits (pick-up
+//!   latency), nor does a full transaction, a heartbeat or a shutdown.
 //! - **Errors.** After a failed transaction the writer waits: briefly after
 //!   SQLITE_BUSY (never an event failure), doubling up to
 //!   [`MAX_ERROR_BACKOFF`] after anything else.
 
 use std::time::{Duration, Instant};
 
+use super::busy_hold::BusyHold;
 use crate::clock::Timestamp;
 
 /// Longest pause after a failed write transaction.
