@@ -535,26 +535,31 @@ fn measure_lock_errors_of_two_django_writers() {
                 locked += r["locked"].as_u64().unwrap();
                 seconds = seconds.max(r["seconds"].as_f64().unwrap());
             }
+            // The relay's commits once it has delivered every event.
             let commits = addr.map(|addr| {
-                let metrics = common::http::get(&addr, "/metrics").body;
+                let events: f64 = rusqlite::Connection::open(cms.db())
+                    .unwrap()
+                    .query_row("SELECT count(*) FROM event_outbox", [], |r| r.get(0))
+                    .unwrap();
                 let read = |name: &str| {
+                    let metrics = common::http::get(&addr, "/metrics").body;
                     metrics
                         .lines()
                         .find_map(|l| l.strip_prefix(&format!("{name} ")))
                         .and_then(|v| v.trim().parse::<f64>().ok())
                         .unwrap_or(f64::NAN)
                 };
-                (
-                    read("outboxd_commits_total"),
-                    read("outboxd_events_delivered_total"),
-                )
+                wait_until("every event delivered", Duration::from_secs(60), || {
+                    read("outboxd_events_delivered_total") >= events
+                });
+                (read("outboxd_commits_total"), events)
             });
             if let Some(run) = run.as_mut() {
                 run.signal("-TERM");
                 run.wait(Duration::from_secs(30));
             }
             let relay_line = commits.map_or(String::new(), |(c, d)| {
-                format!("; relay: {c} commits for {d} events delivered so far")
+                format!("; relay: {c} commits for {d} events ({:.2} per event)", c / d)
             });
             eprintln!(
                 "round {round}, {label}: {locked} \"database is locked\" errors in 2,000 operations ({:.1} per 1,000), {seconds:.1} s{relay_line}",
