@@ -220,8 +220,9 @@ impl RelayBuilder {
     }
 
     /// How long a transaction that would only record outcomes waits for the
-    /// next claim to join it, in the second after the relay met another
-    /// connection's write lock (default [`DEFAULT_BUSY_BATCH_WAIT`], at most
+    /// next claim to join it, in the second after the relay waited more
+    /// than a short commit (about 1.5 ms) for another connection's write
+    /// lock (default [`DEFAULT_BUSY_BATCH_WAIT`], at most
     /// [`MAX_BUSY_BATCH_WAIT`]; zero turns it off). While a host writes
     /// often, each relay commit is one more that the host's deferred
     /// transactions can lose a race to ("database is locked"). Claims never

@@ -3,19 +3,23 @@
 //! Under SQLite's deferred transactions (Django's default), a host's
 //! transaction that read and then writes fails at once with "database is
 //! locked" when another connection committed since its read: each relay
-//! commit is one more such race. In the second after the relay met another
-//! connection's write lock (its busy handler ran, or SQLITE_BUSY), the
+//! commit is one more such race. In the second after the relay waited for
+//! another connection's write lock past the busy handler's quick tries (a
+//! host holding the lock longer than a short commit; see
+//! `connection::long_busy_waits`), or failed with SQLITE_BUSY, the
 //! [planner](super::plan) holds a transaction that would only record
 //! outcomes for up to `busy_batch_wait`, so that the next claim (and the
 //! outcomes arriving meanwhile) go into that one transaction: one commit
-//! where there were two. Claims are never held: pick-up latency stays.
+//! where there were two. Claims are never held, but a claim that comes
+//! during a hold carries the outcomes' writes before its commit. A
+//! producer's short commits in the relay's way start no hold.
 
 use std::time::{Duration, Instant};
 
 /// How long after a busy lock the relay stays patient.
 pub(crate) const BUSY_MEMORY: Duration = Duration::from_secs(1);
 
-/// The hold's state: when the relay last met a busy lock, and the end of
+/// The hold's state: when the relay last waited long for a lock, and the end of
 /// the hold running, if one is.
 #[derive(Debug)]
 pub(crate) struct BusyHold {
@@ -34,7 +38,7 @@ impl BusyHold {
         }
     }
 
-    /// The relay's write met another connection's lock at `at`.
+    /// The relay's write waited long for another connection's lock at `at`.
     pub(crate) fn met_busy(&mut self, at: Instant) {
         self.busy_at = Some(at);
     }

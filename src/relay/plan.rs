@@ -28,8 +28,8 @@
 //!   [`CONTENDED_GROUP`] claims or outcomes, and after a full-sized one the
 //!   writer leaves the lock free for [`CONTENDED_PAUSE`], so a host's commit
 //!   waits for one short transaction, not a train of them.
-//! - **Busy host.** In the second after the relay met another connection's
-//!   write lock, a transaction that would only record outcomes (or release
+//! - **Busy host.** In the second after the relay waited long for another
+//!   connection's write lock, a transaction that would only record outcomes (or release
 //!   rows) waits up to `busy_batch_wait` ([`BusyHold`]) for the next claim
 //!   to join it: one commit instead of two. A claim never waits (pick-up
 //!   latency), nor does a full transaction, a heartbeat or a shutdown.
@@ -173,7 +173,7 @@ impl Planner {
         }
     }
 
-    /// A write transaction met another connection's write lock.
+    /// A write transaction waited long for another connection's write lock.
     pub(crate) fn met_busy(&mut self, at: Instant) {
         self.hold.met_busy(at);
     }
