@@ -179,7 +179,7 @@ fn main() {
     header(
         "latency",
         dir.path(),
-        &format!("{n} events at {rate}/s per run (after {WARMUP} warm-up events), {runs} runs, default relay settings, producer synchronous={}", producer_sync()),
+        &format!("{n} events at {rate}/s per run (after {WARMUP} warm-up events), {runs} runs, default relay settings (busy_batch_wait off in the rows that say so), producer synchronous={}", producer_sync()),
     );
     let (mut hop, mut inp, mut xp) = (Row::new(), Row::new(), Row::new());
     let (mut inp_off, mut xp_off) = (Row::new(), Row::new());

@@ -559,7 +559,10 @@ fn measure_lock_errors_of_two_django_writers() {
                 run.wait(Duration::from_secs(30));
             }
             let relay_line = commits.map_or(String::new(), |(c, d)| {
-                format!("; relay: {c} commits for {d} events ({:.2} per event)", c / d)
+                format!(
+                    "; relay: {c} commits for {d} events ({:.2} per event)",
+                    c / d
+                )
             });
             eprintln!(
                 "round {round}, {label}: {locked} \"database is locked\" errors in 2,000 operations ({:.1} per 1,000), {seconds:.1} s{relay_line}",
