@@ -10,10 +10,7 @@
 //!   OUTBOXD_BENCH_EVENTS=200 OUTBOXD_BENCH_RUNS=1 cargo bench --bench latency   # smoke
 //!
 //! The producer commits with synchronous=NORMAL unless
-//! OUTBOXD_BENCH_PRODUCER_SYNC=FULL (see `producer_sync`). Each path runs
-//! twice per run, with the relay's default settings and with
-//! `busy_batch_wait` off (0s), alternating, to show what the wait after a
-//! busy lock costs the pick-up.
+//! OUTBOXD_BENCH_PRODUCER_SYNC=FULL (see `producer_sync`).
 //!
 //! Latency is the consumer's wall clock when its closure starts minus the
 //! producer's wall clock right after `commit()` returned (sent beside the
@@ -44,24 +41,10 @@ fn produce(path: &Path, n: usize, rate: usize, notify: Option<&RelayHandle>) -> 
     })
 }
 
-/// The relay's `busy_batch_wait` of a row: the default, or off.
-#[derive(Clone, Copy)]
-enum BusyWait {
-    Default,
-    Off,
-}
-
 /// Starts a relay whose consumer reports (seq, start wall micros).
-fn start_relay(
-    path: &Path,
-    wait: BusyWait,
-) -> (RelayHandle, crossbeam_channel::Receiver<(i64, i64)>) {
+fn start_relay(path: &Path) -> (RelayHandle, crossbeam_channel::Receiver<(i64, i64)>) {
     let (tx, rx) = crossbeam_channel::unbounded();
-    let builder = match wait {
-        BusyWait::Default => Relay::builder(path),
-        BusyWait::Off => Relay::builder(path).busy_batch_wait(Duration::ZERO),
-    };
-    let handle = builder
+    let handle = Relay::builder(path)
         .consumer("latency", ["bench.*"], move |d: &Delivery| {
             let t = wall_micros();
             let seq = d.envelope.payload_as::<Seq>().unwrap().seq;
@@ -82,9 +65,9 @@ fn fresh_db(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-fn in_process(dir: &Path, n: usize, rate: usize, wait: BusyWait) -> (Vec<Duration>, f64) {
+fn in_process(dir: &Path, n: usize, rate: usize) -> (Vec<Duration>, f64) {
     let path = fresh_db(dir);
-    let (handle, starts) = start_relay(&path, wait);
+    let (handle, starts) = start_relay(&path);
     let commits = produce(&path, n, rate, Some(&handle));
     let rate = achieved(&commits);
     let lat = latencies(&commits, starts);
@@ -92,9 +75,9 @@ fn in_process(dir: &Path, n: usize, rate: usize, wait: BusyWait) -> (Vec<Duratio
     (lat, rate)
 }
 
-fn cross_process(dir: &Path, n: usize, rate: usize, wait: BusyWait) -> (Vec<Duration>, f64) {
+fn cross_process(dir: &Path, n: usize, rate: usize) -> (Vec<Duration>, f64) {
     let path = fresh_db(dir);
-    let (handle, starts) = start_relay(&path, wait);
+    let (handle, starts) = start_relay(&path);
     let commits = producer::run_child(&path, (WARMUP, n, rate));
     let rate = achieved(&commits);
     let lat = latencies(&commits, starts);
@@ -179,17 +162,14 @@ fn main() {
     header(
         "latency",
         dir.path(),
-        &format!("{n} events at {rate}/s per run (after {WARMUP} warm-up events), {runs} runs, default relay settings (busy_batch_wait off in the rows that say so), producer synchronous={}", producer_sync()),
+        &format!("{n} events at {rate}/s per run (after {WARMUP} warm-up events), {runs} runs, default relay settings, producer synchronous={}", producer_sync()),
     );
     let (mut hop, mut inp, mut xp) = (Row::new(), Row::new(), Row::new());
-    let (mut inp_off, mut xp_off) = (Row::new(), Row::new());
     let load = common::load();
     for _ in 0..runs {
         hop.add(channel_hop(n, rate));
-        inp.add(in_process(dir.path(), n, rate, BusyWait::Default));
-        inp_off.add(in_process(dir.path(), n, rate, BusyWait::Off));
-        xp.add(cross_process(dir.path(), n, rate, BusyWait::Default));
-        xp_off.add(cross_process(dir.path(), n, rate, BusyWait::Off));
+        inp.add(in_process(dir.path(), n, rate));
+        xp.add(cross_process(dir.path(), n, rate));
     }
     let hop_p99 = Stats::of(hop.p99.clone()).median;
     println!("| path | producer rate/s achieved | p50 ms (min–max over runs) | p99 ms | max ms | target p99 | p99 ratio to channel hop |");
@@ -201,13 +181,11 @@ fn main() {
             inp,
             "p50 ≤ 0.2 ms, p99 ≤ 1 ms",
         ),
-        ("… busy_batch_wait off", inp_off, "p50 ≤ 0.2 ms, p99 ≤ 1 ms"),
         (
             "outboxd, producer in another process (-wal watch)",
             xp,
             "p99 ≤ 6 ms",
         ),
-        ("… busy_batch_wait off", xp_off, "p99 ≤ 6 ms"),
     ] {
         let p99 = Stats::of(row.p99);
         println!(

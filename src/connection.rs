@@ -308,29 +308,9 @@ extern "C" fn busy_callback(_: *mut std::ffi::c_void, attempt: std::ffi::c_int) 
     std::ffi::c_int::from(busy_wait(attempt))
 }
 
-/// The quick tries of [`busy_wait`] (0.1 to 0.2 ms apart): a wait that
-/// outlasts them (about 1.5 ms) met a lock held longer than a short commit.
-const QUICK_TRIES: i32 = 10;
-
-thread_local! {
-    /// Long waits for a lock on this thread (the relay's writer reads it
-    /// around its transactions: see [`long_busy_waits`]).
-    static LONG_BUSY_WAITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// How many times a connection used on this thread has waited for another
-/// connection's lock past the quick tries (in [`set_busy_handler`]'s
-/// handler): a host busy writing, not one short commit in the way.
-pub(crate) fn long_busy_waits() -> u64 {
-    LONG_BUSY_WAITS.with(std::cell::Cell::get)
-}
-
 fn busy_wait(attempt: i32) -> bool {
     use std::cell::Cell;
     use std::time::Instant;
-    if attempt == QUICK_TRIES {
-        LONG_BUSY_WAITS.with(|n| n.set(n.get() + 1));
-    }
     thread_local! {
         // When the current wait began. A connection is used by one thread at
         // a time, and SQLite calls the handler on that thread.
@@ -348,7 +328,7 @@ fn busy_wait(attempt: i32) -> bool {
     }
     // Most waits are for one short transaction: try again soon at first,
     // then back off to about a millisecond.
-    let micros = if attempt < QUICK_TRIES {
+    let micros = if attempt < 10 {
         100 + rand::random_range(0..100)
     } else {
         500 + rand::random_range(0..1000)
@@ -479,21 +459,6 @@ pub(crate) fn query_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_wait_past_the_quick_tries_is_counted_once_on_its_thread() {
-        let before = long_busy_waits();
-        for attempt in 0..QUICK_TRIES {
-            assert!(busy_wait(attempt));
-        }
-        assert_eq!(long_busy_waits(), before, "a short wait is not counted");
-        assert!(busy_wait(QUICK_TRIES));
-        assert!(busy_wait(QUICK_TRIES + 1));
-        assert_eq!(long_busy_waits(), before + 1, "one long wait, two tries");
-        std::thread::spawn(|| assert_eq!(long_busy_waits(), 0, "another thread's"))
-            .join()
-            .unwrap();
-    }
 
     #[test]
     fn open_refuses_a_directory_and_a_non_database() {

@@ -273,8 +273,6 @@ pub enum Setting {
     FlushInterval,
     /// `RelayBuilder::housekeeping_interval`.
     HousekeepingInterval,
-    /// `RelayBuilder::busy_batch_wait`.
-    BusyBatchWait,
     /// `RelayBuilder::stale_after`.
     StaleAfter,
     /// The consumers as a whole (none registered).
@@ -311,7 +309,7 @@ pub enum Setting {
 impl Setting {
     /// The stable identifier: `workers`, `batch_size`, `batch_bytes`,
     /// `max_payload_bytes`, `lease`,
-    /// `poll_interval`, `flush_interval`, `housekeeping_interval`, `busy_batch_wait`,
+    /// `poll_interval`, `flush_interval`, `housekeeping_interval`,
     /// `stale_after`, `consumers`, `consumer.name`, `consumer.types`,
     /// `retry_policy_for`, `retry.initial`, `retry.max_delay`,
     /// `retry.max_attempts`, `retry.jitter`,
@@ -327,7 +325,6 @@ impl Setting {
             Setting::PollInterval => "poll_interval",
             Setting::FlushInterval => "flush_interval",
             Setting::HousekeepingInterval => "housekeeping_interval",
-            Setting::BusyBatchWait => "busy_batch_wait",
             Setting::StaleAfter => "stale_after",
             Setting::Consumers => "consumers",
             Setting::ConsumerName => "consumer.name",

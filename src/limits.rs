@@ -46,13 +46,6 @@ pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(60);
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(2);
 /// The longest [`crate::RelayBuilder::flush_interval`].
 pub const MAX_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
-/// How long a transaction that would only record outcomes waits for the
-/// next claim to join it, in the second after the relay waited long for
-/// another connection's write lock (see [`crate::RelayBuilder::busy_batch_wait`]).
-pub const DEFAULT_BUSY_BATCH_WAIT: Duration = Duration::from_millis(3);
-/// The longest [`crate::RelayBuilder::busy_batch_wait`]: a few milliseconds,
-/// never a delay a consumer would notice.
-pub const MAX_BUSY_BATCH_WAIT: Duration = Duration::from_millis(10);
 /// How often purge, checkpoint and the stale check run.
 pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(10);
 /// The shortest [`crate::RelayBuilder::housekeeping_interval`].

@@ -13,11 +13,10 @@ use crate::clock::{Clock, SystemClock};
 use crate::consumer::{Consumer, TransactionalConsumer};
 use crate::error::{Result, Setting, SettingError};
 use crate::limits::{
-    DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_BUSY_BATCH_WAIT, DEFAULT_FLUSH_INTERVAL,
-    DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_POLL_INTERVAL,
-    DEFAULT_STALE_AFTER, MAX_BATCH_SIZE, MAX_BUSY_BATCH_WAIT, MAX_FLUSH_INTERVAL,
-    MAX_HOUSEKEEPING_INTERVAL, MAX_LEASE, MAX_PAYLOAD_BYTES, MAX_POLL_INTERVAL, MAX_WORKERS,
-    MIN_HOUSEKEEPING_INTERVAL, MIN_LEASE, MIN_POLL_INTERVAL,
+    DEFAULT_BATCH_BYTES, DEFAULT_BATCH_SIZE, DEFAULT_FLUSH_INTERVAL, DEFAULT_HOUSEKEEPING_INTERVAL,
+    DEFAULT_LEASE, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_POLL_INTERVAL, DEFAULT_STALE_AFTER,
+    MAX_BATCH_SIZE, MAX_FLUSH_INTERVAL, MAX_HOUSEKEEPING_INTERVAL, MAX_LEASE, MAX_PAYLOAD_BYTES,
+    MAX_POLL_INTERVAL, MAX_WORKERS, MIN_HOUSEKEEPING_INTERVAL, MIN_LEASE, MIN_POLL_INTERVAL,
 };
 use crate::purge::PurgePolicy;
 use crate::router::{Pattern, Routes};
@@ -40,7 +39,6 @@ pub struct RelayBuilder {
     poll_interval: Duration,
     watch_wal: bool,
     flush_interval: Duration,
-    busy_batch_wait: Duration,
     housekeeping_interval: Duration,
     stale_after: Duration,
     purge: Option<PurgePolicy>,
@@ -219,19 +217,6 @@ impl RelayBuilder {
         self
     }
 
-    /// How long a transaction that would only record outcomes waits for the
-    /// next claim to join it, in the second after the relay waited more
-    /// than a short commit (about 1.5 ms) for another connection's write
-    /// lock (default [`DEFAULT_BUSY_BATCH_WAIT`], at most
-    /// [`MAX_BUSY_BATCH_WAIT`]; zero turns it off). While a host writes
-    /// often, each relay commit is one more that the host's deferred
-    /// transactions can lose a race to ("database is locked"). Claims never
-    /// wait.
-    pub fn busy_batch_wait(mut self, d: Duration) -> Self {
-        self.busy_batch_wait = d;
-        self
-    }
-
     /// How often purge, checkpoint and the stale check run (default
     /// [`DEFAULT_HOUSEKEEPING_INTERVAL`]).
     pub fn housekeeping_interval(mut self, d: Duration) -> Self {
@@ -302,12 +287,6 @@ impl RelayBuilder {
             self.flush_interval,
             Duration::ZERO,
             MAX_FLUSH_INTERVAL,
-        )?;
-        check_duration(
-            Setting::BusyBatchWait,
-            self.busy_batch_wait,
-            Duration::ZERO,
-            MAX_BUSY_BATCH_WAIT,
         )?;
         check_duration(
             Setting::HousekeepingInterval,
@@ -405,7 +384,6 @@ impl RelayBuilder {
                 poll_interval: self.poll_interval,
                 watch_wal: self.watch_wal,
                 flush_interval: self.flush_interval,
-                busy_batch_wait: self.busy_batch_wait,
                 housekeeping_interval: self.housekeeping_interval,
                 stale_after: self.stale_after,
                 purge: self.purge,
@@ -433,7 +411,6 @@ impl Relay {
             poll_interval: DEFAULT_POLL_INTERVAL,
             watch_wal: true,
             flush_interval: DEFAULT_FLUSH_INTERVAL,
-            busy_batch_wait: DEFAULT_BUSY_BATCH_WAIT,
             housekeeping_interval: DEFAULT_HOUSEKEEPING_INTERVAL,
             stale_after: DEFAULT_STALE_AFTER,
             purge: Some(PurgePolicy::default()),

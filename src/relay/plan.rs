@@ -28,18 +28,12 @@
 //!   [`CONTENDED_GROUP`] claims or outcomes, and after a full-sized one the
 //!   writer leaves the lock free for [`CONTENDED_PAUSE`], so a host's commit
 //!   waits for one short transaction, not a train of them.
-//! - **Busy host.** In the second after the relay waited long for another
-//!   connection's write lock, a transaction that would only record outcomes (or release
-//!   rows) waits up to `busy_batch_wait` ([`BusyHold`]) for the next claim
-//!   to join it: one commit instead of two. A claim never waits (pick-up
-//!   latency), nor does a full transaction, a heartbeat or a shutdown.
 //! - **Errors.** After a failed transaction the writer waits: briefly after
 //!   SQLITE_BUSY (never an event failure), doubling up to
 //!   [`MAX_ERROR_BACKOFF`] after anything else.
 
 use std::time::{Duration, Instant};
 
-use super::busy_hold::BusyHold;
 use crate::clock::Timestamp;
 
 /// Longest pause after a failed write transaction.
@@ -69,8 +63,6 @@ pub(crate) struct Limits {
     pub lease: Duration,
     /// The most payload bytes in flight.
     pub batch_bytes: u64,
-    /// The longest a transaction waits to fill after a busy lock.
-    pub busy_batch_wait: Duration,
 }
 
 /// The writer's state, as the planner sees it.
@@ -156,8 +148,6 @@ pub(crate) struct Planner {
     /// transactions meanwhile record outcomes (a failed claim takes the
     /// outcomes of its transaction down with it).
     claims_after: Option<Instant>,
-    /// Fuller transactions after a busy lock.
-    hold: BusyHold,
 }
 
 impl Planner {
@@ -169,13 +159,7 @@ impl Planner {
             not_before: None,
             error_backoff: Duration::ZERO,
             claims_after: None,
-            hold: BusyHold::new(limits.busy_batch_wait),
         }
-    }
-
-    /// A write transaction waited long for another connection's write lock.
-    pub(crate) fn met_busy(&mut self, at: Instant) {
-        self.hold.met_busy(at);
     }
 
     /// Outcomes arrived while none were pending: they start the flush clock.
@@ -190,7 +174,7 @@ impl Planner {
 
     /// What to write now; None when nothing is worth a transaction (or a
     /// pause is still running).
-    pub(crate) fn plan(&mut self, load: &Load, now: Timestamp, at: Instant) -> Option<Plan> {
+    pub(crate) fn plan(&self, load: &Load, now: Timestamp, at: Instant) -> Option<Plan> {
         if self.not_before.is_some_and(|t| at < t) {
             return None;
         }
@@ -238,10 +222,6 @@ impl Planner {
         if claim == 0 && record == 0 && !heartbeat && load.to_release == 0 {
             return None;
         }
-        let urgent = claim > 0 || load.shutting_down || heartbeat || record >= group;
-        if !urgent && self.hold.holds(at) {
-            return None;
-        }
         Some(Plan {
             claim,
             claim_bytes: bytes_left,
@@ -273,7 +253,6 @@ impl Planner {
         // once. Small ones (an event now and then) are short already, and a
         // pause would only add latency.
         let full = claimed >= plan.group || plan.record >= plan.group;
-        self.hold.ended();
         self.not_before = (plan.contended && full).then(|| at + CONTENDED_PAUSE);
         if plan.record > 0 && pending_left == 0 {
             self.pending_since = None;
@@ -289,7 +268,6 @@ impl Planner {
             (self.error_backoff * 2).clamp(MIN_ERROR_BACKOFF, MAX_ERROR_BACKOFF)
         };
         self.not_before = Some(at + self.error_backoff);
-        self.hold.ended();
         self.error_backoff
     }
 
@@ -312,10 +290,7 @@ impl Planner {
         at: Instant,
     ) -> Duration {
         let mut wait = poll_interval;
-        if let Some(until) = self.hold.running(at) {
-            // Outcomes wait for the hold's end, not their flush interval.
-            wait = wait.min(until.saturating_duration_since(at));
-        } else if let Some(since) = self.pending_since {
+        if let Some(since) = self.pending_since {
             let age = at.saturating_duration_since(since);
             wait = wait.min(self.limits.flush_interval.saturating_sub(age));
         }
@@ -340,7 +315,6 @@ mod tests {
         flush_interval: Duration::from_millis(2),
         lease: Duration::from_secs(30),
         batch_bytes: 1 << 20,
-        busy_batch_wait: Duration::from_millis(3),
     };
 
     fn idle() -> Load {
@@ -352,7 +326,7 @@ mod tests {
 
     #[test]
     fn an_idle_writer_with_nothing_due_does_not_write() {
-        let mut p = Planner::new(LIMITS);
+        let p = Planner::new(LIMITS);
         let at = Instant::now();
         assert_eq!(p.plan(&idle(), NOW, at), None);
         let later = Load {
@@ -364,7 +338,7 @@ mod tests {
 
     #[test]
     fn claims_a_batch_when_something_is_due_and_capacity_is_free() {
-        let mut p = Planner::new(LIMITS);
+        let p = Planner::new(LIMITS);
         let at = Instant::now();
         let due = Load {
             next_due: Some(NOW),
@@ -450,7 +424,7 @@ mod tests {
 
     #[test]
     fn heartbeats_once_half_the_earliest_lease_has_run_out() {
-        let mut p = Planner::new(LIMITS);
+        let p = Planner::new(LIMITS);
         let at = Instant::now();
         let leased = |secs| Load {
             in_flight: 1,
@@ -574,67 +548,5 @@ mod tests {
         let claimed = p.plan(&load, NOW, t0 + 2 * pause + 2 * longer).unwrap();
         p.committed(&claimed, 1, 0, t0 + 2 * pause + 2 * longer);
         assert_eq!(p.failed(false, t0), MIN_ERROR_BACKOFF, "a claim reset it");
-    }
-
-    /// Issue 33.5: after a busy lock, a transaction that would only record
-    /// outcomes waits a few milliseconds for a claim to join it; without
-    /// one it is made at once, and a claim never waits.
-    #[test]
-    fn after_a_busy_lock_outcomes_wait_for_the_next_claim() {
-        let mut p = Planner::new(LIMITS);
-        let t0 = Instant::now();
-        let outcome = Load {
-            pending: 1,
-            in_flight: 1,
-            ..idle()
-        };
-        p.outcomes_waiting(t0);
-        let plan = p
-            .plan(&outcome, NOW, t0)
-            .expect("no busy lock met: at once");
-        p.committed(&plan, 0, 0, t0);
-        p.met_busy(t0);
-        p.outcomes_waiting(t0);
-        assert_eq!(p.plan(&outcome, NOW, t0), None, "held after the busy lock");
-        let hold = LIMITS.busy_batch_wait;
-        assert_eq!(p.wait(Duration::from_secs(1), None, t0), hold);
-        let claim = Load {
-            want_claim: true,
-            ..outcome
-        };
-        let plan = p.plan(&claim, NOW, t0 + hold / 2).expect("a claim joins");
-        assert_eq!((plan.claim, plan.record), (256, 1), "one transaction");
-        p.committed(&plan, 1, 0, t0 + hold / 2);
-        p.outcomes_waiting(t0 + hold);
-        assert_eq!(
-            p.plan(&outcome, NOW, t0 + hold),
-            None,
-            "the next one waits too"
-        );
-        let plan = p
-            .plan(&outcome, NOW, t0 + 2 * hold)
-            .expect("the hold has ended");
-        assert_eq!(plan.record, 1);
-        p.committed(&plan, 0, 0, t0 + 2 * hold);
-        // Full already, a heartbeat due, or shutting down: no hold.
-        let full = Load {
-            pending: 300,
-            in_flight: 300,
-            ..idle()
-        };
-        p.outcomes_waiting(t0 + 2 * hold);
-        assert!(p.plan(&full, NOW, t0 + 2 * hold).is_some());
-        let lease = Load {
-            earliest_lease: Some(NOW),
-            ..outcome
-        };
-        assert!(p.plan(&lease, NOW, t0 + 2 * hold).is_some());
-        let closing = Load {
-            shutting_down: true,
-            ..outcome
-        };
-        assert!(p.plan(&closing, NOW, t0 + 2 * hold).is_some());
-        // A second after the busy lock, at once again.
-        assert!(p.plan(&outcome, NOW, t0 + Duration::from_secs(1)).is_some());
     }
 }

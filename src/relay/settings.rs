@@ -19,8 +19,6 @@ pub(crate) struct Settings {
     /// Watch the `-wal` file for other connections' commits.
     pub watch_wal: bool,
     pub flush_interval: Duration,
-    /// How long a write may wait to fill after a busy lock.
-    pub busy_batch_wait: Duration,
     pub housekeeping_interval: Duration,
     pub stale_after: Duration,
     pub purge: Option<PurgePolicy>,

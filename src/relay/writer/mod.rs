@@ -130,7 +130,6 @@ impl Writer {
             batch_size: settings.batch_size,
             capacity,
             flush_interval: settings.flush_interval,
-            busy_batch_wait: settings.busy_batch_wait,
             lease: settings.lease,
             batch_bytes: settings.batch_bytes,
         });

@@ -201,7 +201,6 @@ mod tests {
                     poll_interval: Duration::from_secs(1),
                     watch_wal: false,
                     flush_interval: Duration::ZERO,
-                    busy_batch_wait: Duration::ZERO,
                     housekeeping_interval: Duration::from_secs(60),
                     stale_after: Duration::from_secs(300),
                     purge: None,

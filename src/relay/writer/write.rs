@@ -59,15 +59,9 @@ impl Writer {
             Vec::new()
         };
         let started = Instant::now();
-        let long_waits = crate::connection::long_busy_waits();
         wake.writing();
         let written = self.transact(&plan, &outcomes, &releases, &heartbeat, now);
         wake.written();
-        if crate::connection::long_busy_waits() != long_waits
-            || written.as_ref().is_err_and(is_busy)
-        {
-            self.planner.met_busy(Instant::now());
-        }
         match written {
             Ok(step) => {
                 self.last_commit = Instant::now();

@@ -153,9 +153,6 @@ impl RelayWide<'_> {
         if let Some(d) = self.relay.poll_interval {
             b = b.poll_interval(d);
         }
-        if let Some(d) = self.relay.busy_batch_wait {
-            b = b.busy_batch_wait(d);
-        }
         b
     }
 }
@@ -199,8 +196,7 @@ fn setting_error(c: &Checker<'_>, e: &SettingError) -> ConfigError {
         | Setting::BatchBytes
         | Setting::MaxPayloadBytes
         | Setting::Lease
-        | Setting::PollInterval
-        | Setting::BusyBatchWait => format!("relay.{name}"),
+        | Setting::PollInterval => format!("relay.{name}"),
         Setting::StaleAfter => format!("alerts.{name}"),
         // The library's reason speaks of registering; a config adds a block.
         Setting::Consumers => {

@@ -36,8 +36,6 @@ pub(crate) struct RelaySettings {
     pub(crate) lease: Duration,
     /// How often an idle relay looks for other processes' commits.
     pub(crate) poll_interval: Option<Duration>,
-    /// How long a write may wait to fill after a busy lock.
-    pub(crate) busy_batch_wait: Option<Duration>,
     /// What to do with events no consumer takes.
     pub(crate) unrouted: UnroutedPolicy,
     /// How long in-flight deliveries may finish on shutdown.
@@ -53,7 +51,6 @@ impl Default for RelaySettings {
             max_payload_bytes: None,
             lease: outboxd::relay::DEFAULT_LEASE,
             poll_interval: None,
-            busy_batch_wait: None,
             unrouted: UnroutedPolicy::default(),
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
@@ -70,7 +67,6 @@ pub(crate) struct RawRelay {
     pub(crate) max_payload_bytes: Option<u64>,
     lease: Option<Dur>,
     poll_interval: Option<Dur>,
-    busy_batch_wait: Option<Dur>,
     unrouted: Option<Unrouted>,
     shutdown_grace: Option<Dur>,
 }
@@ -102,7 +98,6 @@ pub(crate) fn check(c: &Checker<'_>, r: &RawRelay) -> Result<RelaySettings, Conf
         max_payload_bytes: r.max_payload_bytes,
         lease: r.lease.map_or(outboxd::relay::DEFAULT_LEASE, |d| d.0),
         poll_interval: r.poll_interval.map(|d| d.0),
-        busy_batch_wait: r.busy_batch_wait.map(|d| d.0),
         unrouted: match r.unrouted {
             None | Some(Unrouted::DeadLetter) => UnroutedPolicy::DeadLetter,
             Some(Unrouted::Skip) => UnroutedPolicy::Skip,

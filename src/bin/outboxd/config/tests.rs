@@ -168,11 +168,6 @@ fn setting_errors_echo_durations_in_the_units_people_write() {
             "2m is out of range; allowed: 1ms to 1m",
         ),
         (
-            "[relay]\nbusy_batch_wait = \"1s\"",
-            "relay.busy_batch_wait",
-            "1s is out of range; allowed: 0s to 10ms",
-        ),
-        (
             "[purge]\ndelivered_retention = \"14d\"\ndedup_ttl = \"7d\"",
             "purge.dedup_ttl",
             "7d is shorter than purge.delivered_retention (14d); the dedup window must \
@@ -272,7 +267,6 @@ mod fuzz {
         "relay.batch_size",
         "relay.lease",
         "relay.poll_interval",
-        "relay.busy_batch_wait",
         "relay.unrouted",
         "relay.shutdown_grace",
         "retry.initial",
