@@ -698,6 +698,49 @@ fn run_serves_the_console_metrics_and_health_beside_its_relay() {
     );
 }
 
+/// The figure in `<span id="ID">N</span>` of a page, if it shows one.
+fn figure(html: &str, id: &str) -> Option<u64> {
+    let start = html.find(&format!("id=\"{id}\">"))? + id.len() + 6;
+    html[start..].split('<').next()?.trim().parse().ok()
+}
+
+/// The overview's chart over the table: deliveries made before a restart
+/// of `outboxd run` are still in the hour after it.
+#[test]
+fn the_overview_chart_keeps_the_hour_across_a_restart_of_run() {
+    let db = common::TestDb::new();
+    let config = db.write(
+        "outboxd.toml",
+        &format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\n[[consumer]]\nname = \"file\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"{}\"\n",
+            db.file("out.jsonl").display()
+        ),
+    );
+    let run_args = ["run", "--config", config.to_str().unwrap()];
+    let mut run = spawn(&db.path, &run_args, &[]);
+    run.console_address();
+    let events: Vec<_> = (0..5)
+        .map(|n| common::event("article.created.v1", n))
+        .collect();
+    db.enqueue(&events);
+    wait_until("5 delivered", WAIT, || {
+        db.count("status = 'delivered'") == 5
+    });
+    run.signal("-TERM");
+    assert!(run.wait(WAIT).success(), "{}", run.stderr());
+
+    let mut run = spawn(&db.path, &run_args, &[]);
+    let addr = run.console_address();
+    let mut page = String::new();
+    wait_until("the overview to show its chart", WAIT, || {
+        page = get(&addr, "/").body;
+        figure(&page, "hour-delivered").is_some()
+    });
+    assert_eq!(figure(&page, "hour-delivered"), Some(5), "{page}");
+    assert_eq!(figure(&page, "hour-enqueued"), Some(5), "{page}");
+    assert_eq!(figure(&page, "hour-retried"), Some(0), "{page}");
+}
+
 /// Without a config, `run --http`'s /healthz, `outboxd status` and
 /// `outboxd console` give one verdict from the same thresholds (any dead
 /// letter is a problem), with the same fields.

@@ -464,66 +464,97 @@ fn a_snapshot_killed_mid_way_while_the_cms_edits_sends_every_page_once() {
 /// run` delivers every event to a JSONL file; "database is locked" errors
 /// per 1,000 operations with Django's default SQLite settings (deferred
 /// transactions) and with the recommended ones (`transaction_mode =
-/// "IMMEDIATE"`, `timeout = 5`). Ignored: a measurement, not a check.
+/// "IMMEDIATE"`, `timeout = 5`), and the relay's commits per event. The
+/// cases alternate, `OUTBOXD_DJANGO_ROUNDS` times
+/// (default 1), so each comparison runs under the same load. Ignored: a
+/// measurement, not a check.
 ///
-///     cargo test --test hosts -- --ignored capture_django::measure_lock_errors --nocapture
+///     OUTBOXD_DJANGO_ROUNDS=3 cargo test --test hosts -- --ignored capture_django::measure_lock_errors --nocapture
 #[test]
 #[ignore]
 fn measure_lock_errors_of_two_django_writers() {
     let Some(python) = venv::python_with(DJANGO, "import django") else {
         return;
     };
-    for (label, env, relay) in [
-        ("defaults, outboxd stopped", None, false),
-        ("defaults, outboxd running", None, true),
-        (
-            "recommended, outboxd running",
-            Some(("CMS_SQLITE_RECOMMENDED", "1")),
-            true,
-        ),
-    ] {
-        let cms = Cms::new(python.clone());
-        cms.host("migrate", &[]);
-        let config = cms.root.join("outboxd.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "{CAPTURE}\n[[consumer]]\nname = \"feed\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"{}\"\n",
-                cms.root.join("feed.jsonl").display()
-            ),
-        )
-        .unwrap();
-        let config = config.to_str().unwrap();
-        cms.outboxd().ok(&["capture", "apply", "--config", config]);
-        let mut run = relay.then(|| cms.outboxd().spawn(&["run", "--config", config]));
-        std::thread::sleep(Duration::from_millis(500));
-        let writers: Vec<_> = (0..2)
-            .map(|i| {
-                let mut c = Command::new(&python);
-                c.arg(cms.root.join("cms_host.py"))
-                    .args(["contend", "1000", &i.to_string()])
-                    .stdout(std::process::Stdio::piped());
-                if let Some((k, v)) = env {
-                    c.env(k, v);
-                }
-                c.spawn().unwrap()
-            })
-            .collect();
-        let mut locked = 0;
-        let mut seconds: f64 = 0.0;
-        for w in writers {
-            let out = w.wait_with_output().unwrap();
-            let r: Value = serde_json::from_slice(&out.stdout).unwrap();
-            locked += r["locked"].as_u64().unwrap();
-            seconds = seconds.max(r["seconds"].as_f64().unwrap());
+    let rounds: usize = std::env::var("OUTBOXD_DJANGO_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let recommended = Some(("CMS_SQLITE_RECOMMENDED", "1"));
+    for round in 1..=rounds {
+        for (label, env, relay) in [
+            ("defaults, outboxd stopped", None, false),
+            ("defaults, outboxd running", None, true),
+            ("recommended, outboxd running", recommended, true),
+        ] {
+            let cms = Cms::new(python.clone());
+            cms.host("migrate", &[]);
+            let config = cms.root.join("outboxd.toml");
+            std::fs::write(
+                &config,
+                format!(
+                    "{CAPTURE}\n[http]\nlisten = \"127.0.0.1:0\"\n[[consumer]]\nname = \"feed\"\ntypes = [\"*\"]\n[consumer.sink]\nkind = \"jsonl\"\npath = \"{}\"\n",
+                    cms.root.join("feed.jsonl").display()
+                ),
+            )
+            .unwrap();
+            let config = config.to_str().unwrap();
+            cms.outboxd().ok(&["capture", "apply", "--config", config]);
+            let mut run = relay.then(|| cms.outboxd().spawn(&["run", "--config", config]));
+            let addr = run.as_mut().map(|r| r.console_address());
+            let writers: Vec<_> = (0..2)
+                .map(|i| {
+                    let mut c = Command::new(&python);
+                    c.arg(cms.root.join("cms_host.py"))
+                        .args(["contend", "1000", &i.to_string()])
+                        .stdout(std::process::Stdio::piped());
+                    if let Some((k, v)) = env {
+                        c.env(k, v);
+                    }
+                    c.spawn().unwrap()
+                })
+                .collect();
+            let mut locked = 0;
+            let mut seconds: f64 = 0.0;
+            for w in writers {
+                let out = w.wait_with_output().unwrap();
+                let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+                locked += r["locked"].as_u64().unwrap();
+                seconds = seconds.max(r["seconds"].as_f64().unwrap());
+            }
+            // The relay's commits once it has delivered every event.
+            let commits = addr.map(|addr| {
+                let events: f64 = rusqlite::Connection::open(cms.db())
+                    .unwrap()
+                    .query_row("SELECT count(*) FROM event_outbox", [], |r| r.get(0))
+                    .unwrap();
+                let read = |name: &str| {
+                    let metrics = common::http::get(&addr, "/metrics").body;
+                    metrics
+                        .lines()
+                        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                        .and_then(|v| v.trim().parse::<f64>().ok())
+                        .unwrap_or(f64::NAN)
+                };
+                wait_until("every event delivered", Duration::from_secs(60), || {
+                    read("outboxd_events_delivered_total") >= events
+                });
+                (read("outboxd_commits_total"), events)
+            });
+            if let Some(run) = run.as_mut() {
+                run.signal("-TERM");
+                run.wait(Duration::from_secs(30));
+            }
+            let relay_line = commits.map_or(String::new(), |(c, d)| {
+                format!(
+                    "; relay: {c} commits for {d} events ({:.2} per event)",
+                    c / d
+                )
+            });
+            eprintln!(
+                "round {round}, {label}: {locked} \"database is locked\" errors in 2,000 operations ({:.1} per 1,000), {seconds:.1} s{relay_line}",
+                locked as f64 / 2.0
+            );
         }
-        if let Some(run) = run.as_mut() {
-            run.signal("-TERM");
-            run.wait(Duration::from_secs(30));
-        }
-        eprintln!(
-            "{label}: {locked} \"database is locked\" errors in 2,000 operations ({:.1} per 1,000), {seconds:.1} s",
-            locked as f64 / 2.0
-        );
     }
 }

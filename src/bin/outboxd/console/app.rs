@@ -38,7 +38,7 @@ pub(crate) struct Extras {
     /// Per configured consumer (retrying, dead) not yet delivered by it, and
     /// whether a bound cut the count short.
     pub(crate) backlog: Option<std::result::Result<outboxd::inspect::Backlog, MeasureError>>,
-    /// The chart's rows from the table (`outboxd console`, no relay).
+    /// The chart's rows from the table.
     pub(crate) chart_rows: Option<std::result::Result<Vec<(i64, Counts)>, MeasureError>>,
 }
 
@@ -56,7 +56,7 @@ pub(crate) struct App {
     pub(crate) consumers: Subscriptions,
     /// The relay's counters.
     pub(crate) relay: Option<Arc<Metrics>>,
-    /// The relay's per-minute history.
+    /// The relay's per-minute history (its retries).
     pub(crate) history: Option<Arc<History>>,
     /// The status, measured on demand.
     pub(crate) status: Cached<StatusView>,
@@ -68,19 +68,8 @@ pub(crate) struct App {
 }
 
 impl App {
-    /// The relay's totals now (for the chart's current minute).
+    /// The relay's totals now, as the chart takes them (its retries).
     pub(crate) fn live_totals(&self) -> Option<Counts> {
-        let relay = self.relay.as_ref()?.snapshot();
-        let enqueued = self
-            .pool
-            .get()
-            .ok()
-            .and_then(|c| outboxd::inspect::enqueued_total(&c).ok())?;
-        Some(Counts {
-            enqueued,
-            delivered: relay.delivered,
-            retried: relay.retried,
-            dead: relay.dead_lettered,
-        })
+        self.relay.as_deref().map(Counts::of_relay)
     }
 }

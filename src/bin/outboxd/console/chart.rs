@@ -1,13 +1,13 @@
 //! The overview's chart: events enqueued, delivered, retried and
 //! dead-lettered per minute over the last hour, drawn as SVG on the server.
 //!
-//! Under `outboxd run` the figures are the relay's own: [`History`] samples
-//! its counters ([`outboxd::relay::MetricsSnapshot`]) at the end of each
-//! minute, and "enqueued" is the growth of the outbox's row-id sequence
-//! (ids are never reused, so it counts every insert, whoever made it).
-//! Under `outboxd console` there is no relay, so the figures are derived
-//! from the table ([`outboxd::inspect::minute_counts`]); retries
-//! leave no trace there and are not shown.
+//! Enqueued, delivered and dead-lettered are derived from the table
+//! ([`outboxd::inspect::minute_counts`]), so the hour survives a restart of
+//! `outboxd run` or the console. Retries leave no trace there: under
+//! `outboxd run`, [`History`] samples the relay's retry counter
+//! ([`outboxd::relay::MetricsSnapshot`]) at the end of each minute, so they
+//! are shown since the relay started; under `outboxd console` (no relay in
+//! the process) they are not shown.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -63,6 +63,15 @@ pub(crate) fn table_row(m: outboxd::inspect::MinuteCounts) -> (i64, Counts) {
 }
 
 impl Counts {
+    /// The relay's totals the chart takes from it: its retries (the table
+    /// keeps no trace of them).
+    pub(crate) fn of_relay(relay: &outboxd::relay::Metrics) -> Counts {
+        Counts {
+            retried: relay.snapshot().retried,
+            ..Counts::default()
+        }
+    }
+
     /// `self - earlier`, per field (0 where a total went backwards).
     fn since(self, earlier: Counts) -> Counts {
         Counts {
@@ -86,7 +95,8 @@ pub(crate) struct Series {
     pub(crate) has_retries: bool,
 }
 
-/// A running relay's totals, sampled once a minute.
+/// A running relay's totals, sampled once a minute (the chart takes only
+/// its retries: the other figures come from the table).
 #[derive(Debug, Default)]
 pub(crate) struct History {
     state: Mutex<HistoryState>,
@@ -184,6 +194,18 @@ impl Series {
             minutes,
             has_retries: false,
         }
+    }
+
+    /// The table's series with the retries `relay` counted (minutes before
+    /// the relay started count none).
+    pub(crate) fn with_retries_of(mut self, relay: &Series) -> Series {
+        for (mine, theirs) in self.minutes.iter_mut().zip(&relay.minutes) {
+            if let (Some(m), Some(r)) = (mine.as_mut(), theirs) {
+                m.retried = r.retried;
+            }
+        }
+        self.has_retries = true;
+        self
     }
 
     /// The sum over the hour.
@@ -356,5 +378,34 @@ mod tests {
         assert!(!text.contains("style="), "{text}");
         let relay = History::default().series(1000, Counts::default());
         assert!(svg(&relay).into_string().contains("retried"));
+    }
+
+    #[test]
+    fn the_table_gives_the_hour_and_the_relay_its_retries() {
+        let table = Series::from_rows(1000, &[(990, c(4, 3)), (1000, c(1, 1))]);
+        let h = History::default();
+        h.record(995, Counts::default());
+        let relay = h.series(
+            1000,
+            Counts {
+                enqueued: 99,
+                delivered: 99,
+                retried: 2,
+                dead: 0,
+            },
+        );
+        let s = table.with_retries_of(&relay);
+        assert!(s.has_retries);
+        assert_eq!(
+            s.total(),
+            Counts {
+                enqueued: 5,
+                delivered: 4,
+                retried: 2,
+                dead: 0,
+            },
+            "deliveries from before the relay started, retries since: {s:?}"
+        );
+        assert_eq!(s.minutes[49], Some(c(4, 3)), "minute 990, before the relay");
     }
 }

@@ -24,9 +24,8 @@ pub(super) fn measure_status(pool: &Pool, thresholds: &Thresholds) -> StatusView
 }
 
 /// The overview's extras now: each configured consumer's backlog (when
-/// there are consumers), and the chart's rows from the table (when no relay
-/// runs in this process to count them).
-pub(super) fn measure_extras(pool: &Pool, consumers: &Subscriptions, from_table: bool) -> Extras {
+/// there are consumers), and the chart's rows from the table.
+pub(super) fn measure_extras(pool: &Pool, consumers: &Subscriptions) -> Extras {
     let conn = match pool.get() {
         Ok(c) => c,
         Err(e) => {
@@ -40,39 +39,25 @@ pub(super) fn measure_extras(pool: &Pool, consumers: &Subscriptions, from_table:
     Extras {
         backlog: (!consumers.is_empty())
             .then(|| outboxd::inspect::consumer_backlog(&conn, consumers).map_err(Into::into)),
-        chart_rows: from_table.then(|| {
+        chart_rows: Some(
             outboxd::inspect::minute_counts(&conn, since)
                 .map(|rows| rows.into_iter().map(chart::table_row).collect())
-                .map_err(Into::into)
-        }),
+                .map_err(Into::into),
+        ),
     }
 }
 
-/// Starts the thread that records the relay's totals at the start of each
+/// Starts the thread that records the relay's retries at the start of each
 /// minute, for the chart.
 ///
 /// The first record is taken here, before the server answers anything, with
 /// the relay's counters at zero (they count from the relay's start, a moment
-/// ago) and the table's enqueued total measured now. Taken by the thread, it
-/// could come after the first deliveries on a busy machine, and they would
-/// then count as before the hour (the overview once showed 0 of 7).
-pub(super) fn sample_every_minute(relay: Arc<Metrics>, pool: Pool) -> Result<Arc<History>> {
+/// ago). Taken by the thread, it could come after the first retries on a
+/// busy machine, and they would then count as before the hour.
+pub(super) fn sample_every_minute(relay: Arc<Metrics>) -> Result<Arc<History>> {
     let history = Arc::new(History::default());
-    let enqueued = |pool: &Pool| {
-        pool.get()
-            .ok()
-            .and_then(|c| outboxd::inspect::enqueued_total(&c).ok())
-    };
     let now = Timestamp::now();
-    if let Some(enqueued) = enqueued(&pool) {
-        history.record(
-            chart::minute_of(now),
-            Counts {
-                enqueued,
-                ..Counts::default()
-            },
-        );
-    }
+    history.record(chart::minute_of(now), Counts::default());
     let h = Arc::downgrade(&history);
     std::thread::Builder::new()
         .name("outboxd-chart".into())
@@ -84,18 +69,7 @@ pub(super) fn sample_every_minute(relay: Arc<Metrics>, pool: Pool) -> Result<Arc
                 std::thread::sleep(next.since(Timestamp::now()) + Duration::from_millis(5));
                 now = Timestamp::now();
                 let Some(history) = h.upgrade() else { return };
-                if let Some(enqueued) = enqueued(&pool) {
-                    let m = relay.snapshot();
-                    history.record(
-                        chart::minute_of(now),
-                        Counts {
-                            enqueued,
-                            delivered: m.delivered,
-                            retried: m.retried,
-                            dead: m.dead_lettered,
-                        },
-                    );
-                }
+                history.record(chart::minute_of(now), Counts::of_relay(&relay));
             }
         })?;
     Ok(history)
@@ -127,7 +101,7 @@ mod tests {
     }
 
     #[test]
-    fn the_chart_counts_the_relays_deliveries_from_its_start() {
+    fn the_chart_counts_deliveries_made_before_the_console_started() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("app.db");
         let mut conn = outboxd::connection::open(&db).unwrap();
@@ -156,22 +130,23 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        // The console starts after the relay has delivered (a backlog, a
-        // busy machine): those deliveries are the relay's, in the hour.
+        let metrics = relay.metrics_source();
+        relay.shutdown(Duration::from_secs(10)).unwrap();
+        // The console starts after the relay has delivered and stopped (a
+        // restart): the deliveries are the table's, in the hour.
         let pool = r2d2::Pool::builder()
             .max_size(2)
             .build(ConnectionManager::read_only(&db))
             .unwrap();
-        let history = sample_every_minute(relay.metrics_source(), pool).unwrap();
-        let m = relay.metrics();
-        let live = Counts {
-            enqueued: 7,
-            delivered: m.delivered,
-            retried: m.retried,
-            dead: m.dead_lettered,
+        let rows = match measure_extras(&pool, &Subscriptions::default()).chart_rows {
+            Some(Ok(rows)) => rows,
+            other => panic!("{other:?}"),
         };
         let now_minute = chart::minute_of(Timestamp::now());
-        assert_eq!(history.series(now_minute, live).total().delivered, 7);
-        relay.shutdown(Duration::from_secs(10)).unwrap();
+        let history = sample_every_minute(metrics).unwrap();
+        let series = chart::Series::from_rows(now_minute, &rows)
+            .with_retries_of(&history.series(now_minute, Counts::default()));
+        assert_eq!(series.total().delivered, 7);
+        assert_eq!(series.total().enqueued, 7);
     }
 }

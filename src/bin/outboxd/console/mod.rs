@@ -67,7 +67,7 @@ pub(crate) struct Listeners {
 
 /// What the console shows: the database, the health thresholds it judges
 /// the status by, the consumers it expects, and the running relay's
-/// counters (the chart's source under `outboxd run`).
+/// counters (the chart's retries under `outboxd run`).
 pub(crate) struct ConsoleSetup {
     /// The database.
     pub(crate) db: PathBuf,
@@ -135,13 +135,12 @@ pub(crate) fn start(listeners: Listeners, setup: ConsoleSetup) -> Result<Console
     let extras = {
         let pool = pool.clone();
         let consumers = setup.consumers.clone();
-        let from_table = setup.relay.is_none();
         Cached::start("outboxd-overview", move || {
-            measures::measure_extras(&pool, &consumers, from_table)
+            measures::measure_extras(&pool, &consumers)
         })?
     };
     let history = match &setup.relay {
-        Some(relay) => Some(measures::sample_every_minute(relay.clone(), pool.clone())?),
+        Some(relay) => Some(measures::sample_every_minute(relay.clone())?),
         None => None,
     };
     // The probes' listener needs no rules: it serves counts to anyone.

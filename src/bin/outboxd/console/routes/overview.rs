@@ -53,18 +53,20 @@ pub(super) fn overview(app: &Visit) -> Result<Response> {
         _ => None,
     };
     let now_minute = chart::minute_of(now);
-    let (chart, chart_note) = match &app.history {
-        Some(h) => (
-            app.live_totals().map(|live| h.series(now_minute, live)),
-            "Figures kept by this relay since it started.",
+    let rows = match extras.as_deref().and_then(|e| e.value.chart_rows.as_ref()) {
+        Some(Ok(rows)) => Some(Series::from_rows(now_minute, rows)),
+        Some(Err(_)) | None => None,
+    };
+    let (chart, chart_note) = match (rows, &app.history, app.live_totals()) {
+        (Some(table), Some(h), Some(live)) => (
+            Some(table.with_retries_of(&h.series(now_minute, live))),
+            "Derived from the table; retries counted by this relay since it started.",
         ),
-        None => match extras.as_deref().and_then(|e| e.value.chart_rows.as_ref()) {
-            Some(Ok(rows)) => (
-                Some(Series::from_rows(now_minute, rows)),
-                "Derived from the table (no relay in this process): retries leave no trace there.",
-            ),
-            Some(Err(_)) | None => (None, "The figures are being measured."),
-        },
+        (Some(table), ..) => (
+            Some(table),
+            "Derived from the table (no relay in this process): retries leave no trace there.",
+        ),
+        (None, ..) => (None, "The figures are being measured."),
     };
     let view = OverviewView {
         status: status.as_deref().map(|m| &m.value),
