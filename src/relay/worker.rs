@@ -147,6 +147,9 @@ fn deliver(
         // Whether it is tried again is the writer's verdict (the retries may
         // be spent), logged once it is recorded.
         Outcome::Retry { reason, .. } => tracing::warn!(%reason, "delivery failed"),
+        Outcome::Unavailable { reason, .. } => {
+            tracing::debug!(%reason, "destination unavailable")
+        }
         Outcome::Poison { reason } => {
             tracing::warn!(%reason, "consumer rejected the event as poison")
         }

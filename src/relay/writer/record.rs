@@ -37,6 +37,7 @@ pub(super) fn record(
     now: Timestamp,
     step: &mut Step,
 ) -> rusqlite::Result<()> {
+    let rounds = availability(consumers, outcomes, now, step);
     let mut delivered: Vec<&JobOutcome> = Vec::new();
     let mut ledger: Vec<(&str, i64)> = Vec::new();
     for o in outcomes {
@@ -45,7 +46,7 @@ pub(super) fn record(
         };
         if o.invalid.is_none() && o.results.iter().all(|(_, r)| *r == Outcome::Delivered) {
             delivered.push(o);
-        } else if record_one(tx, consumers, flight, o, now, step)? {
+        } else if record_one(tx, consumers, &rounds, flight, o, now, step)? {
             progress(consumers, o, step, &mut ledger);
         }
     }
@@ -67,6 +68,43 @@ pub(super) fn record(
     crate::dedup::record_many(tx, &ledger, now)
 }
 
+/// Each consumer's rounds in a row with its destination unavailable, after
+/// these outcomes: a delivery ends the run; an unavailable outcome and no
+/// delivery adds one round (one per batch, however many events it held).
+/// 0 for a consumer that delivered something here: its unavailable
+/// outcomes are then failures of their events.
+fn availability(
+    consumers: &[ConsumerEntry],
+    outcomes: &[JobOutcome],
+    now: Timestamp,
+    step: &mut Step,
+) -> Vec<u32> {
+    let mut seen = vec![(false, None::<&str>); consumers.len()];
+    for (i, outcome) in outcomes.iter().flat_map(|o| &o.results) {
+        match outcome {
+            Outcome::Delivered => seen[*i].0 = true,
+            Outcome::Unavailable { reason, .. } => seen[*i].1 = Some(reason),
+            _ => {}
+        }
+    }
+    let mut rounds = vec![0; consumers.len()];
+    for (i, (entry, (delivered, unavailable))) in consumers.iter().zip(seen).enumerate() {
+        let consumer = entry.name.clone();
+        if delivered {
+            if entry.availability.delivered() {
+                step.notes.push(Note::Available { consumer });
+            }
+        } else if let Some(reason) = unavailable {
+            rounds[i] = entry.availability.unavailable(now);
+            if rounds[i] == 1 {
+                let reason = reason.to_string();
+                step.notes.push(Note::Unavailable { consumer, reason });
+            }
+        }
+    }
+    rounds
+}
+
 /// The consumers' progress of a job whose row update took: a ledger entry
 /// for each that delivered, and the per-consumer counts.
 fn progress<'a>(
@@ -81,7 +119,7 @@ fn progress<'a>(
                 ledger.push((&consumers[*i].name, o.row_id));
                 ConsumerResult::Delivered
             }
-            Outcome::Retry { .. } => ConsumerResult::Retried,
+            Outcome::Retry { .. } | Outcome::Unavailable { .. } => ConsumerResult::Retried,
             Outcome::Poison { .. } => ConsumerResult::Poisoned,
         };
         step.counts.per_consumer.push((*i, result));
@@ -94,6 +132,7 @@ fn progress<'a>(
 fn record_one(
     tx: &Connection,
     consumers: &[ConsumerEntry],
+    rounds: &[u32],
     flight: &InFlight,
     o: &JobOutcome,
     now: Timestamp,
@@ -114,10 +153,21 @@ fn record_one(
         }
         return Ok(false);
     }
-    let reports = o.results.iter().map(|(i, outcome)| retry::Report {
+    // An unavailable outcome of a consumer that delivered others here is
+    // this event's failure.
+    let effective: Vec<(usize, Outcome)> = o
+        .results
+        .iter()
+        .map(|(i, outcome)| match rounds[*i] {
+            0 => (*i, outcome.as_failure()),
+            _ => (*i, outcome.clone()),
+        })
+        .collect();
+    let reports = effective.iter().map(|(i, outcome)| retry::Report {
         consumer: &consumers[*i].name,
         policy: &consumers[*i].retry,
         outcome,
+        rounds: rounds[*i],
     });
     let verdict = retry::verdict(reports, flight.attempts, now, rand::random);
     let kept = match &verdict {
@@ -125,7 +175,12 @@ fn record_one(
         Verdict::Retry { at, reason, .. } => {
             step.next_due = Some(step.next_due.map_or(*at, |t| t.min(*at)));
             let reason = clip(reason, MAX_REASON_BYTES, Keep::Head);
-            claim::schedule_retry(tx, row_id, &o.token, *at, &reason)?
+            claim::schedule_retry(tx, row_id, &o.token, *at, &reason, true)?
+        }
+        Verdict::Held { at, reason } => {
+            step.next_due = Some(step.next_due.map_or(*at, |t| t.min(*at)));
+            let reason = clip(reason, MAX_REASON_BYTES, Keep::Head);
+            claim::schedule_retry(tx, row_id, &o.token, *at, &reason, false)?
         }
         Verdict::Poison { reason } => {
             let reason = clip(reason, MAX_REASON_BYTES, Keep::Head);
@@ -149,6 +204,14 @@ fn record_one(
                 row_id,
                 event_id,
                 attempt,
+                at,
+            });
+        }
+        Verdict::Held { at, .. } => {
+            step.counts.retried += 1;
+            step.notes.push(Note::Held {
+                row_id,
+                event_id,
                 at,
             });
         }
