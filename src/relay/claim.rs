@@ -425,6 +425,21 @@ pub(crate) fn schedule_retry(
     )
 }
 
+/// Makes the rows of `ids` due at `now` that are pending, not leased and
+/// due later: those a paused consumer held, once it resumes.
+pub(crate) fn release_held(
+    conn: &Connection,
+    ids: &[i64],
+    now: Timestamp,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "UPDATE event_outbox SET available_at = ?2
+          WHERE id IN rarray(?1) AND status = 'pending' AND claim_token IS NULL
+            AND available_at > ?2",
+    )?
+    .execute(params![id_list(ids.iter().copied()), now.as_millis()])
+}
+
 /// Dead-letters a row with its reason; `spend_attempt` counts the attempt
 /// (a retry that ran out) or not (poison, invalid row). False if the claim
 /// was lost.

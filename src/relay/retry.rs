@@ -194,6 +194,18 @@ impl RetryPolicy {
             .mul_f64(1.0 + self.jitter.clamp(0.0, 1.0))
     }
 
+    /// The longest a Retry-After holds an event: the longest delay.
+    pub(crate) fn retry_after_cap(&self) -> Duration {
+        self.max_delay
+    }
+
+    /// How long a paused consumer's held event waits at most when its
+    /// resumption does not release it sooner: the longest delay, so that a
+    /// long pause costs the claim nothing per probe.
+    pub(crate) fn longest_hold(&self) -> Duration {
+        self.max_delay.max(self.probe_max_interval)
+    }
+
     /// The wait before the next probe of a destination found unavailable
     /// `rounds` times in a row (1 the first time), without jitter.
     pub fn probe_after(&self, rounds: u32) -> Duration {
@@ -307,8 +319,8 @@ pub(crate) fn verdict<'a>(
                 held.push((r.consumer, reason));
                 let base = r.policy.probe_after(r.rounds);
                 let delay = base.mul_f64(1.0 + r.policy.jitter * unit().clamp(0.0, 1.0));
-                let after = after.unwrap_or_default().min(r.policy.max_delay);
-                probe = probe.max(delay).max(after);
+                let cap = r.policy.max_delay.max(r.policy.probe_max_interval);
+                probe = probe.max(delay).max(after.unwrap_or_default().min(cap));
             }
         }
     }

@@ -5,11 +5,12 @@
 #![cfg(feature = "sinks")]
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use outboxd::consumer::{Delivery, Outcome};
 use outboxd::sinks::{JsonlSink, WebhookSink};
-use outboxd::RetryPolicy;
+use outboxd::{EventId, RetryPolicy};
 
 use crate::common::http::{Answer, Receiver};
 use crate::common::relay::{stop, StartRelay, LONG};
@@ -67,7 +68,15 @@ fn a_receiver_down_longer_than_the_retry_schedule_loses_and_dead_letters_nothing
     wait_until("the jsonl consumer to have every event", LONG, || {
         lines(&file) == EVENTS as usize
     });
-    // Each event is turned away more often than its attempts allow.
+    // New events while it is down: the jsonl consumer has them too.
+    let more: Vec<_> = (EVENTS..2 * EVENTS)
+        .map(|n| event("article.created.v1", n))
+        .collect();
+    db.enqueue(&more);
+    wait_until("the jsonl consumer to have the new events", LONG, || {
+        lines(&file) == 2 * EVENTS as usize
+    });
+    // The receiver is probed for longer than the whole schedule, many times over.
     let turned_away = (EVENTS * 3 * 2) as usize;
     wait_until(
         "the receiver to turn the events away 6 times each",
@@ -76,7 +85,7 @@ fn a_receiver_down_longer_than_the_retry_schedule_loses_and_dead_letters_nothing
     );
     assert_eq!(db.count("status = 'dead'"), 0, "nothing dead-lettered");
     assert_eq!(db.count("attempts > 0"), 0, "no attempt spent");
-    assert_eq!(db.count("status = 'pending'"), EVENTS as i64);
+    assert_eq!(db.count("status = 'pending'"), 2 * EVENTS as i64);
     let reason: String = db.scalar("SELECT last_error FROM event_outbox LIMIT 1");
     assert!(
         reason.contains("unavailable") && reason.contains("503"),
@@ -85,7 +94,7 @@ fn a_receiver_down_longer_than_the_retry_schedule_loses_and_dead_letters_nothing
 
     down.store(false, Ordering::SeqCst);
     wait_until("the backlog to be delivered", LONG, || {
-        db.count("status = 'delivered'") == EVENTS as i64
+        db.count("status = 'delivered'") == 2 * EVENTS as i64
     });
     stop(relay);
     let answered: std::collections::BTreeSet<String> = server
@@ -95,12 +104,128 @@ fn a_receiver_down_longer_than_the_retry_schedule_loses_and_dead_letters_nothing
         .collect();
     assert_eq!(
         answered.len(),
-        EVENTS as usize,
+        2 * EVENTS as usize,
         "every event reached the receiver"
     );
     assert_eq!(
         lines(&file),
-        EVENTS as usize,
+        2 * EVENTS as usize,
         "the jsonl consumer got each once"
     );
+}
+
+/// A consumer whose destination is down while `down` is set; it records
+/// the events it was run for.
+#[derive(Clone, Default)]
+struct Flaky {
+    down: Arc<AtomicBool>,
+    tried: Arc<Mutex<Vec<(EventId, bool)>>>,
+    delivered: Arc<Mutex<Vec<(String, u64)>>>,
+}
+
+impl Flaky {
+    fn consumer(&self) -> impl Fn(&Delivery) -> Outcome + Send + Sync + 'static {
+        let f = self.clone();
+        move |d: &Delivery| {
+            let down = f.down.load(Ordering::SeqCst);
+            f.tried.lock().unwrap().push((d.envelope.event_id, down));
+            if down {
+                return Outcome::unavailable("connection refused");
+            }
+            let n = d.envelope.payload_as::<serde_json::Value>().unwrap()["n"]
+                .as_u64()
+                .unwrap();
+            let key = d.ordering_key.clone().unwrap_or_default();
+            f.delivered.lock().unwrap().push((key, n));
+            Outcome::Delivered
+        }
+    }
+
+    /// Distinct events run while down, and runs while down.
+    fn tried_while_down(&self) -> (usize, usize) {
+        let tried = self.tried.lock().unwrap();
+        let down: Vec<_> = tried.iter().filter(|(_, d)| *d).map(|(id, _)| id).collect();
+        let distinct: std::collections::BTreeSet<_> = down.iter().collect();
+        (distinct.len(), down.len())
+    }
+}
+
+#[test]
+fn a_paused_consumer_is_probed_with_one_event_and_resumes_its_backlog_at_once() {
+    let flaky = Flaky::default();
+    flaky.down.store(true, Ordering::SeqCst);
+    let db = TestDb::new();
+    // Held events would wait an hour (max_delay): only the resumption
+    // brings them back.
+    let schedule = RetryPolicy::default()
+        .max_attempts(1)
+        .probe_interval(Duration::from_millis(10))
+        .probe_max_interval(Duration::from_millis(20));
+    let relay = db
+        .relay()
+        .retry_policy(schedule)
+        .workers(2)
+        .poll_interval(Duration::from_millis(10))
+        .consumer("hook", ["article.created.v1"], flaky.consumer())
+        .started();
+    let events: Vec<_> = (0..EVENTS * 10)
+        .map(|n| event("article.created.v1", n))
+        .collect();
+    db.enqueue(&events);
+    wait_until("20 probes", LONG, || flaky.tried_while_down().1 >= 20);
+    let (distinct, runs) = flaky.tried_while_down();
+    // The two workers' first events, then probes: not one run per event.
+    assert!(
+        distinct < 10,
+        "{distinct} events of 200 run in {runs} runs while down"
+    );
+    assert_eq!(db.count("status = 'dead' OR attempts > 0"), 0);
+    let held: String =
+        db.scalar("SELECT last_error FROM event_outbox WHERE last_error LIKE '%paused%' LIMIT 1");
+    assert!(held.contains("connection refused"), "{held}");
+
+    flaky.down.store(false, Ordering::SeqCst);
+    wait_until("the backlog to be delivered", LONG, || {
+        db.count("status = 'delivered'") == EVENTS as i64 * 10
+    });
+    stop(relay);
+}
+
+#[test]
+fn ordering_keys_held_by_a_pause_resume_in_order() {
+    let flaky = Flaky::default();
+    flaky.down.store(true, Ordering::SeqCst);
+    let db = TestDb::new();
+    let schedule = RetryPolicy::default()
+        .max_attempts(1)
+        .probe_interval(Duration::from_millis(10))
+        .probe_max_interval(Duration::from_millis(20));
+    let relay = db
+        .relay()
+        .retry_policy(schedule)
+        .workers(4)
+        .poll_interval(Duration::from_millis(10))
+        .consumer("hook", ["article.created.v1"], flaky.consumer())
+        .started();
+    let events: Vec<_> = (0..EVENTS * 5)
+        .map(|n| event("article.created.v1", n).ordering_key(format!("k{}", n % 5)))
+        .collect();
+    db.enqueue(&events);
+    wait_until("10 probes", LONG, || flaky.tried_while_down().1 >= 10);
+    flaky.down.store(false, Ordering::SeqCst);
+    wait_until("every key's events to be delivered", LONG, || {
+        db.count("status = 'delivered'") == EVENTS as i64 * 5
+    });
+    stop(relay);
+    let delivered = flaky.delivered.lock().unwrap().clone();
+    for k in 0..5 {
+        let key = format!("k{k}");
+        let ns: Vec<u64> = delivered
+            .iter()
+            .filter(|(c, _)| *c == key)
+            .map(|(_, n)| *n)
+            .collect();
+        let expected: Vec<u64> = (0..EVENTS * 5).filter(|n| n % 5 == k).collect();
+        assert_eq!(ns, expected, "key {key} in commit order, each once");
+    }
 }

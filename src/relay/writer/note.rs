@@ -40,15 +40,6 @@ pub(super) enum Note {
         event_id: EventId,
         at: Timestamp,
     },
-    /// A consumer's destination stopped answering (its first round).
-    Unavailable {
-        consumer: String,
-        reason: String,
-    },
-    /// A consumer's destination answers again.
-    Available {
-        consumer: String,
-    },
     Poison {
         row_id: i64,
         event_id: EventId,
@@ -114,13 +105,6 @@ impl Note {
                 at,
             } => {
                 tracing::debug!(row_id, %event_id, probe_at = %at, "held: the destination is unavailable; no attempt spent")
-            }
-            Note::Unavailable { consumer, reason } => tracing::warn!(
-                %consumer, %reason,
-                "destination unavailable: probing it; its events spend no attempt meanwhile"
-            ),
-            Note::Available { consumer } => {
-                tracing::info!(%consumer, "destination available again: delivering its backlog")
             }
             Note::Poison {
                 row_id,

@@ -2,6 +2,8 @@
 //! its verdict, then the consumers' progress (the ledger) for the rows
 //! whose update took.
 
+use std::time::Instant;
+
 use rusqlite::Connection;
 
 use super::in_flight::{InFlight, RowMap, RowSet};
@@ -15,6 +17,9 @@ use crate::relay::metrics::ConsumerResult;
 use crate::relay::retry::{self, Verdict};
 use crate::relay::ConsumerEntry;
 use crate::text::{clip, Keep};
+
+/// Held rows made due again per transaction once their consumer resumes.
+const RELEASE_BATCH: usize = 500;
 
 /// Longest reason text stored in `last_error`.
 const MAX_REASON_BYTES: usize = 4096;
@@ -37,7 +42,8 @@ pub(super) fn record(
     now: Timestamp,
     step: &mut Step,
 ) -> rusqlite::Result<()> {
-    let rounds = availability(consumers, outcomes, now, step);
+    let rounds = rounds(consumers, outcomes);
+    release_held(tx, consumers, now, step)?;
     let mut delivered: Vec<&JobOutcome> = Vec::new();
     let mut ledger: Vec<(&str, i64)> = Vec::new();
     for o in outcomes {
@@ -68,41 +74,45 @@ pub(super) fn record(
     crate::dedup::record_many(tx, &ledger, now)
 }
 
-/// Each consumer's rounds in a row with its destination unavailable, after
-/// these outcomes: a delivery ends the run; an unavailable outcome and no
-/// delivery adds one round (one per batch, however many events it held).
-/// 0 for a consumer that delivered something here: its unavailable
-/// outcomes are then failures of their events.
-fn availability(
+/// Each consumer's probes in a row found unavailable (at least 1 for an
+/// unavailable outcome), or 0 for a consumer that delivered some of these
+/// outcomes: its unavailable outcomes are then failures of their events.
+fn rounds(consumers: &[ConsumerEntry], outcomes: &[JobOutcome]) -> Vec<u32> {
+    let mut delivered = vec![false; consumers.len()];
+    for (i, outcome) in outcomes.iter().flat_map(|o| &o.results) {
+        delivered[*i] |= *outcome == Outcome::Delivered;
+    }
+    consumers
+        .iter()
+        .zip(delivered)
+        .map(|(entry, d)| {
+            if d {
+                0
+            } else {
+                entry.availability.rounds().max(1)
+            }
+        })
+        .collect()
+}
+
+/// Makes due one batch of the rows a resumed consumer held (one batch per
+/// transaction, never one update over the whole backlog).
+fn release_held(
+    tx: &Connection,
     consumers: &[ConsumerEntry],
-    outcomes: &[JobOutcome],
     now: Timestamp,
     step: &mut Step,
-) -> Vec<u32> {
-    let mut seen = vec![(false, None::<&str>); consumers.len()];
-    for (i, outcome) in outcomes.iter().flat_map(|o| &o.results) {
-        match outcome {
-            Outcome::Delivered => seen[*i].0 = true,
-            Outcome::Unavailable { reason, .. } => seen[*i].1 = Some(reason),
-            _ => {}
+) -> rusqlite::Result<()> {
+    for entry in consumers {
+        let ids = entry.availability.release(RELEASE_BATCH);
+        if !ids.is_empty() {
+            if claim::release_held(tx, &ids, now)? > 0 {
+                step.next_due = Some(now);
+            }
+            return Ok(());
         }
     }
-    let mut rounds = vec![0; consumers.len()];
-    for (i, (entry, (delivered, unavailable))) in consumers.iter().zip(seen).enumerate() {
-        let consumer = entry.name.clone();
-        if delivered {
-            if entry.availability.delivered() {
-                step.notes.push(Note::Available { consumer });
-            }
-        } else if let Some(reason) = unavailable {
-            rounds[i] = entry.availability.unavailable(now);
-            if rounds[i] == 1 {
-                let reason = reason.to_string();
-                step.notes.push(Note::Unavailable { consumer, reason });
-            }
-        }
-    }
-    rounds
+    Ok(())
 }
 
 /// The consumers' progress of a job whose row update took: a ledger entry
@@ -153,13 +163,25 @@ fn record_one(
         }
         return Ok(false);
     }
-    // An unavailable outcome of a consumer that delivered others here is
-    // this event's failure.
+    // A paused consumer's row waits out its longest probe interval (or its
+    // release on resumption). An unavailable outcome of a consumer that
+    // delivered others here is this event's failure.
     let effective: Vec<(usize, Outcome)> = o
         .results
         .iter()
-        .map(|(i, outcome)| match rounds[*i] {
-            0 => (*i, outcome.as_failure()),
+        .map(|(i, outcome)| match outcome {
+            Outcome::Unavailable { reason, .. } if o.held.contains(i) => {
+                let entry = &consumers[*i];
+                let after = entry.availability.hold(row_id, Instant::now());
+                let after = Some(after.unwrap_or(entry.retry.longest_hold()));
+                let reason = reason.clone();
+                (*i, Outcome::Unavailable { reason, after })
+            }
+            _ if rounds[*i] == 0 => (*i, outcome.as_failure()),
+            Outcome::Unavailable { .. } => {
+                consumers[*i].availability.probe_with(row_id);
+                (*i, outcome.clone())
+            }
             _ => (*i, outcome.clone()),
         })
         .collect();

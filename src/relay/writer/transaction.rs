@@ -327,6 +327,7 @@ mod tests {
 
     fn outcome(job: &Job, results: Vec<(usize, Outcome)>) -> JobOutcome {
         JobOutcome {
+            held: Vec::new(),
             row_id: job.row_id,
             token: job.token.clone(),
             results,
