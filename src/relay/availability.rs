@@ -110,6 +110,11 @@ impl Availability {
         })
     }
 
+    /// How long it has been paused; None while it answers.
+    pub(crate) fn unavailable_for(&self, now: Instant) -> Option<Duration> {
+        self.with(|s| s.since.map(|t| now.saturating_duration_since(t)))
+    }
+
     /// Probes in a row found unavailable (0 while it answers).
     pub(crate) fn rounds(&self) -> u32 {
         self.with(|s| s.rounds)

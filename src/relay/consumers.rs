@@ -10,7 +10,7 @@ pub(crate) struct ConsumerEntry {
     pub consumer: ConsumerKind,
     pub retry: RetryPolicy,
     /// Whether its destination answers, as its outcomes say.
-    pub availability: Availability,
+    pub availability: std::sync::Arc<Availability>,
 }
 
 /// How a consumer is run.

@@ -150,13 +150,13 @@ impl Flaky {
     }
 }
 
-#[test]
-fn a_paused_consumer_is_probed_with_one_event_and_resumes_its_backlog_at_once() {
+/// A relay with `workers` and one consumer, whose destination is down.
+/// Held events would wait an hour (`max_delay`): only the resumption brings
+/// them back.
+fn paused(workers: usize) -> (Flaky, TestDb, outboxd::RelayHandle) {
     let flaky = Flaky::default();
     flaky.down.store(true, Ordering::SeqCst);
     let db = TestDb::new();
-    // Held events would wait an hour (max_delay): only the resumption
-    // brings them back.
     let schedule = RetryPolicy::default()
         .max_attempts(1)
         .probe_interval(Duration::from_millis(10))
@@ -164,10 +164,16 @@ fn a_paused_consumer_is_probed_with_one_event_and_resumes_its_backlog_at_once() 
     let relay = db
         .relay()
         .retry_policy(schedule)
-        .workers(2)
+        .workers(workers)
         .poll_interval(Duration::from_millis(10))
         .consumer("hook", ["article.created.v1"], flaky.consumer())
         .started();
+    (flaky, db, relay)
+}
+
+#[test]
+fn a_paused_consumer_is_probed_with_one_event_and_resumes_its_backlog_at_once() {
+    let (flaky, db, relay) = paused(2);
     let events: Vec<_> = (0..EVENTS * 10)
         .map(|n| event("article.created.v1", n))
         .collect();
@@ -183,30 +189,21 @@ fn a_paused_consumer_is_probed_with_one_event_and_resumes_its_backlog_at_once() 
     let held: String =
         db.scalar("SELECT last_error FROM event_outbox WHERE last_error LIKE '%paused%' LIMIT 1");
     assert!(held.contains("connection refused"), "{held}");
+    let hook = &relay.metrics().per_consumer[0];
+    assert!(!hook.available && hook.unavailable_ms > 0, "{hook:?}");
 
     flaky.down.store(false, Ordering::SeqCst);
     wait_until("the backlog to be delivered", LONG, || {
         db.count("status = 'delivered'") == EVENTS as i64 * 10
     });
+    let hook = &relay.metrics().per_consumer[0];
+    assert!(hook.available && hook.unavailable_ms == 0, "{hook:?}");
     stop(relay);
 }
 
 #[test]
 fn ordering_keys_held_by_a_pause_resume_in_order() {
-    let flaky = Flaky::default();
-    flaky.down.store(true, Ordering::SeqCst);
-    let db = TestDb::new();
-    let schedule = RetryPolicy::default()
-        .max_attempts(1)
-        .probe_interval(Duration::from_millis(10))
-        .probe_max_interval(Duration::from_millis(20));
-    let relay = db
-        .relay()
-        .retry_policy(schedule)
-        .workers(4)
-        .poll_interval(Duration::from_millis(10))
-        .consumer("hook", ["article.created.v1"], flaky.consumer())
-        .started();
+    let (flaky, db, relay) = paused(4);
     let events: Vec<_> = (0..EVENTS * 5)
         .map(|n| event("article.created.v1", n).ordering_key(format!("k{}", n % 5)))
         .collect();
