@@ -4,6 +4,7 @@
 //! the rest without running the consumer; one probe that gets an answer
 //! resumes it, and the writer then makes the held events due again.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -38,7 +39,7 @@ struct State {
     /// there is always one while it is paused, and never a crowd.
     probe_row: Option<i64>,
     /// Rows held while paused, to be made due when it resumes.
-    held: Vec<i64>,
+    held: VecDeque<i64>,
     /// It resumed and `held` is to be released.
     resumed: bool,
 }
@@ -136,11 +137,21 @@ impl Availability {
                 let at = s.next_probe.unwrap_or(now);
                 return Some(at.saturating_duration_since(now));
             }
-            if s.held.len() < MAX_HELD {
-                s.held.push(row_id);
-            }
+            push(&mut s.held, row_id);
             None
         })
+    }
+
+    /// The row held longest, taken out of the held rows: the next probe
+    /// instead of the one that just failed, so that one event that always
+    /// fails cannot keep the consumer paused.
+    pub(crate) fn oldest_held(&self) -> Option<i64> {
+        self.with(|s| s.held.pop_front())
+    }
+
+    /// Holds a row until the resumption (a probe that failed, replaced).
+    pub(crate) fn hold_later(&self, row_id: i64) {
+        self.with(|s| push(&mut s.held, row_id))
     }
 
     /// Up to `n` held rows to make due now that it has resumed.
@@ -149,11 +160,16 @@ impl Availability {
             if !s.resumed {
                 return Vec::new();
             }
-            let at = s.held.len().saturating_sub(n);
-            let out = s.held.split_off(at);
+            let out: Vec<i64> = s.held.drain(..n.min(s.held.len())).collect();
             s.resumed = !s.held.is_empty();
             out
         })
+    }
+}
+
+fn push(held: &mut VecDeque<i64>, row_id: i64) {
+    if held.len() < MAX_HELD {
+        held.push_back(row_id);
     }
 }
 
@@ -194,8 +210,8 @@ mod tests {
             Change::Resumed(up - t)
         );
         assert_eq!((a.rounds(), a.admit(up)), (0, None));
-        assert_eq!(a.release(1), vec![8]);
         assert_eq!(a.release(1), vec![7]);
+        assert_eq!(a.release(1), vec![8]);
         assert_eq!(a.release(1), Vec::<i64>::new());
     }
 }

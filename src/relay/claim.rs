@@ -425,19 +425,20 @@ pub(crate) fn schedule_retry(
     )
 }
 
-/// Makes the rows of `ids` due at `now` that are pending, not leased and
-/// due later: those a paused consumer held, once it resumes.
+/// Makes the rows of `ids` due at `at` that are pending, not leased and
+/// due later: those a paused consumer held, once it resumes (or the one
+/// that is to be its next probe).
 pub(crate) fn release_held(
     conn: &Connection,
     ids: &[i64],
-    now: Timestamp,
+    at: Timestamp,
 ) -> rusqlite::Result<usize> {
     conn.prepare_cached(
         "UPDATE event_outbox SET available_at = ?2
           WHERE id IN rarray(?1) AND status = 'pending' AND claim_token IS NULL
             AND available_at > ?2",
     )?
-    .execute(params![id_list(ids.iter().copied()), now.as_millis()])
+    .execute(params![id_list(ids.iter().copied()), at.as_millis()])
 }
 
 /// Dead-letters a row with its reason; `spend_attempt` counts the attempt

@@ -136,6 +136,66 @@ fn progress<'a>(
     }
 }
 
+/// The outcomes a job's verdict goes by. A paused consumer's row waits for
+/// the next probe if it is to be it, otherwise for the longest hold (or
+/// the release on resumption); a failed probe hands the next probe to the
+/// row held longest. An unavailable outcome of a consumer that delivered
+/// others here is this event's failure.
+fn effective(
+    tx: &Connection,
+    consumers: &[ConsumerEntry],
+    rounds: &[u32],
+    o: &JobOutcome,
+    now: Timestamp,
+    step: &mut Step,
+) -> rusqlite::Result<Vec<(usize, Outcome)>> {
+    let mut out = Vec::with_capacity(o.results.len());
+    for (i, outcome) in &o.results {
+        let entry = &consumers[*i];
+        let held = |reason: &str, after: Option<std::time::Duration>| Outcome::Unavailable {
+            reason: reason.to_string(),
+            after: Some(after.unwrap_or(entry.retry.longest_hold())),
+        };
+        let effective = match outcome {
+            Outcome::Unavailable { reason, .. } if o.held.contains(i) => {
+                held(reason, entry.availability.hold(o.row_id, Instant::now()))
+            }
+            _ if rounds[*i] == 0 => outcome.as_failure(),
+            Outcome::Unavailable { reason, .. } => {
+                let at = now.plus(entry.retry.probe_after(rounds[*i]));
+                if rotate(tx, entry, o.row_id, at)? {
+                    step.next_due = Some(step.next_due.map_or(at, |t| t.min(at)));
+                    held(reason, None)
+                } else {
+                    entry.availability.probe_with(o.row_id);
+                    outcome.clone()
+                }
+            }
+            _ => outcome.clone(),
+        };
+        out.push((*i, effective));
+    }
+    Ok(out)
+}
+
+/// Makes the row held longest the next probe, due at `at`, in place of
+/// `failed`; false when no held row is left.
+fn rotate(
+    tx: &Connection,
+    entry: &ConsumerEntry,
+    failed: i64,
+    at: Timestamp,
+) -> rusqlite::Result<bool> {
+    while let Some(next) = entry.availability.oldest_held() {
+        if next != failed && claim::release_held(tx, &[next], at)? > 0 {
+            entry.availability.probe_with(next);
+            entry.availability.hold_later(failed);
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Records one job's outcome other than "delivered to all": the row's
 /// fenced update for its verdict (retry, dead letter). True when the
 /// update took (the caller then records the consumers' progress).
@@ -163,28 +223,7 @@ fn record_one(
         }
         return Ok(false);
     }
-    // A paused consumer's row waits out its longest probe interval (or its
-    // release on resumption). An unavailable outcome of a consumer that
-    // delivered others here is this event's failure.
-    let effective: Vec<(usize, Outcome)> = o
-        .results
-        .iter()
-        .map(|(i, outcome)| match outcome {
-            Outcome::Unavailable { reason, .. } if o.held.contains(i) => {
-                let entry = &consumers[*i];
-                let after = entry.availability.hold(row_id, Instant::now());
-                let after = Some(after.unwrap_or(entry.retry.longest_hold()));
-                let reason = reason.clone();
-                (*i, Outcome::Unavailable { reason, after })
-            }
-            _ if rounds[*i] == 0 => (*i, outcome.as_failure()),
-            Outcome::Unavailable { .. } => {
-                consumers[*i].availability.probe_with(row_id);
-                (*i, outcome.clone())
-            }
-            _ => (*i, outcome.clone()),
-        })
-        .collect();
+    let effective = effective(tx, consumers, rounds, o, now, step)?;
     let reports = effective.iter().map(|(i, outcome)| retry::Report {
         consumer: &consumers[*i].name,
         policy: &consumers[*i].retry,
