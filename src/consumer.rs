@@ -117,6 +117,23 @@ pub enum Outcome {
         /// The earliest time from now to try again (a Retry-After header).
         after: Option<Duration>,
     },
+    /// The destination cannot be reached (connection refused or reset, a
+    /// resolver that does not answer, a connect or TLS-handshake timeout, a
+    /// broker with no connection or no responders, HTTP 502/503/504/429):
+    /// the event did not fail, the destination did. Spends no attempt and
+    /// never dead-letters, however long it lasts: the event is tried again
+    /// on the consumer's probe back-off (`retry.probe_interval` doubling to
+    /// `retry.probe_max_interval`), or after `after` when that is later (up
+    /// to `retry.max_delay`). While the same consumer delivers other events
+    /// in the same batch, the destination is evidently up: the outcome then
+    /// counts as a [`Retry`](Outcome::Retry), so one event that always gets
+    /// a 503 still ends in a dead letter.
+    Unavailable {
+        /// Why, for the log and `last_error`.
+        reason: String,
+        /// The earliest time from now to try again (a Retry-After header).
+        after: Option<Duration>,
+    },
     /// Never deliverable: dead-lettered at once, spending no attempt.
     Poison {
         /// Why, for the dead letter.
@@ -141,6 +158,34 @@ impl Outcome {
         }
     }
 
+    /// An unavailable destination, probed again on the consumer's back-off.
+    pub fn unavailable(reason: impl Into<String>) -> Outcome {
+        Outcome::Unavailable {
+            reason: reason.into(),
+            after: None,
+        }
+    }
+
+    /// An unavailable destination, probed again no sooner than `after`.
+    pub fn unavailable_after(reason: impl Into<String>, after: Duration) -> Outcome {
+        Outcome::Unavailable {
+            reason: reason.into(),
+            after: Some(after),
+        }
+    }
+
+    /// This outcome as an ordinary retry (an unavailable outcome becomes
+    /// one; the others are returned as they are).
+    pub(crate) fn as_failure(&self) -> Outcome {
+        match self {
+            Outcome::Unavailable { reason, after } => Outcome::Retry {
+                reason: reason.clone(),
+                after: *after,
+            },
+            other => other.clone(),
+        }
+    }
+
     /// A poison verdict.
     pub fn poison(reason: impl Into<String>) -> Outcome {
         Outcome::Poison {
@@ -154,6 +199,11 @@ impl Outcome {
 /// `deliver` runs on a worker thread. It must not write to the outbox tables
 /// (outcomes are recorded by the relay's writer). A panic inside it is caught
 /// and counted as a retry carrying the panic message.
+///
+/// Tell an outage from a failure: return [`Outcome::Unavailable`] when the
+/// destination could not be reached at all (no attempt is spent, nothing is
+/// dead-lettered, the event waits on a short capped back-off), and
+/// [`Outcome::Retry`] when this event failed (the retry schedule applies).
 ///
 /// ```
 /// use outboxd::consumer::{Consumer, Delivery, Outcome};
@@ -202,7 +252,7 @@ where
 ///   transaction commits; the relay never runs this consumer for the event
 ///   again (outside a replay), even if it crashes before it records the
 ///   row's outcome.
-/// - [`Outcome::Retry`], [`Outcome::Poison`] or a panic: the transaction is
+/// - [`Outcome::Retry`], [`Outcome::Unavailable`], [`Outcome::Poison`] or a panic: the transaction is
 ///   rolled back, so none of its writes remain, and the outcome is
 ///   recorded as for any consumer.
 ///

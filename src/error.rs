@@ -295,6 +295,10 @@ pub enum Setting {
     RetryMaxAttempts,
     /// `RetryPolicy::jitter`.
     RetryJitter,
+    /// `RetryPolicy::probe_interval`.
+    RetryProbeInterval,
+    /// `RetryPolicy::probe_max_interval`.
+    RetryProbeMaxInterval,
     /// `PurgePolicy::dedup_ttl`.
     PurgeDedupTtl,
     /// `PurgePolicy::batch_size`.
@@ -337,6 +341,8 @@ impl Setting {
             Setting::RetryMaxDelay => "retry.max_delay",
             Setting::RetryMaxAttempts => "retry.max_attempts",
             Setting::RetryJitter => "retry.jitter",
+            Setting::RetryProbeInterval => "retry.probe_interval",
+            Setting::RetryProbeMaxInterval => "retry.probe_max_interval",
             Setting::PurgeDedupTtl => "purge.dedup_ttl",
             Setting::PurgeBatchSize => "purge.batch_size",
             Setting::IntentLease => "intents.lease",

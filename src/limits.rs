@@ -75,6 +75,11 @@ pub const DEFAULT_RETRY_MAX_DELAY: Duration = Duration::from_secs(3600);
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 /// The most [`crate::RetryPolicy::max_attempts`] accepted.
 pub const MAX_RETRY_ATTEMPTS: u32 = 1000;
+/// First probe of an unavailable destination (an outcome that spends no
+/// attempt): short, so that a failover of a few seconds costs seconds.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// Longest wait between probes of an unavailable destination.
+pub const DEFAULT_PROBE_MAX_INTERVAL: Duration = Duration::from_secs(30);
 /// Jitter of the default policy: up to 10% added to each delay.
 pub const DEFAULT_JITTER: f64 = 0.1;
 /// The longest [`crate::RetryPolicy::max_delay`]: a week. A bound on the retry

@@ -27,6 +27,8 @@ mod migrations;
 mod model;
 #[path = "library/operations.rs"]
 mod operations;
+#[path = "library/outage.rs"]
+mod outage;
 #[path = "library/relay.rs"]
 mod relay;
 #[path = "library/sinks.rs"]

@@ -353,6 +353,7 @@ impl RelayBuilder {
                 name,
                 consumer,
                 retry: self.retry.clone(),
+                availability: Default::default(),
             });
         }
         for (name, policy) in self.retry_overrides {

@@ -399,23 +399,47 @@ const FINISH_DELIVERED_ONE: &str = concat!(
     " WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'"
 );
 
-/// Schedules another attempt: one more failed attempt, due at `at`, lease
-/// released. False if the claim was lost.
+/// Schedules another attempt, due at `at`, lease released; `spend_attempt`
+/// counts one more failed attempt (not for an unavailable destination).
+/// False if the claim was lost.
 pub(crate) fn schedule_retry(
     conn: &Connection,
     row_id: i64,
     token: &str,
     at: Timestamp,
     reason: &str,
+    spend_attempt: bool,
 ) -> rusqlite::Result<bool> {
     fenced(
         conn,
         "UPDATE event_outbox
-            SET attempts = attempts + 1, available_at = ?3, last_error = ?4,
+            SET attempts = attempts + ?5, available_at = ?3, last_error = ?4,
                 claim_token = NULL, lease_until = NULL
           WHERE id = ?1 AND claim_token = ?2 AND status = 'pending'",
-        params![row_id, token, at.as_millis(), reason],
+        params![
+            row_id,
+            token,
+            at.as_millis(),
+            reason,
+            i64::from(spend_attempt)
+        ],
     )
+}
+
+/// Makes the rows of `ids` due at `at` that are pending, not leased and
+/// due later: those a paused consumer held, once it resumes (or the one
+/// that is to be its next probe).
+pub(crate) fn release_held(
+    conn: &Connection,
+    ids: &[i64],
+    at: Timestamp,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "UPDATE event_outbox SET available_at = ?2
+          WHERE id IN rarray(?1) AND status = 'pending' AND claim_token IS NULL
+            AND available_at > ?2",
+    )?
+    .execute(params![id_list(ids.iter().copied()), at.as_millis()])
 }
 
 /// Dead-letters a row with its reason; `spend_attempt` counts the attempt
@@ -655,7 +679,7 @@ mod tests {
         // ...and every write under the old token does nothing.
         let id = first[0].row_id;
         assert!(!finish_delivered(&conn, id, "T1", later).unwrap());
-        assert!(!schedule_retry(&conn, id, "T1", later, "x").unwrap());
+        assert!(!schedule_retry(&conn, id, "T1", later, "x", true).unwrap());
         assert!(!dead_letter(&conn, id, "T1", "x", later, false).unwrap());
         assert!(!extend(&conn, id, "T1", later).unwrap());
         assert!(!release(&conn, id, "T1", later).unwrap());

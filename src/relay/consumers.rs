@@ -1,5 +1,6 @@
 //! The registered consumers, as the workers run them.
 
+use super::availability::Availability;
 use super::RetryPolicy;
 use crate::consumer::{Consumer, TransactionalConsumer};
 
@@ -8,6 +9,8 @@ pub(crate) struct ConsumerEntry {
     pub name: String,
     pub consumer: ConsumerKind,
     pub retry: RetryPolicy,
+    /// Whether its destination answers, as its outcomes say.
+    pub availability: std::sync::Arc<Availability>,
 }
 
 /// How a consumer is run.

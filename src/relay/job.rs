@@ -33,6 +33,9 @@ pub(crate) struct JobOutcome {
     pub row_id: i64,
     pub token: Arc<str>,
     pub results: Vec<(usize, Outcome)>,
+    /// The consumers of `results` that were paused: not run, their
+    /// outcome says so.
+    pub held: Vec<usize>,
     /// Why the row cannot be delivered at all (it fails [`check_row`]): no
     /// consumer ran, and the writer dead-letters it with this reason.
     ///

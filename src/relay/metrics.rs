@@ -2,6 +2,10 @@
 //! the binary's metrics endpoint) at any time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::availability::Availability;
 
 /// Counters a host can read while the relay runs (see
 /// [`RelayHandle::metrics`](super::RelayHandle::metrics)). All counts are
@@ -29,6 +33,7 @@ struct ConsumerCounters {
     delivered: AtomicU64,
     retried: AtomicU64,
     poisoned: AtomicU64,
+    availability: Arc<Availability>,
 }
 
 /// What one consumer reported for one delivery.
@@ -82,6 +87,11 @@ pub struct ConsumerMetrics {
     pub retried: u64,
     /// Deliveries it rejected as poison.
     pub poisoned: u64,
+    /// False while its destination is unavailable (the consumer is paused).
+    pub available: bool,
+    /// How long its destination has been unavailable, in milliseconds (0
+    /// while available).
+    pub unavailable_ms: u64,
 }
 
 impl Metrics {
@@ -107,8 +117,18 @@ impl Metrics {
         }
     }
 
+    /// Reads each consumer's availability from `list` (in registration
+    /// order).
+    pub(crate) fn with_availability(mut self, list: Vec<Arc<Availability>>) -> Metrics {
+        for ((_, c), a) in self.per_consumer.iter_mut().zip(list) {
+            c.availability = a;
+        }
+        self
+    }
+
     /// A copy of every counter.
     pub fn snapshot(&self) -> MetricsSnapshot {
+        let now = Instant::now();
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         MetricsSnapshot {
             delivered: g(&self.delivered),
@@ -126,11 +146,16 @@ impl Metrics {
             per_consumer: self
                 .per_consumer
                 .iter()
-                .map(|(name, c)| ConsumerMetrics {
-                    name: name.clone(),
-                    delivered: g(&c.delivered),
-                    retried: g(&c.retried),
-                    poisoned: g(&c.poisoned),
+                .map(|(name, c)| {
+                    let down = c.availability.unavailable_for(now);
+                    ConsumerMetrics {
+                        name: name.clone(),
+                        delivered: g(&c.delivered),
+                        retried: g(&c.retried),
+                        poisoned: g(&c.poisoned),
+                        available: down.is_none(),
+                        unavailable_ms: down.map_or(0, |d| d.as_millis() as u64),
+                    }
                 })
                 .collect(),
         }
@@ -175,13 +200,17 @@ mod tests {
                     name: "a".into(),
                     delivered: 1,
                     retried: 0,
-                    poisoned: 0
+                    poisoned: 0,
+                    available: true,
+                    unavailable_ms: 0
                 },
                 ConsumerMetrics {
                     name: "b".into(),
                     delivered: 0,
                     retried: 2,
-                    poisoned: 1
+                    poisoned: 1,
+                    available: true,
+                    unavailable_ms: 0
                 }
             ]
         );

@@ -34,6 +34,7 @@
 //! How the relay's threads work together, and which module decides what:
 //! docs/relay.md.
 
+mod availability;
 mod builder;
 mod checkpoint;
 pub(crate) mod claim;

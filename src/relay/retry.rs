@@ -8,14 +8,17 @@ use crate::clock::Timestamp;
 use crate::consumer::Outcome;
 use crate::error::{Setting, SettingError};
 use crate::limits::{
-    DEFAULT_JITTER, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX_DELAY,
-    MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY,
+    DEFAULT_JITTER, DEFAULT_MAX_ATTEMPTS, DEFAULT_PROBE_INTERVAL, DEFAULT_PROBE_MAX_INTERVAL,
+    DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX_DELAY, MAX_RETRY_ATTEMPTS, MAX_RETRY_DELAY,
 };
 
 /// When to try a failed delivery again: exponential backoff from `initial`,
 /// doubling up to `max_delay`, for at most `max_attempts` attempts in all,
 /// with up to `jitter` (a fraction) added at random so that many events
-/// failing together do not all come back at once.
+/// failing together do not all come back at once. An unavailable
+/// destination ([`Outcome::Unavailable`]) spends no attempt: it is probed
+/// again after `probe_interval`, doubling up to `probe_max_interval`, for as
+/// long as the outage lasts.
 ///
 /// ```
 /// use outboxd::relay::RetryPolicy;
@@ -25,6 +28,8 @@ use crate::limits::{
 /// assert_eq!(p.delay_after(2), Some(Duration::from_secs(60)));
 /// assert_eq!(p.delay_after(9), Some(Duration::from_secs(3600)));
 /// assert_eq!(p.delay_after(10), None); // the 10th failure dead-letters
+/// assert_eq!(p.probe_after(1), Duration::from_millis(500));
+/// assert_eq!(p.probe_after(100), Duration::from_secs(30)); // never gives up
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct RetryPolicy {
@@ -32,16 +37,21 @@ pub struct RetryPolicy {
     max_delay: Duration,
     max_attempts: u32,
     jitter: f64,
+    probe_interval: Duration,
+    probe_max_interval: Duration,
 }
 
 impl Default for RetryPolicy {
-    /// 30 s doubling to 1 h, 10 attempts, 10% jitter.
+    /// 30 s doubling to 1 h, 10 attempts, 10% jitter; probes of an
+    /// unavailable destination 0.5 s doubling to 30 s.
     fn default() -> Self {
         RetryPolicy {
             initial: DEFAULT_RETRY_INITIAL,
             max_delay: DEFAULT_RETRY_MAX_DELAY,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             jitter: DEFAULT_JITTER,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
+            probe_max_interval: DEFAULT_PROBE_MAX_INTERVAL,
         }
     }
 }
@@ -55,7 +65,7 @@ impl RetryPolicy {
             initial: Duration::from_secs(60),
             max_delay: Duration::from_secs(12 * 3600),
             max_attempts: 20,
-            jitter: DEFAULT_JITTER,
+            ..RetryPolicy::default()
         }
     }
 
@@ -84,6 +94,20 @@ impl RetryPolicy {
     #[must_use]
     pub fn jitter(mut self, fraction: f64) -> Self {
         self.jitter = fraction;
+        self
+    }
+
+    /// The first wait before probing an unavailable destination again.
+    #[must_use]
+    pub fn probe_interval(mut self, d: Duration) -> Self {
+        self.probe_interval = d;
+        self
+    }
+
+    /// The longest wait between probes of an unavailable destination.
+    #[must_use]
+    pub fn probe_max_interval(mut self, d: Duration) -> Self {
+        self.probe_max_interval = d;
         self
     }
 
@@ -130,6 +154,24 @@ impl RetryPolicy {
                 ),
             ));
         }
+        if self.probe_interval.is_zero() {
+            return Err(SettingError::new(
+                Setting::RetryProbeInterval,
+                "must be longer than zero, such as 500 milliseconds",
+            ));
+        }
+        if self.probe_max_interval < self.probe_interval
+            || self.probe_max_interval > MAX_RETRY_DELAY
+        {
+            return Err(SettingError::new(
+                Setting::RetryProbeMaxInterval,
+                format!(
+                    "{} is out of range; allowed: retry.probe_interval ({}) to 7 days",
+                    crate::text::duration(self.probe_max_interval),
+                    crate::text::duration(self.probe_interval)
+                ),
+            ));
+        }
         if !(0.0..=1.0).contains(&self.jitter) {
             return Err(SettingError::new(
                 Setting::RetryJitter,
@@ -147,7 +189,30 @@ impl RetryPolicy {
     /// longest delay). A retry due further ahead than this was not
     /// scheduled with the clock as it reads now.
     pub fn longest_wait(&self) -> Duration {
-        self.max_delay.mul_f64(1.0 + self.jitter.clamp(0.0, 1.0))
+        self.max_delay
+            .max(self.probe_max_interval)
+            .mul_f64(1.0 + self.jitter.clamp(0.0, 1.0))
+    }
+
+    /// The longest a Retry-After holds an event: the longest delay.
+    pub(crate) fn retry_after_cap(&self) -> Duration {
+        self.max_delay
+    }
+
+    /// How long a paused consumer's held event waits at most when its
+    /// resumption does not release it sooner: the longest delay, so that a
+    /// long pause costs the claim nothing per probe.
+    pub(crate) fn longest_hold(&self) -> Duration {
+        self.max_delay.max(self.probe_max_interval)
+    }
+
+    /// The wait before the next probe of a destination found unavailable
+    /// `rounds` times in a row (1 the first time), without jitter.
+    pub fn probe_after(&self, rounds: u32) -> Duration {
+        let doublings = rounds.saturating_sub(1).min(31);
+        self.probe_interval
+            .saturating_mul(1u32 << doublings)
+            .min(self.probe_max_interval)
     }
 
     /// The delay before the next attempt, given the number of failed
@@ -178,6 +243,9 @@ pub(crate) struct Report<'a> {
     pub policy: &'a RetryPolicy,
     /// What it reported.
     pub outcome: &'a Outcome,
+    /// How many rounds in a row its destination has been unavailable, this
+    /// one included (read for an unavailable outcome only).
+    pub rounds: u32,
 }
 
 /// What becomes of a row once all its consumers have reported.
@@ -192,6 +260,9 @@ pub(crate) enum Verdict {
         attempt: u32,
         reason: String,
     },
+    /// Only unavailable destinations kept the row: deliver again at `at`
+    /// (their probe), spending no attempt.
+    Held { at: Timestamp, reason: String },
     /// A consumer said poison: dead-letter now, spending no attempt.
     Poison { reason: String },
     /// A failing consumer has spent its attempts: dead-letter, counting this
@@ -210,6 +281,9 @@ pub(crate) enum Verdict {
 ///   than [`RetryPolicy::longest_wait`]).
 /// - When any retrying consumer's policy has no attempt left, the row is
 ///   dead-lettered instead ("gave up after N attempts").
+/// - An unavailable consumer alone holds the row until its next probe
+///   (its Retry-After if later, up to its longest delay), spending no
+///   attempt; beside a retry, the row waits for the later of the two.
 pub(crate) fn verdict<'a>(
     reports: impl IntoIterator<Item = Report<'a>>,
     failures_before: u32,
@@ -218,6 +292,8 @@ pub(crate) fn verdict<'a>(
 ) -> Verdict {
     let failures = failures_before.saturating_add(1);
     let mut retries: Vec<(&str, &str)> = Vec::new();
+    let mut held: Vec<(&str, &str)> = Vec::new();
+    let mut probe = Duration::ZERO;
     // Some(wait) while every retrying consumer has attempts left.
     let mut wait = Some(Duration::ZERO);
     for r in reports {
@@ -239,19 +315,35 @@ pub(crate) fn verdict<'a>(
                     _ => None,
                 };
             }
+            Outcome::Unavailable { reason, after } => {
+                held.push((r.consumer, reason));
+                let base = r.policy.probe_after(r.rounds);
+                let delay = base.mul_f64(1.0 + r.policy.jitter * unit().clamp(0.0, 1.0));
+                let cap = r.policy.max_delay.max(r.policy.probe_max_interval);
+                probe = probe.max(delay).max(after.unwrap_or_default().min(cap));
+            }
         }
     }
+    let reasons = |list: &[(&str, &str)]| {
+        list.iter()
+            .map(|(consumer, r)| format!("consumer {consumer}: {r}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
     if retries.is_empty() {
-        return Verdict::Delivered;
+        if held.is_empty() {
+            return Verdict::Delivered;
+        }
+        return Verdict::Held {
+            at: now.plus(probe),
+            reason: format!("unavailable: {}", reasons(&held)),
+        };
     }
-    let reason = retries
-        .iter()
-        .map(|(consumer, r)| format!("consumer {consumer}: {r}"))
-        .collect::<Vec<_>>()
-        .join("; ");
+    retries.extend(held);
+    let reason = reasons(&retries);
     match wait {
         Some(wait) => Verdict::Retry {
-            at: now.plus(wait),
+            at: now.plus(wait.max(probe)),
             attempt: failures,
             reason,
         },
@@ -274,7 +366,49 @@ mod tests {
             consumer,
             policy,
             outcome,
+            rounds: 1,
         }
+    }
+
+    #[test]
+    fn an_unavailable_destination_spends_no_attempt_and_never_gives_up() {
+        let p = RetryPolicy::default().max_attempts(2).jitter(0.0);
+        let (ok, down) = (Outcome::Delivered, Outcome::unavailable("refused"));
+        // Far beyond the attempts: still held, at the capped probe interval.
+        let v = verdict(
+            [
+                report("a", &p, &ok),
+                Report {
+                    rounds: 50,
+                    ..report("b", &p, &down)
+                },
+            ],
+            40,
+            NOW,
+            || 0.0,
+        );
+        assert_eq!(
+            v,
+            Verdict::Held {
+                at: NOW.plus(Duration::from_secs(30)),
+                reason: "unavailable: consumer b: refused".into()
+            }
+        );
+        // A Retry-After is honoured up to the longest delay.
+        let busy = Outcome::unavailable_after("429", Duration::from_secs(7200));
+        let Verdict::Held { at, .. } = verdict([report("a", &p, &busy)], 0, NOW, || 0.0) else {
+            panic!()
+        };
+        assert_eq!(at, NOW.plus(Duration::from_secs(3600)));
+        // Beside a failure, the failure's schedule counts the attempt.
+        let fail = Outcome::retry("500");
+        let v = verdict(
+            [report("a", &p, &fail), report("b", &p, &down)],
+            0,
+            NOW,
+            || 0.0,
+        );
+        assert!(matches!(v, Verdict::Retry { attempt: 1, .. }), "{v:?}");
     }
 
     #[test]

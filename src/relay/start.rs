@@ -20,9 +20,10 @@ impl Relay {
             routes,
             clock,
         } = self;
-        let metrics = Arc::new(Metrics::new(
-            consumers.iter().map(|c| c.name.clone()).collect(),
-        ));
+        let metrics = Arc::new(
+            Metrics::new(consumers.iter().map(|c| c.name.clone()).collect())
+                .with_availability(consumers.iter().map(|c| c.availability.clone()).collect()),
+        );
         let (control_tx, control_rx) = crossbeam_channel::bounded(64);
         let (workers, flush_interval) = (settings.workers, settings.flush_interval);
         let path = Arc::new(settings.path.clone());

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use super::availability::Change;
 use super::job::{Job, JobOutcome};
 use super::panic::panic_message;
 use super::transactional::Session;
@@ -52,6 +53,7 @@ pub(crate) fn run(
         // The row's payload moves into the one delivery its consumers
         // share, in turn: a delivery holds one copy of it, whatever the
         // number of consumers.
+        let mut held = Vec::new();
         let (results, invalid) = match std::mem::take(&mut job.raw).into_checked() {
             Ok(row) => {
                 if let Some(e) = &row.trace_dropped {
@@ -75,10 +77,17 @@ pub(crate) fn run(
                     .consumers
                     .iter()
                     .map(|&i| {
-                        delivery.consumer.clone_from(&consumers[i].name);
+                        let entry = &consumers[i];
+                        if let Some(reason) = entry.availability.admit(Instant::now()) {
+                            held.push(i);
+                            return (i, Outcome::unavailable(reason));
+                        }
+                        delivery.consumer.clone_from(&entry.name);
                         // Every attempt to every consumer is a span of its own.
                         delivery.trace = row.trace.as_ref().map(TraceContext::child);
-                        (i, deliver(&consumers[i], &job, &delivery, &mut session))
+                        let outcome = deliver(entry, &job, &delivery, &mut session);
+                        pause_or_resume(entry, &outcome);
+                        (i, outcome)
                     })
                     .collect();
                 (results, None)
@@ -92,6 +101,7 @@ pub(crate) fn run(
             row_id: job.row_id,
             token: job.token,
             results,
+            held,
             invalid,
         });
         let due = jobs.is_empty() || group.len() >= MAX_GROUP || oldest.elapsed() >= flush_interval;
@@ -123,6 +133,32 @@ impl Exited {
 impl Drop for Exited {
     fn drop(&mut self) {
         let _ = self.to.send(self.n);
+    }
+}
+
+/// Pauses a consumer whose destination did not answer, or resumes one
+/// whose probe got an answer, and says so.
+fn pause_or_resume(entry: &ConsumerEntry, outcome: &Outcome) {
+    let consumer = &entry.name;
+    match entry
+        .availability
+        .observe(outcome, &entry.retry, Instant::now())
+    {
+        Change::None => {}
+        Change::Paused => {
+            let Outcome::Unavailable { reason, .. } = outcome else {
+                return;
+            };
+            tracing::warn!(
+                %consumer, %reason,
+                "destination unavailable: consumer paused, probing it with one event at a time; \
+                 its events spend no attempt meanwhile"
+            )
+        }
+        Change::Resumed(after) => tracing::info!(
+            %consumer, unavailable_for = ?after,
+            "destination available again: consumer resumed, delivering its backlog"
+        ),
     }
 }
 
@@ -163,6 +199,9 @@ fn deliver(
         // Whether it is tried again is the writer's verdict (the retries may
         // be spent), logged once it is recorded.
         Outcome::Retry { reason, .. } => tracing::warn!(%reason, "delivery failed"),
+        Outcome::Unavailable { reason, .. } => {
+            tracing::debug!(%reason, "destination unavailable")
+        }
         Outcome::Poison { reason } => {
             tracing::warn!(%reason, "consumer rejected the event as poison")
         }

@@ -72,6 +72,7 @@ fn relay(path: &str, clock: &ManualClock, log: &Log) -> outboxd::Result<RelayHan
             let c = match o {
                 Outcome::Delivered => 'd',
                 Outcome::Retry { .. } => 'r',
+                Outcome::Unavailable { .. } => 'u',
                 Outcome::Poison { .. } => 'p',
             };
             log.lock().unwrap().push((name, d.envelope.event_id, c));

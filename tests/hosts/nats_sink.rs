@@ -532,8 +532,10 @@ fn an_unreachable_server_is_waited_for() {
             .recv_timeout(WAIT)
             .expect("a retry must not wait for the ack timeout");
         match outcome {
-            Outcome::Retry { reason, .. } => assert!(reason.contains("not connected"), "{reason}"),
-            other => panic!("expected a retry, got {other:?}"),
+            Outcome::Unavailable { reason, .. } => {
+                assert!(reason.contains("not connected"), "{reason}")
+            }
+            other => panic!("expected an unavailable destination, got {other:?}"),
         }
         server.start_again();
         common::wait_until("the sink to deliver after the server came up", WAIT, || {

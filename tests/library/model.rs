@@ -308,6 +308,7 @@ fn start_relay(db: &TestDb, clock: &ManualClock, log: &Log, slow: bool) -> outbo
             let c = match o {
                 Outcome::Delivered => 'd',
                 Outcome::Retry { .. } => 'r',
+                Outcome::Unavailable { .. } => 'u',
                 Outcome::Poison { .. } => 'p',
             };
             lb.lock().unwrap().push(("b", d.envelope.event_id, c));

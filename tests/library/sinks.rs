@@ -850,7 +850,7 @@ fn webhook_statuses_map_to_outcomes() {
     );
 
     match sink(&server.url("/429")).deliver(&delivery("1")) {
-        Outcome::Retry { reason, after } => {
+        Outcome::Unavailable { reason, after } => {
             assert_eq!(after, Some(Duration::from_secs(7)));
             assert!(reason.contains("429"), "{reason}");
         }
@@ -883,7 +883,7 @@ fn webhook_statuses_map_to_outcomes() {
 }
 
 #[test]
-fn webhook_timeouts_and_network_errors_are_retries() {
+fn webhook_timeouts_are_retries_and_a_closed_port_is_unavailable() {
     let server = webhook_server();
     let slow = WebhookSink::builder(server.url("/slow"))
         .secret(SECRET)
@@ -900,8 +900,10 @@ fn webhook_timeouts_and_network_errors_are_retries() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let reason = retry_reason(sink(&format!("http://{closed}/")).deliver(&delivery("1")));
-    assert!(reason.contains("cannot POST"), "{reason}");
+    match sink(&format!("http://{closed}/")).deliver(&delivery("1")) {
+        Outcome::Unavailable { reason, .. } => assert!(reason.contains("cannot POST"), "{reason}"),
+        other => panic!("expected an unavailable receiver, got {other:?}"),
+    }
 }
 
 #[test]

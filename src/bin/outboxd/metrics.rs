@@ -106,6 +106,16 @@ const METRICS: &[Metric] = &[
         "Deliveries by consumer and result since start.",
         Read::RelayLabelled(per_consumer),
     ),
+    gauge(
+        "outboxd_consumer_available",
+        "0 while the consumer's destination is unavailable (the consumer is paused and probed), 1 otherwise.",
+        Read::RelayLabelled(|m| by_consumer(m, |c| if c.available { 1.0 } else { 0.0 })),
+    ),
+    gauge(
+        "outboxd_consumer_unavailable_seconds",
+        "How long the consumer's destination has been unavailable (0 while available).",
+        Read::RelayLabelled(|m| by_consumer(m, |c| c.unavailable_ms as f64 / 1000.0)),
+    ),
     counter(
         "outboxd_events_delivered_total",
         "Events marked delivered (every consumer succeeded) since start.",
@@ -247,6 +257,14 @@ fn database_name(db: &Path) -> String {
     )
 }
 
+/// One sample per consumer.
+fn by_consumer(m: &MetricsSnapshot, f: fn(&outboxd::relay::ConsumerMetrics) -> f64) -> Vec<Sample> {
+    m.per_consumer
+        .iter()
+        .map(|c| (format!("{{consumer=\"{}\"}}", escape(&c.name)), f(c)))
+        .collect()
+}
+
 fn per_consumer(m: &MetricsSnapshot) -> Vec<Sample> {
     let mut samples = Vec::new();
     for consumer in &m.per_consumer {
@@ -315,6 +333,8 @@ mod tests {
                 delivered: 4,
                 retried: 2,
                 poisoned: 1,
+                available: false,
+                unavailable_ms: 90_500,
             }],
             ..Default::default()
         };
@@ -336,6 +356,11 @@ mod tests {
         );
         assert!(
             text.contains("# TYPE outboxd_commits_total counter\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outboxd_consumer_available{consumer=\"hook\"} 0\n")
+                && text.contains("outboxd_consumer_unavailable_seconds{consumer=\"hook\"} 90.5\n"),
             "{text}"
         );
         assert_eq!(escape("a\"b\\"), "a\\\"b\\\\");

@@ -35,6 +35,11 @@ pub(super) enum Note {
         attempt: u32,
         at: Timestamp,
     },
+    Held {
+        row_id: i64,
+        event_id: EventId,
+        at: Timestamp,
+    },
     Poison {
         row_id: i64,
         event_id: EventId,
@@ -93,6 +98,13 @@ impl Note {
                 at,
             } => {
                 tracing::info!(row_id, %event_id, attempt, retry_at = %at, "retry scheduled: will retry")
+            }
+            Note::Held {
+                row_id,
+                event_id,
+                at,
+            } => {
+                tracing::debug!(row_id, %event_id, probe_at = %at, "held: the destination is unavailable; no attempt spent")
             }
             Note::Poison {
                 row_id,

@@ -200,6 +200,7 @@ mod tests {
                 name: name.into(),
                 consumer: ConsumerKind::Plain(Box::new(|_: &Delivery| Outcome::Delivered)),
                 retry: retry.clone(),
+                availability: Default::default(),
             };
             let patterns = |ps: &[&str]| -> Vec<Pattern> {
                 ps.iter().map(|p| Pattern::parse(p).unwrap()).collect()
@@ -326,6 +327,7 @@ mod tests {
 
     fn outcome(job: &Job, results: Vec<(usize, Outcome)>) -> JobOutcome {
         JobOutcome {
+            held: Vec::new(),
             row_id: job.row_id,
             token: job.token.clone(),
             results,

@@ -76,17 +76,19 @@ pub(super) fn outcome(
         Ok(_) => return Outcome::Delivered,
         Err(e) => e,
     };
+    // A timeout, a lost connection, no responders: the broker is out of
+    // reach (a paused node, a leader election), not this message at fault.
     match e.kind() {
-        PublishErrorKind::TimedOut => Outcome::retry(format!(
+        PublishErrorKind::TimedOut => Outcome::unavailable(format!(
             "no acknowledgement from JetStream within {ack_timeout:?} (ack_timeout) for the \
              message to {subject}"
         )),
-        PublishErrorKind::BrokenPipe => Outcome::retry(format!(
+        PublishErrorKind::BrokenPipe => Outcome::unavailable(format!(
             "the connection to NATS was lost before JetStream acknowledged the message to {subject}"
         )),
         // Only subjects the stream takes get this far, so no responders
         // means the stream cannot answer now (its server or leader is down).
-        PublishErrorKind::StreamNotFound => Outcome::retry(format!(
+        PublishErrorKind::StreamNotFound => Outcome::unavailable(format!(
             "no responders for {subject}: stream {stream} takes the subject but did not answer \
              (is its server or leader down?)"
         )),
@@ -174,15 +176,15 @@ mod tests {
         let o = |kind| outcome(Err(PublishError::new(kind)), "events.a", "S", t);
         assert!(matches!(
             o(PublishErrorKind::TimedOut),
-            Outcome::Retry { .. }
+            Outcome::Unavailable { .. }
         ));
         assert!(matches!(
             o(PublishErrorKind::BrokenPipe),
-            Outcome::Retry { .. }
+            Outcome::Unavailable { .. }
         ));
         assert!(matches!(
             o(PublishErrorKind::StreamNotFound),
-            Outcome::Retry { .. }
+            Outcome::Unavailable { .. }
         ));
         assert!(matches!(o(PublishErrorKind::Other), Outcome::Retry { .. }));
         assert!(matches!(

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use ureq::http::{HeaderName, HeaderValue, StatusCode};
+use ureq::Timeout;
 
 use super::address::AddressRefused;
 use super::redact::{Redactor, Shown};
@@ -148,13 +149,30 @@ impl WebhookSink {
                 Some(refused) => Outcome::poison(format!("cannot POST to {url}: {refused}")),
                 None => Outcome::retry(format!("cannot POST to {url}: {inner}")),
             },
+            // Before the request was sent: the receiver is out of reach.
+            ureq::Error::Timeout(which @ (Timeout::Resolve | Timeout::Connect)) => {
+                Outcome::unavailable(format!(
+                    "POST to {url} timed out ({which} timeout; connect {:?}, total {:?})",
+                    self.connect_timeout, self.timeout
+                ))
+            }
             ureq::Error::Timeout(which) => Outcome::retry(format!(
                 "POST to {url} timed out ({which} timeout; connect {:?}, total {:?})",
                 self.connect_timeout, self.timeout
             )),
-            ureq::Error::HostNotFound => Outcome::retry(format!(
+            // A name that does not exist is refused by check-config and at
+            // start; at run time a failed lookup is the resolver's outage.
+            ureq::Error::HostNotFound => Outcome::unavailable(format!(
                 "cannot POST to {url}: the host name did not resolve"
             )),
+            ureq::Error::Io(e) if unreachable(&e) => {
+                Outcome::unavailable(format!("cannot POST to {url}: {e}"))
+            }
+            // A refused TLS handshake (a rotated certificate) stops every
+            // event alike: check-config names it, health shows the pause.
+            e @ (ureq::Error::ConnectionFailed | ureq::Error::Tls(_) | ureq::Error::Rustls(_)) => {
+                Outcome::unavailable(format!("cannot POST to {url}: {e}"))
+            }
             other => Outcome::retry(format!("cannot POST to {url}: {other}")),
         }
     }
@@ -167,6 +185,10 @@ impl Consumer for WebhookSink {
         // logs and dead letters, so configured secrets are cut out of it.
         match self.post(delivery) {
             Outcome::Retry { reason, after } => Outcome::Retry {
+                reason: self.redactor.apply(reason),
+                after,
+            },
+            Outcome::Unavailable { reason, after } => Outcome::Unavailable {
                 reason: self.redactor.apply(reason),
                 after,
             },
@@ -194,6 +216,24 @@ impl fmt::Debug for WebhookSink {
     }
 }
 
+/// An I/O error that says the receiver could not be reached or dropped
+/// the connection: an outage, not this event's failure.
+fn unreachable(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | NotConnected
+            | BrokenPipe
+            | TimedOut
+            | HostUnreachable
+            | NetworkUnreachable
+            | AddrNotAvailable
+    )
+}
+
 /// The verdict on one response.
 fn classify(
     status: u16,
@@ -219,7 +259,11 @@ fn classify(
              Location: {}",
             location.unwrap_or("(none given)")
         )),
-        408 | 425 | 429 | 500..=599 => match retry_after.and_then(|v| parse_retry_after(v, now)) {
+        429 | 502..=504 => match retry_after.and_then(|v| parse_retry_after(v, now)) {
+            Some(after) => Outcome::unavailable_after(answered, after),
+            None => Outcome::unavailable(answered),
+        },
+        408 | 425 | 500..=599 => match retry_after.and_then(|v| parse_retry_after(v, now)) {
             Some(after) => Outcome::retry_after(answered, after),
             None => Outcome::retry(answered),
         },
@@ -270,11 +314,20 @@ mod tests {
         let now = SystemTime::now();
         assert_eq!(classify(200, None, None, b"", now), Outcome::Delivered);
         assert_eq!(classify(204, None, None, b"", now), Outcome::Delivered);
-        for s in [408, 425, 429, 500, 502, 503, 599] {
+        for s in [408, 425, 500, 501, 505, 599] {
             assert!(
                 matches!(
                     classify(s, None, None, b"", now),
                     Outcome::Retry { after: None, .. }
+                ),
+                "{s}"
+            );
+        }
+        for s in [429, 502, 503, 504] {
+            assert!(
+                matches!(
+                    classify(s, None, None, b"", now),
+                    Outcome::Unavailable { after: None, .. }
                 ),
                 "{s}"
             );
@@ -292,7 +345,7 @@ mod tests {
         // Retry-After is honoured on retryable statuses only.
         assert_eq!(
             classify(503, Some("120"), None, b"busy", now),
-            Outcome::retry_after(
+            Outcome::unavailable_after(
                 "the receiver answered 503 Service Unavailable: busy",
                 Duration::from_secs(120)
             )

@@ -221,7 +221,9 @@ fn setting_error(c: &Checker<'_>, e: &SettingError) -> ConfigError {
         Setting::RetryInitial
         | Setting::RetryMaxDelay
         | Setting::RetryMaxAttempts
-        | Setting::RetryJitter => match consumer {
+        | Setting::RetryJitter
+        | Setting::RetryProbeInterval
+        | Setting::RetryProbeMaxInterval => match consumer {
             Some(at) => format!("{at}.{name}"),
             None => name.to_string(),
         },

@@ -15,6 +15,8 @@ pub(crate) struct RawRetry {
     max_delay: Option<Dur>,
     max_attempts: Option<Whole<1, { outboxd::relay::MAX_RETRY_ATTEMPTS as u64 }>>,
     jitter: Option<f64>,
+    probe_interval: Option<Dur>,
+    probe_max_interval: Option<Dur>,
 }
 
 /// The keys a retry table sets, on top of `base`.
@@ -31,6 +33,12 @@ pub(crate) fn apply(raw: &RawRetry, base: RetryPolicy) -> RetryPolicy {
     }
     if let Some(j) = raw.jitter {
         p = p.jitter(j);
+    }
+    if let Some(Dur(d)) = raw.probe_interval {
+        p = p.probe_interval(d);
+    }
+    if let Some(Dur(d)) = raw.probe_max_interval {
+        p = p.probe_max_interval(d);
     }
     p
 }

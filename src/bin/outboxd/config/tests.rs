@@ -178,6 +178,11 @@ fn setting_errors_echo_durations_in_the_units_people_write() {
             "retry.max_delay",
             "30m is shorter than retry.initial (1h); allowed: retry.initial or longer",
         ),
+        (
+            "[retry]\nprobe_interval = \"1m\"\nprobe_max_interval = \"30s\"",
+            "retry.probe_max_interval",
+            "30s is out of range; allowed: retry.probe_interval (1m) to 7 days",
+        ),
     ];
     for (section, field, want) in cases {
         let e = parse(&format!("{section}\n{STDOUT}")).unwrap_err();

@@ -31,8 +31,10 @@ impl Shared {
         let started = Instant::now();
         let taken = match &*self.state.read().unwrap_or_else(|p| p.into_inner()) {
             StreamState::Ready(s) => s.subjects.iter().any(|f| filter_covers(f, &subject)),
+            // Not reached yet, or refused (a stream or permission removed
+            // since the start): no event of this sink can go, so it waits.
             StreamState::Waiting(why) | StreamState::Refused(why) => {
-                return Outcome::retry(why.clone())
+                return Outcome::unavailable(why.clone())
             }
         };
         if !taken {
@@ -41,7 +43,7 @@ impl Shared {
             }
         }
         if self.client.connection_state() != State::Connected {
-            return Outcome::retry(format!(
+            return Outcome::unavailable(format!(
                 "not connected to NATS {}: reconnecting",
                 self.servers
             ));
