@@ -155,6 +155,7 @@ fn span_of(d: &Delivery, start: SystemTime, end: SystemTime, outcome: &Outcome) 
         Outcome::Delivered => ("delivered", None),
         Outcome::Retry { reason, .. } => ("retry", Some(reason)),
         Outcome::Poison { reason } => ("poison", Some(reason)),
+        Outcome::Unavailable { reason, .. } => ("unavailable", Some(reason)),
     };
     let mut attributes = vec![
         ("outboxd.event_id", Value::Str(env.event_id.to_string())),
