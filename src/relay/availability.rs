@@ -12,8 +12,8 @@ use crate::consumer::Outcome;
 use crate::relay::RetryPolicy;
 
 /// The most held rows remembered per consumer for an early release on
-/// resumption; rows beyond it come back at their own time (at most
-/// `probe_max_interval` later).
+/// resumption; rows beyond it come back at their own time (after the
+/// policy's `max_delay`, docs/relay.md).
 const MAX_HELD: usize = 1 << 20;
 
 /// One consumer's destination, shared by the workers (which run the

@@ -153,7 +153,7 @@ fn run_exports_a_span_per_attempt_with_the_producers_span_as_parent() {
     let collector = Receiver::start(|_, _| Answer::new("200 OK", ""));
     let hook = Receiver::start(|_, earlier| {
         if earlier.is_empty() {
-            Answer::new("503 Service Unavailable", "later")
+            Answer::new("500 Internal Server Error", "later")
         } else {
             Answer::new("200 OK", "ok")
         }
