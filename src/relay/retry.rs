@@ -207,12 +207,14 @@ impl RetryPolicy {
     }
 
     /// The wait before the next probe of a destination found unavailable
-    /// `rounds` times in a row (1 the first time), without jitter.
+    /// `rounds` times in a row (1 the first time), without jitter. Never
+    /// longer than the longest delay: a pause must not bring a destination
+    /// that is back into use later than the retry schedule would.
     pub fn probe_after(&self, rounds: u32) -> Duration {
         let doublings = rounds.saturating_sub(1).min(31);
         self.probe_interval
             .saturating_mul(1u32 << doublings)
-            .min(self.probe_max_interval)
+            .min(self.probe_max_interval.min(self.max_delay))
     }
 
     /// The delay before the next attempt, given the number of failed
@@ -368,6 +370,16 @@ mod tests {
             outcome,
             rounds: 1,
         }
+    }
+
+    #[test]
+    fn a_probe_never_waits_longer_than_the_longest_delay() {
+        let short = RetryPolicy::default().max_delay(Duration::from_secs(2));
+        assert_eq!(short.probe_after(1), Duration::from_millis(500));
+        assert_eq!(short.probe_after(3), Duration::from_secs(2));
+        assert_eq!(short.probe_after(10), Duration::from_secs(2));
+        let default = RetryPolicy::default();
+        assert_eq!(default.probe_after(10), Duration::from_secs(30));
     }
 
     #[test]
