@@ -228,7 +228,7 @@ fn truncate_large_wal(conn: &Connection, wal: &Path) {
 /// not the memory to rewrite does not hold the others back; counts them in
 /// `tick`.
 fn dead_letter_oversized(conn: &mut Connection, now: Timestamp, max_payload: u64, tick: &mut Tick) {
-    let found = match super::claim::oversized(conn, now, max_payload, OVERSIZED_WINDOW) {
+    let found = match super::fenced::oversized(conn, now, max_payload, OVERSIZED_WINDOW) {
         Ok(found) => found,
         Err(e) if crate::error::is_damage(&e) => {
             tick.damage = Some(e);
@@ -248,7 +248,7 @@ fn dead_letter_oversized(conn: &mut Connection, now: Timestamp, max_payload: u64
         let ended = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .and_then(|tx| {
-                let ended = super::claim::dead_letter_oversized(&tx, row_id, now, &reason)?;
+                let ended = super::fenced::dead_letter_oversized(&tx, row_id, now, &reason)?;
                 tx.commit()?;
                 Ok(ended)
             });

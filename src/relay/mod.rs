@@ -40,6 +40,7 @@ mod checkpoint;
 pub(crate) mod claim;
 mod clock_step;
 mod consumers;
+pub(crate) mod fenced;
 mod handle;
 mod housekeeping;
 mod job;

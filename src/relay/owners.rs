@@ -4,12 +4,13 @@
 //! database, a directory it cannot create) leases by the time rule alone,
 //! as relays before it did.
 
+use crate::relay::fenced;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use super::claim::{self, Standing};
+use super::claim::Standing;
 use crate::clock::Timestamp;
 use crate::liveness::{lock_dir, Member, Peers, Verdict};
 
@@ -77,7 +78,7 @@ impl Owners {
     ) -> rusqlite::Result<Vec<(String, bool)>> {
         let mut done = Vec::new();
         for owner in self.peers.to_take() {
-            let rows = claim::release_owner(conn, &owner, now)?;
+            let rows = fenced::release_owner(conn, &owner, now)?;
             let verdict = self.peers.judge(&owner, self.lease, Instant::now());
             if rows > 0 {
                 match verdict {

@@ -27,7 +27,7 @@
 //!    wait is tried again, [`BUSY_TRIES`] times in all, then reported as a
 //!    retry.
 //! 2. The claim: the row still carries this relay's token and is pending
-//!    ([`claim::holds`]). Otherwise another relay took the row over (or
+//!    ([`fenced::holds`]). Otherwise another relay took the row over (or
 //!    this one released it): roll back, run nothing. The writer fences the
 //!    outcome out as well. Nobody can take the claim over *during* the
 //!    function: that is a write, and this transaction holds the only write
@@ -58,6 +58,7 @@
 //! ([`dedup::delivered_to_sql!`](crate::dedup)) and does not route the row
 //! to this consumer again.
 
+use crate::relay::fenced;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,7 +67,6 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 
-use super::claim;
 use super::job::Job;
 use super::panic::panic_message;
 use super::plan::CONTENDED_PAUSE;
@@ -190,7 +190,7 @@ impl Session {
             }
         };
         let waited = asked.elapsed();
-        match claim::holds(&tx, job.row_id, &job.token) {
+        match fenced::holds(&tx, job.row_id, &job.token) {
             Ok(true) => {}
             // The writer's record of this outcome is fenced out too.
             Ok(false) => {

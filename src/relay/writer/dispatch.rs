@@ -1,6 +1,7 @@
 //! Routing a claimed row and carrying the decision out, inside the write
 //! transaction that claimed it.
 
+use crate::relay::fenced;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -36,7 +37,7 @@ pub(super) fn dispatch_claimed(
     let row_id = row.row_id;
     let invalid = |e: EnvelopeError, step: &mut Step| -> rusqlite::Result<()> {
         let reason = format!("invalid row: {e}");
-        claim::dead_letter(tx, row_id, token, &reason, now, false)?;
+        fenced::dead_letter(tx, row_id, token, &reason, now, false)?;
         step.counts.dead += 1;
         step.notes.push(Note::Invalid { row_id, reason });
         Ok(())
@@ -76,7 +77,7 @@ pub(super) fn dispatch_claimed(
             if let Err(e) = check_row(&raw) {
                 return invalid(e, step);
             }
-            claim::finish_delivered(tx, row_id, token, now)?;
+            fenced::finish_delivered(tx, row_id, token, now)?;
             step.counts.delivered += 1;
             step.notes.push(match finish {
                 Finish::AlreadyDelivered => Note::AlreadyDelivered { row_id, event_id },
@@ -95,7 +96,7 @@ pub(super) fn dispatch_claimed(
             if let Err(e) = check_row(&raw) {
                 return invalid(e, step);
             }
-            claim::dead_letter(tx, row_id, token, &reason, now, false)?;
+            fenced::dead_letter(tx, row_id, token, &reason, now, false)?;
             step.counts.dead += 1;
             step.notes.push(Note::Unrouted {
                 row_id,

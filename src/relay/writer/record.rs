@@ -2,6 +2,7 @@
 //! its verdict, then the consumers' progress (the ledger) for the rows
 //! whose update took.
 
+use crate::relay::fenced;
 use std::time::Instant;
 
 use rusqlite::Connection;
@@ -11,7 +12,6 @@ use super::note::Note;
 use super::step::Step;
 use crate::clock::Timestamp;
 use crate::consumer::Outcome;
-use crate::relay::claim;
 use crate::relay::job::JobOutcome;
 use crate::relay::metrics::ConsumerResult;
 use crate::relay::retry::{self, Verdict};
@@ -57,7 +57,7 @@ pub(super) fn record(
         }
     }
     let group: Vec<(i64, &str)> = delivered.iter().map(|o| (o.row_id, &*o.token)).collect();
-    let kept: RowSet = claim::finish_delivered_many(tx, &group, now)?
+    let kept: RowSet = fenced::finish_delivered_many(tx, &group, now)?
         .into_iter()
         .collect();
     for o in delivered {
@@ -106,7 +106,7 @@ fn release_held(
     for entry in consumers {
         let ids = entry.availability.release(RELEASE_BATCH);
         if !ids.is_empty() {
-            if claim::release_held(tx, &ids, now)? > 0 {
+            if fenced::release_held(tx, &ids, now)? > 0 {
                 step.next_due = Some(now);
             }
             return Ok(());
@@ -187,7 +187,7 @@ fn rotate(
     at: Timestamp,
 ) -> rusqlite::Result<bool> {
     while let Some(next) = entry.availability.oldest_held() {
-        if next != failed && claim::release_held(tx, &[next], at)? > 0 {
+        if next != failed && fenced::release_held(tx, &[next], at)? > 0 {
             entry.availability.probe_with(next);
             entry.availability.hold_later(failed);
             return Ok(true);
@@ -211,7 +211,7 @@ fn record_one(
     let (row_id, event_id) = (o.row_id, flight.event_id);
     if let Some(reason) = &o.invalid {
         // The worker found the row invalid: no consumer ran.
-        if claim::dead_letter(tx, row_id, &o.token, reason, now, false)? {
+        if fenced::dead_letter(tx, row_id, &o.token, reason, now, false)? {
             step.counts.dead += 1;
             step.notes.push(Note::Invalid {
                 row_id,
@@ -232,24 +232,24 @@ fn record_one(
     });
     let verdict = retry::verdict(reports, flight.attempts, now, rand::random);
     let kept = match &verdict {
-        Verdict::Delivered => claim::finish_delivered(tx, row_id, &o.token, now)?,
+        Verdict::Delivered => fenced::finish_delivered(tx, row_id, &o.token, now)?,
         Verdict::Retry { at, reason, .. } => {
             step.next_due = Some(step.next_due.map_or(*at, |t| t.min(*at)));
             let reason = clip(reason, MAX_REASON_BYTES, Keep::Head);
-            claim::schedule_retry(tx, row_id, &o.token, *at, &reason, true)?
+            fenced::schedule_retry(tx, row_id, &o.token, *at, &reason, true)?
         }
         Verdict::Held { at, reason } => {
             step.next_due = Some(step.next_due.map_or(*at, |t| t.min(*at)));
             let reason = clip(reason, MAX_REASON_BYTES, Keep::Head);
-            claim::schedule_retry(tx, row_id, &o.token, *at, &reason, false)?
+            fenced::schedule_retry(tx, row_id, &o.token, *at, &reason, false)?
         }
         Verdict::Poison { reason } => {
             let reason = clip(reason, MAX_REASON_BYTES, Keep::Head);
-            claim::dead_letter(tx, row_id, &o.token, &reason, now, false)?
+            fenced::dead_letter(tx, row_id, &o.token, &reason, now, false)?
         }
         Verdict::GaveUp { reason, .. } => {
             let reason = clip(reason, MAX_REASON_BYTES, Keep::Head);
-            claim::dead_letter(tx, row_id, &o.token, &reason, now, true)?
+            fenced::dead_letter(tx, row_id, &o.token, &reason, now, true)?
         }
     };
     if !kept {

@@ -6,6 +6,7 @@
 //! what it did comes back as a [`Step`], which the writer applies once it
 //! has committed.
 
+use crate::relay::fenced;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -64,7 +65,7 @@ pub(super) fn run(
     record(&tx, consumers, in_flight, outcomes, now, &mut step)?;
     step.finished_rows.extend(outcomes.iter().map(|o| o.row_id));
     for (id, token) in releases {
-        if !claim::release(&tx, *id, token, now)? {
+        if !fenced::release(&tx, *id, token, now)? {
             step.notes.push(Note::NothingToRelease { row_id: *id });
         }
         step.released.push(*id);
@@ -72,7 +73,7 @@ pub(super) fn run(
     let lease_until = now.plus(settings.lease);
     let renew_at = Instant::now() + settings.lease / 2;
     for (id, token) in heartbeat {
-        if claim::extend(&tx, *id, token, lease_until)? {
+        if fenced::extend(&tx, *id, token, lease_until)? {
             step.extended.push((*id, lease_until));
         } else {
             step.notes.push(Note::LeaseLost { row_id: *id });
@@ -112,7 +113,7 @@ pub(super) fn run(
         }
         step.claim_again = full || step.claimed.len() < taken;
         if !step.claim_again {
-            step.next_due = claim::next_due_after(&tx, now)?;
+            step.next_due = fenced::next_due_after(&tx, now)?;
         }
     }
     tx.commit()?;
